@@ -1,0 +1,51 @@
+"""jobbus: durable background jobs on PostgreSQL, with an asyncio worker and a small message bus."""
+
+from jobbus.app import App, SyncApp
+from jobbus.errors import (
+    InvalidJobError,
+    InvalidStateError,
+    JobbusError,
+    LeaseLostError,
+    NonRetryableError,
+    SchemaError,
+)
+from jobbus.events import (
+    JobCancelled,
+    JobCompleted,
+    JobEvent,
+    JobFailed,
+    JobRetried,
+    JobScheduled,
+    JobStarted,
+)
+from jobbus.execution import JobExecution, SyncJobExecution
+from jobbus.models import GroupProgress, Job, JobStatus
+from jobbus.requests import JobRequest
+from jobbus.settings import Settings
+from jobbus.worker import WorkerOptions
+
+__all__ = [
+    "App",
+    "GroupProgress",
+    "InvalidJobError",
+    "InvalidStateError",
+    "Job",
+    "JobCancelled",
+    "JobCompleted",
+    "JobEvent",
+    "JobExecution",
+    "JobFailed",
+    "JobRequest",
+    "JobRetried",
+    "JobScheduled",
+    "JobStarted",
+    "JobStatus",
+    "JobbusError",
+    "LeaseLostError",
+    "NonRetryableError",
+    "SchemaError",
+    "Settings",
+    "SyncApp",
+    "SyncJobExecution",
+    "WorkerOptions",
+]

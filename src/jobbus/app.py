@@ -1,0 +1,555 @@
+"""`App`: settings, the handler registry and the producer/admin API, async and blocking (`app.sync`)."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from jobbus import schema as schema_module
+from jobbus.errors import InvalidJobError, InvalidStateError
+from jobbus.events import EventHub, JobCancelled, JobEvent, JobScheduled
+from jobbus.models import GroupProgress, Job, JobSpec, JobStatus
+from jobbus.requests import JobDefaults, JobRequest, build_spec
+from jobbus.settings import Settings
+from jobbus.store import JobStore, Statement, run_async, run_sync
+
+if TYPE_CHECKING:
+    from jobbus.worker.runtime import WorkerOptions
+
+F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
+JobScope = Callable[[Any], AbstractAsyncContextManager[Any]]
+TERMINAL = ("completed", "failed", "cancelled")
+
+
+@dataclass(frozen=True, slots=True)
+class Handler:
+    """A registered job type and the function that runs it."""
+
+    type: str
+    func: Callable[..., Any]
+    is_async: bool
+    defaults: JobDefaults
+
+
+def _connect_kwargs() -> dict[str, Any]:
+    return {"autocommit": True}
+
+
+class App:
+    """The entry point: holds settings, handlers, listeners and the connection pool.
+
+    ``async with app:`` opens the pool; ``app.sync`` offers the same producer and admin methods as
+    blocking calls for Django, Flask and scripts.
+    """
+
+    def __init__(self, *, job_scope: JobScope | None = None, **settings: Any) -> None:
+        self.settings = Settings.load(settings)
+        if job_scope is not None and not callable(job_scope):
+            raise ValueError(f"job_scope must be a callable returning an async context manager, got {job_scope!r}")
+        self.job_scope = job_scope
+        self.store = JobStore(self.settings.schema)
+        self.handlers: dict[str, Handler] = {}
+        self.events = EventHub()
+        self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
+        self._pool_users = 0
+        self.sync = SyncApp(self)
+
+    # -- registry ----------------------------------------------------------------------------------
+
+    def job(
+        self,
+        type: str,
+        *,
+        queue: str = "default",
+        max_attempts: int | None = None,
+        priority: int = 0,
+    ) -> Callable[[F], F]:
+        """Register a handler: ``async def`` receives a `JobExecution`, ``def`` a `SyncJobExecution`."""
+        defaults = JobDefaults(queue=queue, max_attempts=max_attempts, priority=priority)
+        build_spec(JobRequest(type), defaults, self.settings.default_max_attempts)  # validates the options
+
+        def register(func: F) -> F:
+            if type in self.handlers:
+                raise ValueError(f"job type {type!r} already has a handler: {self.handlers[type].func!r}")
+            self.handlers[type] = Handler(type, func, inspect.iscoroutinefunction(func), defaults)
+            return func
+
+        return register
+
+    def on(self, event_type: type[JobEvent]) -> Callable[[F], F]:
+        """Register a sync or async listener for a lifecycle event class (and its subclasses)."""
+        return self.events.on(event_type)  # type: ignore[return-value]
+
+    def job_defaults(self, job_type: str) -> JobDefaults:
+        handler = self.handlers.get(job_type)
+        return handler.defaults if handler else JobDefaults()
+
+    # -- connections -------------------------------------------------------------------------------
+
+    @property
+    def dsn(self) -> str:
+        if not self.settings.dsn:
+            raise ValueError("dsn: no database given; pass App(dsn=...) or set JOBBUS_DSN")
+        return self.settings.dsn
+
+    async def open(self, *, timeout: float = 30.0) -> None:
+        """Open the connection pool (idempotent, reference-counted with `close`)."""
+        self._pool_users += 1
+        if self._pool is None:
+            pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
+                self.dsn,
+                min_size=1,
+                max_size=self.settings.pool_max_size,
+                kwargs=_connect_kwargs(),
+                open=False,
+                name=f"jobbus-{self.settings.schema}",
+            )
+            try:
+                await pool.open(wait=True, timeout=timeout)
+            except BaseException:
+                self._pool_users -= 1
+                await pool.close()
+                raise
+            self._pool = pool
+
+    async def close(self) -> None:
+        self._pool_users = max(0, self._pool_users - 1)
+        if self._pool_users == 0 and self._pool is not None:
+            pool, self._pool = self._pool, None
+            await pool.close()
+
+    async def __aenter__(self) -> App:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def pool(self) -> AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
+        if self._pool is None:
+            raise RuntimeError("the App is not open: use `async with app:` (or app.sync for blocking code)")
+        return self._pool
+
+    async def _run(self, statement: Statement[T], connection: psycopg.AsyncConnection[Any] | None = None) -> T:
+        if connection is not None:
+            if not isinstance(connection, psycopg.AsyncConnection):
+                raise TypeError("connection= must be a psycopg.AsyncConnection here (use app.sync with a sync one)")
+            return await run_async(connection, statement)
+        async with self.pool.connection() as conn:
+            return await run_async(conn, statement)
+
+    # -- producers ---------------------------------------------------------------------------------
+
+    async def schedule(
+        self,
+        type: str,
+        configuration: Mapping[str, Any] | None = None,
+        *,
+        name: str | None = None,
+        group_id: uuid.UUID | None = None,
+        unique_key: str | None = None,
+        max_attempts: int | None = None,
+        available_at: datetime | timedelta | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        connection: psycopg.AsyncConnection[Any] | None = None,
+    ) -> uuid.UUID:
+        """Enqueue one job and return its id, or the id of the active job holding `unique_key`."""
+        request = JobRequest(
+            type, configuration, name, group_id, unique_key, max_attempts, available_at, queue, priority
+        )
+        (job_id,) = await self.schedule_many([request], connection=connection)
+        return job_id
+
+    async def schedule_many(
+        self,
+        jobs: Iterable[JobRequest | Mapping[str, Any]] | str,
+        configurations: Iterable[Mapping[str, Any] | None] | None = None,
+        *,
+        connection: psycopg.AsyncConnection[Any] | None = None,
+        **common: Any,
+    ) -> list[uuid.UUID]:
+        """Enqueue many jobs in one round trip; ids come back in input order.
+
+        Either ``schedule_many([JobRequest(...), {"type": ..., "configuration": ...}, ...])`` or
+        ``schedule_many("type", [config, ...], queue=..., ...)`` with options shared by every job.
+        """
+        specs, order = self._specs(jobs, configurations, common)
+        if not specs:
+            return []
+        found = await self._run(self.store.insert_jobs(specs), connection)
+        ids = _resolve_ids(specs, order, found)
+        if self.events:
+            for spec, job_id in zip(specs, (found.get(_spec_key(s), s.id) for s in specs), strict=True):
+                if job_id == spec.id:
+                    await self.events.emit(JobScheduled(job_id, spec.type, spec.queue))
+        return ids
+
+    def _specs(
+        self,
+        jobs: Iterable[JobRequest | Mapping[str, Any]] | str,
+        configurations: Iterable[Mapping[str, Any] | None] | None,
+        common: Mapping[str, Any],
+    ) -> tuple[list[JobSpec], list[int]]:
+        requests = list(_requests(jobs, configurations, common))
+        settings_default = self.settings.default_max_attempts
+        specs: list[JobSpec] = []
+        order: list[int] = []
+        first_by_key: dict[tuple[str, str], int] = {}
+        for request in requests:
+            spec = build_spec(request, self.job_defaults(request.type), settings_default)
+            if spec.unique_key is not None:
+                key = (spec.type, spec.unique_key)
+                if key in first_by_key:  # a repeat within the batch folds onto the first
+                    order.append(first_by_key[key])
+                    continue
+                first_by_key[key] = len(specs)
+            order.append(len(specs))
+            specs.append(spec)
+        return specs, order
+
+    # -- reads and admin ---------------------------------------------------------------------------
+
+    async def find(self, job_id: uuid.UUID) -> Job | None:
+        return await self._run(self.store.find_job(_uuid(job_id)))
+
+    async def list_jobs(
+        self,
+        *,
+        status: Sequence[str | JobStatus] | str | JobStatus | None = None,
+        queue: Sequence[str] | str | None = None,
+        type: Sequence[str] | str | None = None,
+        group_id: uuid.UUID | None = None,
+        after: uuid.UUID | None = None,
+        limit: int = 100,
+    ) -> list[Job]:
+        """Jobs in creation order, filtered; pass the last id seen as `after` for the next page."""
+        return await self._run(self.store.list_jobs(**_list_filters(status, queue, type, group_id, after, limit)))
+
+    async def group_progress(self, group_id: uuid.UUID) -> GroupProgress:
+        return await self._run(self.store.group_progress(_uuid(group_id)))
+
+    async def cancel(self, job_id: uuid.UUID) -> JobStatus:
+        """Cancel a queued job at once, ask a running one to stop; returns the status after the call."""
+        result = await self._run(self.store.cancel_job(_uuid(job_id)))
+        status = _cancel_status(job_id, result)
+        if result.before is JobStatus.QUEUED and result.type and result.queue:
+            await self.events.emit(JobCancelled(_uuid(job_id), result.type, result.queue, JobStatus.QUEUED))
+        return status
+
+    async def retry(self, job_id: uuid.UUID, available_at: datetime | timedelta | None = None) -> None:
+        """Requeue a failed job with its attempts reset; anything else raises `InvalidStateError`."""
+        at, delay = _retry_when(available_at)
+        try:
+            before, done = await self._run(self.store.retry_job(_uuid(job_id), at, delay))
+        except psycopg.errors.UniqueViolation:
+            raise InvalidStateError(
+                f"job {job_id} cannot be retried: another active job holds its unique_key"
+            ) from None
+        _check_retry(job_id, before, done)
+
+    async def prune(
+        self, older_than: timedelta, statuses: Sequence[str | JobStatus] = ("completed", "cancelled")
+    ) -> int:
+        """Delete finished jobs older than `older_than` (in batches); returns how many."""
+        params = _prune_params(older_than, statuses)
+        total = 0
+        while True:
+            deleted = await self._run(self.store.prune_jobs(**params))
+            total += deleted
+            if deleted < params["limit"]:
+                return total
+
+    # -- schema ------------------------------------------------------------------------------------
+
+    async def migrate(self) -> list[schema_module.Migration]:
+        """Apply pending migrations (advisory-locked, idempotent); returns those applied."""
+        return await asyncio.to_thread(self.sync.migrate)
+
+    async def check_schema(self) -> int:
+        """Raise `SchemaError` unless the schema is current; returns its version."""
+        try:
+            version = await self._run(self.store.schema_version())
+        except psycopg.errors.UndefinedTable:
+            version = 0
+        schema_module.check_version(self.settings.schema, version)
+        return version
+
+    # -- worker ------------------------------------------------------------------------------------
+
+    async def run_worker(self, options: WorkerOptions | None = None, **kwargs: Any) -> int:
+        """Run a worker in this event loop until it stops; returns the process exit code (0 or 75)."""
+        from jobbus.worker.runtime import Worker, WorkerOptions
+
+        opts = options or WorkerOptions(**kwargs)
+        return await Worker(self, opts).run()
+
+
+class SyncApp:
+    """The blocking twin of `App`'s producer and admin methods, over its own sync pool.
+
+    Same statements, same validation, same results; ``connection=`` takes a sync psycopg connection.
+    """
+
+    def __init__(self, app: App) -> None:
+        self._app = app
+        self._pool: ConnectionPool[psycopg.Connection[Any]] | None = None
+        self._lock = threading.Lock()
+
+    def _pool_or_open(self) -> ConnectionPool[psycopg.Connection[Any]]:
+        with self._lock:
+            if self._pool is None:
+                pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
+                    self._app.dsn,
+                    min_size=1,
+                    max_size=self._app.settings.pool_max_size,
+                    kwargs=_connect_kwargs(),
+                    open=False,
+                    name=f"jobbus-sync-{self._app.settings.schema}",
+                )
+                pool.open(wait=True, timeout=30.0)
+                self._pool = pool
+            return self._pool
+
+    def close(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
+
+    def __enter__(self) -> SyncApp:
+        self._pool_or_open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _run(self, statement: Statement[T], connection: psycopg.Connection[Any] | None = None) -> T:
+        if connection is not None:
+            if not isinstance(connection, psycopg.Connection):
+                raise TypeError("connection= must be a sync psycopg.Connection here (use await app.schedule otherwise)")
+            return run_sync(connection, statement)
+        with self._pool_or_open().connection() as conn:
+            return run_sync(conn, statement)
+
+    def schedule(
+        self,
+        type: str,
+        configuration: Mapping[str, Any] | None = None,
+        *,
+        name: str | None = None,
+        group_id: uuid.UUID | None = None,
+        unique_key: str | None = None,
+        max_attempts: int | None = None,
+        available_at: datetime | timedelta | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        connection: psycopg.Connection[Any] | None = None,
+    ) -> uuid.UUID:
+        request = JobRequest(
+            type, configuration, name, group_id, unique_key, max_attempts, available_at, queue, priority
+        )
+        (job_id,) = self.schedule_many([request], connection=connection)
+        return job_id
+
+    def schedule_many(
+        self,
+        jobs: Iterable[JobRequest | Mapping[str, Any]] | str,
+        configurations: Iterable[Mapping[str, Any] | None] | None = None,
+        *,
+        connection: psycopg.Connection[Any] | None = None,
+        **common: Any,
+    ) -> list[uuid.UUID]:
+        app = self._app
+        specs, order = app._specs(jobs, configurations, common)
+        if not specs:
+            return []
+        found = self._run(app.store.insert_jobs(specs), connection)
+        if app.events:
+            for spec in specs:
+                if found.get(_spec_key(spec), spec.id) == spec.id:
+                    app.events.emit_sync(JobScheduled(spec.id, spec.type, spec.queue))
+        return _resolve_ids(specs, order, found)
+
+    def find(self, job_id: uuid.UUID) -> Job | None:
+        return self._run(self._app.store.find_job(_uuid(job_id)))
+
+    def list_jobs(
+        self,
+        *,
+        status: Sequence[str | JobStatus] | str | JobStatus | None = None,
+        queue: Sequence[str] | str | None = None,
+        type: Sequence[str] | str | None = None,
+        group_id: uuid.UUID | None = None,
+        after: uuid.UUID | None = None,
+        limit: int = 100,
+    ) -> list[Job]:
+        return self._run(self._app.store.list_jobs(**_list_filters(status, queue, type, group_id, after, limit)))
+
+    def group_progress(self, group_id: uuid.UUID) -> GroupProgress:
+        return self._run(self._app.store.group_progress(_uuid(group_id)))
+
+    def cancel(self, job_id: uuid.UUID) -> JobStatus:
+        result = self._run(self._app.store.cancel_job(_uuid(job_id)))
+        status = _cancel_status(job_id, result)
+        if result.before is JobStatus.QUEUED and result.type and result.queue:
+            self._app.events.emit_sync(JobCancelled(_uuid(job_id), result.type, result.queue, JobStatus.QUEUED))
+        return status
+
+    def retry(self, job_id: uuid.UUID, available_at: datetime | timedelta | None = None) -> None:
+        at, delay = _retry_when(available_at)
+        try:
+            before, done = self._run(self._app.store.retry_job(_uuid(job_id), at, delay))
+        except psycopg.errors.UniqueViolation:
+            raise InvalidStateError(
+                f"job {job_id} cannot be retried: another active job holds its unique_key"
+            ) from None
+        _check_retry(job_id, before, done)
+
+    def prune(self, older_than: timedelta, statuses: Sequence[str | JobStatus] = ("completed", "cancelled")) -> int:
+        params = _prune_params(older_than, statuses)
+        total = 0
+        while True:
+            deleted = self._run(self._app.store.prune_jobs(**params))
+            total += deleted
+            if deleted < params["limit"]:
+                return total
+
+    def migrate(self) -> list[schema_module.Migration]:
+        with psycopg.connect(self._app.dsn, autocommit=True) as conn:
+            return schema_module.migrate(conn, self._app.settings.schema)
+
+    def check_schema(self) -> int:
+        try:
+            version = self._run(self._app.store.schema_version())
+        except psycopg.errors.UndefinedTable:
+            version = 0
+        schema_module.check_version(self._app.settings.schema, version)
+        return version
+
+
+# -- helpers shared by both front-ends --------------------------------------------------------------
+
+
+def _requests(
+    jobs: Iterable[JobRequest | Mapping[str, Any]] | str,
+    configurations: Iterable[Mapping[str, Any] | None] | None,
+    common: Mapping[str, Any],
+) -> Iterable[JobRequest]:
+    if isinstance(jobs, str):
+        if configurations is None:
+            raise InvalidJobError("schedule_many(type, configurations): configurations are missing")
+        for configuration in configurations:
+            yield _request({**common, "type": jobs, "configuration": configuration})
+        return
+    if configurations is not None:
+        raise InvalidJobError("schedule_many takes either (type, configurations) or a list of job requests")
+    for job in jobs:
+        if isinstance(job, JobRequest):
+            yield job if not common else _request({**common, **_fields(job)})
+        elif isinstance(job, Mapping):
+            yield _request({**common, **job})
+        else:
+            raise InvalidJobError(f"schedule_many: each job must be a JobRequest or a mapping, got {job!r:.80}")
+
+
+def _fields(request: JobRequest) -> dict[str, Any]:
+    return {name: getattr(request, name) for name in JobRequest.__slots__ if getattr(request, name) is not None}
+
+
+def _request(values: Mapping[str, Any]) -> JobRequest:
+    try:
+        return JobRequest(**values)
+    except TypeError as exc:
+        raise InvalidJobError(f"schedule_many: {exc}") from None
+
+
+def _spec_key(spec: JobSpec) -> uuid.UUID | tuple[str, str]:
+    return (spec.type, spec.unique_key) if spec.unique_key is not None else spec.id
+
+
+def _resolve_ids(
+    specs: Sequence[JobSpec], order: Sequence[int], found: Mapping[uuid.UUID | tuple[str, str], uuid.UUID]
+) -> list[uuid.UUID]:
+    ids = [found.get(_spec_key(spec), spec.id) for spec in specs]
+    return [ids[index] for index in order]
+
+
+def _uuid(value: uuid.UUID | str) -> uuid.UUID:
+    if isinstance(value, uuid.UUID):
+        return value
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        raise InvalidJobError(f"not a job id (UUID): {value!r}") from None
+
+
+def _cancel_status(job_id: uuid.UUID, result: Any) -> JobStatus:
+    if result.after is None:
+        raise InvalidStateError(f"job {job_id} does not exist")
+    return result.after  # type: ignore[no-any-return]
+
+
+def _retry_when(available_at: datetime | timedelta | None) -> tuple[datetime | None, float]:
+    from jobbus.requests import _when
+
+    return _when(available_at)
+
+
+def _check_retry(job_id: uuid.UUID, before: JobStatus | None, done: bool) -> None:
+    if before is None:
+        raise InvalidStateError(f"job {job_id} does not exist")
+    if not done:
+        raise InvalidStateError(f"job {job_id} is {before.value}; only failed jobs can be retried")
+
+
+def _list_filters(
+    status: Sequence[str | JobStatus] | str | JobStatus | None,
+    queue: Sequence[str] | str | None,
+    type: Sequence[str] | str | None,
+    group_id: uuid.UUID | None,
+    after: uuid.UUID | None,
+    limit: int,
+) -> dict[str, Any]:
+    def many(value: Any) -> list[str] | None:
+        if value is None:
+            return None
+        if isinstance(value, str):
+            return [str(value.value if isinstance(value, JobStatus) else value)]
+        return [str(v.value if isinstance(v, JobStatus) else v) for v in value]
+
+    statuses = many(status)
+    for s in statuses or []:
+        JobStatus(s)
+    if not 1 <= limit <= 10_000:
+        raise InvalidJobError(f"limit must be between 1 and 10000, got {limit}")
+    return {
+        "statuses": statuses,
+        "queues": many(queue),
+        "types": many(type),
+        "group_id": _uuid(group_id) if group_id is not None else None,
+        "after": _uuid(after) if after is not None else None,
+        "limit": limit,
+    }
+
+
+def _prune_params(older_than: timedelta, statuses: Sequence[str | JobStatus]) -> dict[str, Any]:
+    if not isinstance(older_than, timedelta) or older_than.total_seconds() < 0:
+        raise InvalidJobError(f"older_than must be a non-negative timedelta, got {older_than!r}")
+    names = [JobStatus(s).value for s in statuses]
+    active = [s for s in names if s not in TERMINAL]
+    if active:
+        raise InvalidJobError(f"prune removes finished jobs only; {', '.join(active)} is not a finished status")
+    return {"older_than_seconds": older_than.total_seconds(), "statuses": names, "limit": 10_000}

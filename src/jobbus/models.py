@@ -1,0 +1,117 @@
+"""Value objects shared by the store, the producer API and the worker."""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+
+class JobStatus(str, enum.Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_STATUSES
+
+    def __str__(self) -> str:
+        return self.value
+
+
+TERMINAL_STATUSES = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED})
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One row of the job table, as read at one instant."""
+
+    id: uuid.UUID
+    type: str
+    queue: str
+    name: str | None
+    group_id: uuid.UUID | None
+    unique_key: str | None
+    priority: int
+    status: JobStatus
+    configuration_data: dict[str, Any]
+    execution_data: dict[str, Any]
+    progress_current: float | None
+    progress_total: float | None
+    result: Any
+    attempts: int
+    max_attempts: int
+    available_at: datetime
+    lease_token: uuid.UUID | None
+    lease_expires_at: datetime | None
+    worker_id: str | None
+    cancellation_requested_at: datetime | None
+    last_error: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+
+
+JOB_COLUMNS: tuple[str, ...] = tuple(Job.__dataclass_fields__)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupProgress:
+    queued: int
+    running: int
+    completed: int
+    failed: int
+    cancelled: int
+
+    @property
+    def total(self) -> int:
+        return self.queued + self.running + self.completed + self.failed + self.cancelled
+
+    @property
+    def completion_percentage(self) -> float:
+        """Terminal jobs / all jobs × 100; an empty group is 0."""
+        if self.total == 0:
+            return 0.0
+        return (self.completed + self.failed + self.cancelled) * 100.0 / self.total
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """A job to schedule, validated and ready to insert."""
+
+    id: uuid.UUID
+    type: str
+    queue: str
+    configuration: str  # JSON text of an object
+    name: str | None
+    group_id: uuid.UUID | None
+    unique_key: str | None
+    priority: int
+    max_attempts: int
+    available_at: datetime | None  # absolute and aware; None means now + delay_seconds
+    delay_seconds: float  # relative to the database clock
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    """What a claim returns: enough to run the job without reading it again."""
+
+    id: uuid.UUID
+    type: str
+    queue: str
+    name: str | None
+    group_id: uuid.UUID | None
+    priority: int
+    configuration_data: dict[str, Any]
+    execution_data: dict[str, Any]
+    attempts: int
+    max_attempts: int
+    lease_token: uuid.UUID
+    cancellation_requested: bool

@@ -1,0 +1,142 @@
+"""Versioned SQL migrations shipped in the package: render, print, apply and verify.
+
+Migrations are plain SQL files `sql/migrations/NNNN_name.sql` with `{schema}` where the schema
+identifier goes. The name is validated (see `settings.validate_schema_name`) and quoted by psycopg,
+never pasted into SQL as free text.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+
+import psycopg
+from psycopg import sql
+
+from jobbus.errors import SchemaError
+from jobbus.settings import validate_schema_name
+
+_FILE_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+#: Advisory lock key space for migrations: one lock per schema name.
+_LOCK_NAMESPACE = "jobbus.migrate."
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    version: int
+    name: str
+    template: str = field(repr=False)
+
+    def render(self, schema: str) -> str:
+        return render(self.template, schema)
+
+
+def render(template: str, schema: str) -> str:
+    """Put the quoted schema identifier where the template says `{schema}`."""
+    quoted = sql.Identifier(validate_schema_name(schema)).as_string(None)
+    return template.replace("{{", "\x00").replace("}}", "\x01").replace("{schema}", quoted).replace(
+        "\x00", "{"
+    ).replace("\x01", "}")
+
+
+@cache
+def migrations() -> tuple[Migration, ...]:
+    found = []
+    for entry in resources.files("jobbus").joinpath("sql/migrations").iterdir():
+        match = _FILE_NAME.match(entry.name)
+        if match:
+            found.append(Migration(int(match[1]), match[2], entry.read_text(encoding="utf-8")))
+    found.sort(key=lambda m: m.version)
+    for expected, migration in enumerate(found, start=1):
+        if migration.version != expected:
+            raise RuntimeError(f"migration numbering has a gap before {migration.version:04d}_{migration.name}")
+    return tuple(found)
+
+
+def latest_version() -> int:
+    return migrations()[-1].version
+
+
+def _bookkeeping(schema: str) -> str:
+    return render(
+        "CREATE SCHEMA IF NOT EXISTS {schema};\n"
+        "CREATE TABLE IF NOT EXISTS {schema}.migration (\n"
+        "    version integer PRIMARY KEY,\n"
+        "    name text NOT NULL,\n"
+        "    applied_at timestamptz NOT NULL DEFAULT now()\n"
+        ");\n",
+        schema,
+    )
+
+
+def _record(schema: str, migration: Migration) -> str:
+    return render(
+        f"INSERT INTO {{schema}}.migration (version, name) VALUES ({migration.version}, '{migration.name}');\n",
+        schema,
+    )
+
+
+def script(schema: str = "jobbus") -> str:
+    """The whole DDL as one transactional script that also records the migrations it contains."""
+    parts = [f"-- jobbus schema {schema!r}, version {latest_version()}\nBEGIN;\n", _bookkeeping(schema)]
+    for migration in migrations():
+        parts.append(f"\n-- {migration.version:04d}_{migration.name}\n")
+        parts.append(migration.render(schema).rstrip() + "\n")
+        parts.append(_record(schema, migration))
+    parts.append("COMMIT;\n")
+    return "".join(parts)
+
+
+def migrate(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> list[Migration]:
+    """Apply pending migrations in one transaction under an advisory lock; returns what was applied.
+
+    Concurrent callers serialise on the lock; the second finds nothing to do. Applying twice is a no-op.
+    """
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (_LOCK_NAMESPACE + schema,))
+        conn.execute(_bookkeeping(schema).encode())
+        applied = {
+            row[0]
+            for row in conn.execute(sql.SQL("SELECT version FROM {}.migration").format(sql.Identifier(schema)))
+        }
+        pending = [m for m in migrations() if m.version not in applied]
+        for migration in pending:
+            conn.execute(migration.render(schema).encode())
+            conn.execute(_record(schema, migration).encode())
+    return pending
+
+
+def pending_sql(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> str:
+    """What `migrate` would run now, for review (`jobbus migrate --dry-run`)."""
+    current = current_version_sync(conn, schema)
+    return "".join(
+        f"-- {m.version:04d}_{m.name}\n{m.render(schema).rstrip()}\n{_record(schema, m)}"
+        for m in migrations()
+        if m.version > current
+    )
+
+
+VERSION_QUERY = "SELECT coalesce(max(version), 0) FROM {schema}.migration"
+
+
+def current_version_sync(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> int:
+    try:
+        with conn.transaction():
+            row = conn.execute(render(VERSION_QUERY, schema).encode()).fetchone()
+    except psycopg.errors.UndefinedTable:
+        return 0
+    return int(row[0]) if row else 0
+
+
+def check_version(schema: str, version: int) -> None:
+    """Raise `SchemaError` telling the user what to run unless the schema is exactly current."""
+    needed = latest_version()
+    if version == 0:
+        raise SchemaError(
+            f"schema {schema} is missing: run `jobbus migrate` (or apply the output of `jobbus schema`)"
+        )
+    if version < needed:
+        raise SchemaError(f"schema {schema} is at version {version}, this code needs {needed}: run `jobbus migrate`")
+    # A newer schema is accepted: migrations are additive, so old code keeps working during a rollout.

@@ -1,0 +1,236 @@
+-- Named queries of the job store. Each block starts with `-- name: <query_name>`; {schema} is the
+-- quoted schema identifier. Parameters are psycopg named placeholders.
+
+-- name: insert_jobs
+-- One round trip for any number of jobs: arrays are unnested server-side. Rows with a unique_key that
+-- collides with an active job take the DO UPDATE branch, which locks and returns the existing row even
+-- when it was committed after this statement's snapshot: that is what makes dedupe race-free in one
+-- statement. The no-op update keeps configuration_data, so the immutability trigger is not involved.
+-- pg_notify payloads are collapsed per transaction by PostgreSQL, so a batch sends one notification
+-- per distinct queue, delivered at commit.
+WITH input AS (
+    SELECT *
+    FROM unnest(
+        %(ids)s::uuid[], %(types)s::text[], %(queues)s::text[], %(names)s::text[], %(group_ids)s::uuid[],
+        %(unique_keys)s::text[], %(priorities)s::int[], %(configurations)s::text[], %(max_attempts)s::int[],
+        %(available_ats)s::timestamptz[], %(delays)s::float8[]
+    ) AS t(id, type, queue, name, group_id, unique_key, priority, configuration, max_attempts,
+           available_at, delay)
+), inserted AS (
+    INSERT INTO {schema}.job AS j (id, type, queue, name, group_id, unique_key, priority,
+                                  configuration_data, max_attempts, available_at)
+    SELECT id, type, queue, name, group_id, unique_key, priority, configuration::jsonb, max_attempts,
+           coalesce(available_at, now() + make_interval(secs => delay))
+    FROM input
+    ON CONFLICT (type, unique_key) WHERE unique_key IS NOT NULL AND status IN ('queued', 'running')
+    DO UPDATE SET unique_key = j.unique_key
+    RETURNING j.id, j.type, j.unique_key, j.queue, (j.xmax = 0) AS inserted
+)
+SELECT id, type, unique_key, inserted, pg_notify(%(channel)s, queue) IS NULL AS notified FROM inserted;
+
+-- name: claim_jobs
+-- The one claim statement: lock up to %(limit)s available rows in claim order, skipping rows other
+-- workers hold, and lease them in the same statement. Walks job_claim_idx (a partial index of queued
+-- rows), so the cost does not grow with finished rows.
+WITH next AS (
+    SELECT id
+    FROM {schema}.job
+    WHERE status = 'queued'
+      AND available_at <= now()
+      AND type = ANY(%(types)s::text[])
+      AND (%(all_queues)s OR queue = ANY(%(queues)s::text[]))
+      AND NOT (queue = ANY(%(paused_queues)s::text[]))
+    ORDER BY priority DESC, available_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.job AS j
+SET status = 'running',
+    attempts = j.attempts + 1,
+    lease_token = {schema}.uuid_generate_v7(),
+    lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
+    worker_id = %(worker_id)s,
+    started_at = now()
+FROM next
+WHERE j.id = next.id
+RETURNING j.id, j.type, j.queue, j.name, j.group_id, j.priority, j.configuration_data, j.execution_data,
+          j.attempts, j.max_attempts, j.lease_token, j.cancellation_requested_at IS NOT NULL;
+
+-- name: recover_expired_leases
+-- Jobs whose worker died (or lost its lease) go back to the queue, the attempt already counted at
+-- claim time; when attempts are exhausted they fail with a reason that says so.
+WITH expired AS (
+    SELECT id
+    FROM {schema}.job
+    WHERE status = 'running' AND lease_expires_at < now()
+    ORDER BY lease_expires_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.job AS j
+SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'failed' ELSE 'queued' END,
+    finished_at = CASE WHEN j.attempts >= j.max_attempts THEN now() END,
+    available_at = now(),
+    last_error = format('lease expired: worker %%s stopped heartbeating (died or lost its connection) '
+                        'during attempt %%s of %%s', coalesce(j.worker_id, '?'), j.attempts, j.max_attempts),
+    lease_token = NULL,
+    lease_expires_at = NULL
+FROM expired
+WHERE j.id = expired.id
+RETURNING j.id, j.type, j.queue, j.status, j.attempts, j.last_error;
+
+-- name: heartbeat_leases
+-- Renews every lease a worker holds in one statement and returns the live ones with their
+-- cancellation flag; a lease missing from the result is lost.
+UPDATE {schema}.job AS j
+SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
+FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[]) AS l(id, token)
+WHERE j.id = l.id AND j.lease_token = l.token AND j.status = 'running' AND j.lease_expires_at > now()
+RETURNING j.id, j.cancellation_requested_at IS NOT NULL;
+
+-- name: checkpoint_job
+UPDATE {schema}.job
+SET execution_data = %(data)s::jsonb
+WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running' AND lease_expires_at > now()
+RETURNING cancellation_requested_at IS NOT NULL;
+
+-- name: progress_job
+UPDATE {schema}.job
+SET progress_current = %(current)s, progress_total = %(total)s
+WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running' AND lease_expires_at > now()
+RETURNING cancellation_requested_at IS NOT NULL;
+
+-- name: heartbeat_job
+UPDATE {schema}.job
+SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
+WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running' AND lease_expires_at > now()
+RETURNING cancellation_requested_at IS NOT NULL;
+
+-- name: record_outcomes
+-- Writes the outcome of many attempts in one statement, each fenced by its own lease token:
+-- completed / failed / cancelled (terminal), queued with a delay (retry) or queued at once with the
+-- attempt given back (released at shutdown). Rows whose token is stale or expired are not returned.
+UPDATE {schema}.job AS j
+SET status = o.status,
+    result = CASE WHEN o.status = 'completed' THEN o.result::jsonb ELSE j.result END,
+    last_error = coalesce(o.error, j.last_error),
+    available_at = CASE WHEN o.status = 'queued' THEN now() + make_interval(secs => o.delay)
+                        ELSE j.available_at END,
+    finished_at = CASE WHEN o.status = 'queued' THEN NULL ELSE now() END,
+    attempts = CASE WHEN o.released THEN j.attempts - 1 ELSE j.attempts END,
+    lease_token = NULL,
+    lease_expires_at = NULL
+FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(statuses)s::text[], %(results)s::text[],
+            %(errors)s::text[], %(delays)s::float8[], %(released)s::bool[])
+     AS o(id, token, status, result, error, delay, released)
+WHERE j.id = o.id AND j.lease_token = o.token AND j.status = 'running' AND j.lease_expires_at > now()
+RETURNING j.id, j.status;
+
+-- name: cancel_job
+-- The FOR UPDATE sub-select waits for a concurrent writer and reads the row's latest version, so the
+-- status returned is exactly the status after this call.
+UPDATE {schema}.job AS j
+SET status = CASE WHEN old.status = 'queued' THEN 'cancelled' ELSE j.status END,
+    finished_at = CASE WHEN old.status = 'queued' THEN now() ELSE j.finished_at END,
+    cancellation_requested_at = CASE WHEN old.status = 'running'
+                                     THEN coalesce(j.cancellation_requested_at, now())
+                                     ELSE j.cancellation_requested_at END
+FROM (SELECT id, status FROM {schema}.job WHERE id = %(id)s FOR UPDATE) AS old
+WHERE j.id = old.id
+RETURNING old.status, j.status, j.type, j.queue;
+
+-- name: retry_job
+WITH old AS (
+    SELECT id, status FROM {schema}.job WHERE id = %(id)s FOR UPDATE
+), updated AS (
+    UPDATE {schema}.job AS j
+    SET status = 'queued',
+        attempts = 0,
+        available_at = coalesce(%(available_at)s::timestamptz, now() + make_interval(secs => %(delay)s)),
+        finished_at = NULL,
+        cancellation_requested_at = NULL,
+        result = NULL
+    FROM old
+    WHERE j.id = old.id AND old.status = 'failed'
+    RETURNING j.id, j.queue
+)
+SELECT old.status, (SELECT count(*) FROM updated) = 1,
+       (SELECT pg_notify(%(channel)s, queue) IS NULL FROM updated)
+FROM old;
+
+-- name: find_job
+SELECT {columns} FROM {schema}.job WHERE id = %(id)s;
+
+-- name: group_progress
+SELECT status, count(*) FROM {schema}.job WHERE group_id = %(group_id)s GROUP BY status;
+
+-- name: list_jobs
+-- Keyset pagination on id (UUIDv7, so creation order): pass the last id seen as %(after)s.
+SELECT {columns}
+FROM {schema}.job
+WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+  AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+  AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
+  AND (%(group_id)s::uuid IS NULL OR group_id = %(group_id)s::uuid)
+  AND (%(after)s::uuid IS NULL OR id > %(after)s::uuid)
+ORDER BY id
+LIMIT %(limit)s;
+
+-- name: prune_jobs
+-- Deletes in bounded batches so a large prune never holds locks for long; the caller loops until
+-- fewer than %(limit)s rows come back.
+DELETE FROM {schema}.job
+WHERE id IN (
+    SELECT id FROM {schema}.job
+    WHERE finished_at < now() - make_interval(secs => %(older_than_seconds)s)
+      AND status = ANY(%(statuses)s::text[])
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+);
+
+-- name: schema_version
+SELECT coalesce(max(version), 0) FROM {schema}.migration;
+
+-- name: reclaim_own_orphans
+-- A worker restarted under the same id takes back what its dead predecessor held, at once instead of
+-- after lease expiry. Worker ids must therefore be unique among live workers.
+UPDATE {schema}.job
+SET status = CASE WHEN attempts >= max_attempts THEN 'failed' ELSE 'queued' END,
+    finished_at = CASE WHEN attempts >= max_attempts THEN now() END,
+    available_at = now(),
+    last_error = format('worker %%s died during attempt %%s of %%s (reclaimed at its restart)',
+                        worker_id, attempts, max_attempts),
+    lease_token = NULL,
+    lease_expires_at = NULL
+WHERE worker_id = %(worker_id)s AND status = 'running'
+RETURNING id, status;
+
+-- name: register_worker
+-- The worker row is the worker's registry entry; starting acknowledges every command issued before,
+-- since one-shot commands are for the workers alive when they were issued.
+INSERT INTO {schema}.worker AS w (id, host, pid, queues, types, concurrency, state, acked_generation)
+VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s, %(types)s, %(concurrency)s, 'running',
+        (SELECT coalesce(max(generation), 0) FROM {schema}.command))
+ON CONFLICT (id) DO UPDATE
+SET host = excluded.host, pid = excluded.pid, queues = excluded.queues, types = excluded.types,
+    concurrency = excluded.concurrency, state = 'running', in_flight = 0, completed = 0, failed = 0,
+    acked_generation = excluded.acked_generation, started_at = now(), last_seen_at = now(),
+    stopped_at = NULL
+RETURNING acked_generation;
+
+-- name: touch_worker
+UPDATE {schema}.worker
+SET last_seen_at = now(), state = %(state)s, in_flight = %(in_flight)s, completed = %(completed)s,
+    failed = %(failed)s, acked_generation = greatest(acked_generation, %(acked_generation)s),
+    stopped_at = CASE WHEN %(state)s = 'stopped' THEN now() END
+WHERE id = %(id)s;
+
+-- name: read_control
+-- Everything a worker needs to steer itself, in one round trip: the durable pause targets and the
+-- one-shot commands addressed to it since the generation it acknowledged last.
+SELECT 'pause' AS kind, target_kind, target, 0::bigint AS generation FROM {schema}.pause
+UNION ALL
+SELECT 'command', action, '', generation FROM {schema}.command
+WHERE generation > %(acked_generation)s AND %(worker_id)s = ANY(worker_ids)
+UNION ALL
+SELECT 'latest', '', '', coalesce(max(generation), 0) FROM {schema}.command;

@@ -1,0 +1,363 @@
+"""The job store: the only module that speaks SQL about jobs.
+
+Every query is a named block of `sql/queries.sql`, rendered once per schema. An operation is a
+`Statement`: query text, parameters and a decoder for the rows. The async and the blocking front-ends
+(`App`, `App.sync`, the worker) run the same statements through `run_async` / `run_sync`, so there is
+one source of truth for the SQL and its meaning and two thin ways to execute it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from functools import cache
+from importlib import resources
+from typing import Any, Generic, TypeVar
+
+import psycopg
+
+from jobbus.models import JOB_COLUMNS, ClaimedJob, GroupProgress, Job, JobSpec, JobStatus
+from jobbus.schema import render
+
+T = TypeVar("T")
+Row = tuple[Any, ...]
+
+_BLOCK = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+
+
+@cache
+def _query_templates() -> dict[str, str]:
+    text = resources.files("jobbus").joinpath("sql/queries.sql").read_text(encoding="utf-8")
+    parts = _BLOCK.split(text)
+    return {name: body.strip().rstrip(";") for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+
+
+@cache
+def _rendered(schema: str) -> dict[str, str]:
+    columns = ", ".join(JOB_COLUMNS)
+    return {
+        name: render(template.replace("{columns}", columns), schema)
+        for name, template in _query_templates().items()
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Statement(Generic[T]):
+    """One round trip: the query, its parameters and how to read its result."""
+
+    query: str
+    params: Mapping[str, Any]
+    decode: Callable[[list[Row], int], T]
+
+
+async def run_async(conn: psycopg.AsyncConnection[Any], statement: Statement[T]) -> T:
+    cursor = await conn.execute(statement.query.encode(), statement.params)
+    rows = await cursor.fetchall() if cursor.description else []
+    return statement.decode(rows, cursor.rowcount)
+
+
+def run_sync(conn: psycopg.Connection[Any], statement: Statement[T]) -> T:
+    cursor = conn.execute(statement.query.encode(), statement.params)
+    rows = cursor.fetchall() if cursor.description else []
+    return statement.decode(rows, cursor.rowcount)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The fenced end of one attempt, as the worker hands it to `record_outcomes`."""
+
+    job_id: uuid.UUID
+    lease_token: uuid.UUID
+    status: JobStatus  # QUEUED means retry (or release), the others are terminal
+    result_json: str | None = None
+    error: str | None = None
+    delay_seconds: float = 0.0
+    released: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ExpiredLease:
+    job_id: uuid.UUID
+    type: str
+    queue: str
+    status: JobStatus
+    attempts: int
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class CancelResult:
+    before: JobStatus | None  # None: no such job
+    after: JobStatus | None
+    type: str | None
+    queue: str | None
+
+
+class JobStore:
+    """Builds the statements of one schema."""
+
+    def __init__(self, schema: str) -> None:
+        self.schema = schema
+        self.channel = f"jobbus_{schema}"
+        self.control_channel = f"jobbus_{schema}_control"
+        self._q = _rendered(schema)
+
+    def query(self, name: str) -> str:
+        return self._q[name]
+
+    # -- producers ---------------------------------------------------------------------------------
+
+    def insert_jobs(self, specs: Sequence[JobSpec]) -> Statement[dict[uuid.UUID | tuple[str, str], uuid.UUID]]:
+        """Insert jobs in one round trip; returns, per unique (type, key), the id of the active job.
+
+        Specs must not repeat a (type, unique_key); the caller folds repeats onto the first.
+        """
+        params = {
+            "ids": [s.id for s in specs],
+            "types": [s.type for s in specs],
+            "queues": [s.queue for s in specs],
+            "names": [s.name for s in specs],
+            "group_ids": [s.group_id for s in specs],
+            "unique_keys": [s.unique_key for s in specs],
+            "priorities": [s.priority for s in specs],
+            "configurations": [s.configuration for s in specs],
+            "max_attempts": [s.max_attempts for s in specs],
+            "available_ats": [s.available_at for s in specs],
+            "delays": [s.delay_seconds for s in specs],
+            "channel": self.channel,
+        }
+
+        def decode(rows: list[Row], _: int) -> dict[uuid.UUID | tuple[str, str], uuid.UUID]:
+            found: dict[uuid.UUID | tuple[str, str], uuid.UUID] = {}
+            for job_id, job_type, unique_key, _inserted, _notified in rows:
+                found[(job_type, unique_key) if unique_key is not None else job_id] = job_id
+            return found
+
+        return Statement(self._q["insert_jobs"], params, decode)
+
+    # -- worker ------------------------------------------------------------------------------------
+
+    def claim_jobs(
+        self,
+        *,
+        worker_id: str,
+        limit: int,
+        types: Sequence[str],
+        queues: Sequence[str] | None,
+        paused_queues: Sequence[str],
+        lease_seconds: float,
+    ) -> Statement[list[ClaimedJob]]:
+        params = {
+            "worker_id": worker_id,
+            "limit": limit,
+            "types": list(types),
+            "all_queues": queues is None,
+            "queues": list(queues or []),
+            "paused_queues": list(paused_queues),
+            "lease_seconds": lease_seconds,
+        }
+
+        def decode(rows: list[Row], _: int) -> list[ClaimedJob]:
+            return [ClaimedJob(*row) for row in rows]
+
+        return Statement(self._q["claim_jobs"], params, decode)
+
+    def recover_expired_leases(self, limit: int = 1000) -> Statement[list[ExpiredLease]]:
+        def decode(rows: list[Row], _: int) -> list[ExpiredLease]:
+            return [ExpiredLease(r[0], r[1], r[2], JobStatus(r[3]), r[4], r[5]) for r in rows]
+
+        return Statement(self._q["recover_expired_leases"], {"limit": limit}, decode)
+
+    def heartbeat_leases(
+        self, leases: Mapping[uuid.UUID, uuid.UUID], lease_seconds: float
+    ) -> Statement[dict[uuid.UUID, bool]]:
+        """Renew many leases at once; the result maps each live job id to its cancellation flag."""
+        params = {"ids": list(leases), "tokens": list(leases.values()), "lease_seconds": lease_seconds}
+        return Statement(self._q["heartbeat_leases"], params, lambda rows, _: {r[0]: r[1] for r in rows})
+
+    def checkpoint_job(self, job_id: uuid.UUID, token: uuid.UUID, data_json: str) -> Statement[bool | None]:
+        """Replace the checkpoint; returns the cancellation flag, or None when the lease is lost."""
+        return Statement(self._q["checkpoint_job"], {"id": job_id, "token": token, "data": data_json}, _flag)
+
+    def progress_job(
+        self, job_id: uuid.UUID, token: uuid.UUID, current: float, total: float | None
+    ) -> Statement[bool | None]:
+        params = {"id": job_id, "token": token, "current": current, "total": total}
+        return Statement(self._q["progress_job"], params, _flag)
+
+    def heartbeat_job(self, job_id: uuid.UUID, token: uuid.UUID, lease_seconds: float) -> Statement[bool | None]:
+        params = {"id": job_id, "token": token, "lease_seconds": lease_seconds}
+        return Statement(self._q["heartbeat_job"], params, _flag)
+
+    def record_outcomes(self, outcomes: Sequence[Outcome]) -> Statement[set[uuid.UUID]]:
+        """Fenced outcome writes for many jobs; returns the ids whose write applied."""
+        params = {
+            "ids": [o.job_id for o in outcomes],
+            "tokens": [o.lease_token for o in outcomes],
+            "statuses": [o.status.value for o in outcomes],
+            "results": [o.result_json for o in outcomes],
+            "errors": [o.error for o in outcomes],
+            "delays": [o.delay_seconds for o in outcomes],
+            "released": [o.released for o in outcomes],
+        }
+        return Statement(self._q["record_outcomes"], params, lambda rows, _: {r[0] for r in rows})
+
+    # -- admin -------------------------------------------------------------------------------------
+
+    def cancel_job(self, job_id: uuid.UUID) -> Statement[CancelResult]:
+        def decode(rows: list[Row], _: int) -> CancelResult:
+            if not rows:
+                return CancelResult(None, None, None, None)
+            before, after, job_type, queue = rows[0]
+            return CancelResult(JobStatus(before), JobStatus(after), job_type, queue)
+
+        return Statement(self._q["cancel_job"], {"id": job_id}, decode)
+
+    def retry_job(
+        self, job_id: uuid.UUID, available_at: datetime | None, delay_seconds: float
+    ) -> Statement[tuple[JobStatus | None, bool]]:
+        """Requeue a failed job; returns (status before, whether it was requeued)."""
+        params = {"id": job_id, "available_at": available_at, "delay": delay_seconds, "channel": self.channel}
+
+        def decode(rows: list[Row], _: int) -> tuple[JobStatus | None, bool]:
+            if not rows:
+                return None, False
+            return JobStatus(rows[0][0]), bool(rows[0][1])
+
+        return Statement(self._q["retry_job"], params, decode)
+
+    def find_job(self, job_id: uuid.UUID) -> Statement[Job | None]:
+        return Statement(self._q["find_job"], {"id": job_id}, lambda rows, _: _job(rows[0]) if rows else None)
+
+    def list_jobs(
+        self,
+        *,
+        statuses: Sequence[str] | None = None,
+        queues: Sequence[str] | None = None,
+        types: Sequence[str] | None = None,
+        group_id: uuid.UUID | None = None,
+        after: uuid.UUID | None = None,
+        limit: int = 100,
+    ) -> Statement[list[Job]]:
+        params = {
+            "statuses": list(statuses) if statuses else None,
+            "queues": list(queues) if queues else None,
+            "types": list(types) if types else None,
+            "group_id": group_id,
+            "after": after,
+            "limit": limit,
+        }
+        return Statement(self._q["list_jobs"], params, lambda rows, _: [_job(r) for r in rows])
+
+    def group_progress(self, group_id: uuid.UUID) -> Statement[GroupProgress]:
+        def decode(rows: list[Row], _: int) -> GroupProgress:
+            counts = {status: int(count) for status, count in rows}
+            return GroupProgress(*(counts.get(s.value, 0) for s in JobStatus))
+
+        return Statement(self._q["group_progress"], {"group_id": group_id}, decode)
+
+    def prune_jobs(
+        self, *, older_than_seconds: float, statuses: Sequence[str], limit: int = 10_000
+    ) -> Statement[int]:
+        params = {"older_than_seconds": older_than_seconds, "statuses": list(statuses), "limit": limit}
+        return Statement(self._q["prune_jobs"], params, lambda _, rowcount: rowcount)
+
+    # -- worker registry and control ---------------------------------------------------------------
+
+    def reclaim_own_orphans(self, worker_id: str) -> Statement[int]:
+        return Statement(self._q["reclaim_own_orphans"], {"worker_id": worker_id}, lambda rows, _: len(rows))
+
+    def register_worker(
+        self,
+        *,
+        worker_id: str,
+        host: str,
+        pid: int,
+        queues: Sequence[str] | None,
+        types: Sequence[str],
+        concurrency: int,
+    ) -> Statement[int]:
+        """Upsert the registry row; returns the generation the worker starts acknowledged at."""
+        params = {
+            "id": worker_id,
+            "host": host,
+            "pid": pid,
+            "queues": list(queues) if queues is not None else None,
+            "types": list(types),
+            "concurrency": concurrency,
+        }
+        return Statement(self._q["register_worker"], params, lambda rows, _: int(rows[0][0]))
+
+    def touch_worker(
+        self, *, worker_id: str, state: str, in_flight: int, completed: int, failed: int, acked_generation: int
+    ) -> Statement[None]:
+        params = {
+            "id": worker_id,
+            "state": state,
+            "in_flight": in_flight,
+            "completed": completed,
+            "failed": failed,
+            "acked_generation": acked_generation,
+        }
+        return Statement(self._q["touch_worker"], params, lambda rows, _: None)
+
+    def read_control(self, worker_id: str, acked_generation: int) -> Statement[ControlState]:
+        params = {"worker_id": worker_id, "acked_generation": acked_generation}
+        return Statement(self._q["read_control"], params, _decode_control(worker_id))
+
+    def schema_version(self) -> Statement[int]:
+        return Statement(self._q["schema_version"], {}, lambda rows, _: int(rows[0][0]))
+
+
+@dataclass(frozen=True, slots=True)
+class ControlState:
+    """What the control plane says to one worker."""
+
+    paused_all: bool
+    paused_worker: bool
+    paused_queues: frozenset[str]
+    commands: tuple[tuple[int, str], ...]  # (generation, action) addressed to this worker, in order
+    latest_generation: int
+
+
+def _decode_control(worker_id: str) -> Callable[[list[Row], int], ControlState]:
+    def decode(rows: list[Row], _: int) -> ControlState:
+        paused_all = paused_worker = False
+        queues: set[str] = set()
+        commands: list[tuple[int, str]] = []
+        latest = 0
+        for kind, a, b, generation in rows:
+            if kind == "pause":
+                if a == "all":
+                    paused_all = True
+                elif a == "worker" and b == worker_id:
+                    paused_worker = True
+                elif a == "queue":
+                    queues.add(b)
+            elif kind == "command":
+                commands.append((int(generation), a))
+            else:
+                latest = int(generation)
+        commands.sort()
+        return ControlState(paused_all, paused_worker, frozenset(queues), tuple(commands), latest)
+
+    return decode
+
+
+def _flag(rows: list[Row], _: int) -> bool | None:
+    return bool(rows[0][0]) if rows else None
+
+
+def _job(row: Row) -> Job:
+    values = dict(zip(JOB_COLUMNS, row, strict=True))
+    values["status"] = JobStatus(values["status"])
+    return Job(**values)
+
+
+def dumps(value: Any) -> str:
+    """JSON text for the database; refuses NaN and infinities, which jsonb cannot hold."""
+    return json.dumps(value, allow_nan=False, separators=(",", ":"))

@@ -1,0 +1,67 @@
+"""LISTEN on one dedicated connection per worker: wake-ups for new jobs and control commands.
+
+Notifications only shorten waits; the worker also polls, so a lost notification (or a listener that
+is reconnecting) delays work by at most one poll interval and never loses it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from jobbus.worker.resilience import TRANSIENT_ERRORS, Backoff, Outage
+
+
+class Listener:
+    def __init__(self, dsn: str, job_channel: str, control_channel: str, wake: asyncio.Event) -> None:
+        self._wake = wake
+        self._dsn = dsn
+        self._job_channel = job_channel
+        self._control_channel = control_channel
+        self.jobs_available = asyncio.Event()
+        self.control_changed = asyncio.Event()
+        self.connected = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._outage = Outage("listener")
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="jobbus-listener")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    async def _loop(self) -> None:
+        backoff = Backoff(cap=10.0)
+        while True:
+            try:
+                conn: psycopg.AsyncConnection[Any] = await psycopg.AsyncConnection.connect(
+                    self._dsn, autocommit=True
+                )
+                async with conn:
+                    for channel in (self._job_channel, self._control_channel):
+                        await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+                    self._outage.recovered()
+                    backoff.reset()
+                    self.connected.set()
+                    # Anything may have happened while we were not listening.
+                    self.jobs_available.set()
+                    self.control_changed.set()
+                    self._wake.set()
+                    async for notify in conn.notifies():
+                        if notify.channel == self._job_channel:
+                            self.jobs_available.set()
+                        else:
+                            self.control_changed.set()
+                        self._wake.set()
+            except TRANSIENT_ERRORS as exc:
+                self.connected.clear()
+                self._outage.failed(exc)
+                await asyncio.sleep(backoff.next_delay())

@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+import jobbus
+from tests.dbserver import ensure_template, fresh_database, server_dsn
+
+
+@pytest.fixture(scope="session")
+def admin_dsn() -> str:
+    return server_dsn()
+
+
+@pytest.fixture(scope="session")
+def template_db(admin_dsn: str) -> str:
+    return ensure_template(admin_dsn)
+
+
+@pytest.fixture
+def dsn(admin_dsn: str, template_db: str) -> Iterator[str]:
+    """A fresh, migrated database for this test alone."""
+    with fresh_database(admin_dsn, template_db) as url:
+        yield url
+
+
+@pytest.fixture
+def empty_dsn(admin_dsn: str) -> Iterator[str]:
+    """A fresh database without the jobbus schema."""
+    with fresh_database(admin_dsn, None) as url:
+        yield url
+
+
+FAST = {"retry_base_delay_seconds": 0.0, "retry_max_delay_seconds": 0.0, "poll_interval_seconds": 0.2}
+
+
+@pytest.fixture
+async def app(dsn: str) -> AsyncIterator[jobbus.App]:
+    application = jobbus.App(dsn=dsn, **FAST)
+    async with application:
+        yield application
+
+
+@pytest.fixture
+def sync_app(dsn: str) -> Iterator[jobbus.App]:
+    application = jobbus.App(dsn=dsn, **FAST)
+    with application.sync:
+        yield application
