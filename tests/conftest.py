@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 
@@ -32,7 +33,7 @@ def empty_dsn(admin_dsn: str) -> Iterator[str]:
         yield url
 
 
-FAST = {"retry_base_delay_seconds": 0.0, "retry_max_delay_seconds": 0.0, "poll_interval_seconds": 0.2}
+FAST: dict[str, Any] = {"retry_base_delay_seconds": 0.0, "retry_max_delay_seconds": 0.0, "poll_interval_seconds": 0.2}
 
 
 @pytest.fixture

@@ -55,7 +55,9 @@ def ensure_template(admin_dsn: str) -> str:
                 conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(building)))
                 with psycopg.connect(with_dbname(admin_dsn, building), autocommit=True) as target:
                     schema.migrate(target, "jobbus")
-                conn.execute(sql.SQL("ALTER DATABASE {} RENAME TO {}").format(sql.Identifier(building), sql.Identifier(name)))
+                conn.execute(
+                    sql.SQL("ALTER DATABASE {} RENAME TO {}").format(sql.Identifier(building), sql.Identifier(name))
+                )
         finally:
             conn.execute("SELECT pg_advisory_unlock(hashtext('jobbus-test-template'))")
     return name

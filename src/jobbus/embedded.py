@@ -28,7 +28,9 @@ def start_embedded(data_dir: Path, *, announce: bool = True) -> str:
     data_dir = data_dir.resolve()
     if data_dir not in _servers:
         data_dir.mkdir(parents=True, exist_ok=True)
-        _servers[data_dir] = pgserver.get_server(data_dir, cleanup_mode="stop")
+        _servers[data_dir] = pgserver.get_server(  # type: ignore[attr-defined]
+            data_dir, cleanup_mode="stop"
+        )
         if announce:
             print(f"jobbus: using the embedded PostgreSQL in {data_dir}", file=sys.stderr)
     uri: str = _servers[data_dir].get_uri()

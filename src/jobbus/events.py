@@ -101,7 +101,10 @@ class EventHub:
                 raise
             except Exception:
                 logger.exception(
-                    "event listener %r failed for %s", listener, type(event).__name__, extra={"job_id": str(event.job_id)}
+                    "event listener %r failed for %s",
+                    listener,
+                    type(event).__name__,
+                    extra={"job_id": str(event.job_id)},
                 )
 
     def emit_sync(self, event: JobEvent) -> None:
@@ -113,7 +116,10 @@ class EventHub:
                     asyncio.run(_await(outcome))
             except Exception:
                 logger.exception(
-                    "event listener %r failed for %s", listener, type(event).__name__, extra={"job_id": str(event.job_id)}
+                    "event listener %r failed for %s",
+                    listener,
+                    type(event).__name__,
+                    extra={"job_id": str(event.job_id)},
                 )
 
 

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 
-class JobStatus(str, enum.Enum):
+class JobStatus(enum.StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
     COMPLETED = "completed"
@@ -19,9 +19,6 @@ class JobStatus(str, enum.Enum):
     @property
     def is_terminal(self) -> bool:
         return self in TERMINAL_STATUSES
-
-    def __str__(self) -> str:
-        return self.value
 
 
 TERMINAL_STATUSES = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED})
@@ -55,8 +52,6 @@ class Job:
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
-
-
 
 
 JOB_COLUMNS: tuple[str, ...] = tuple(Job.__dataclass_fields__)

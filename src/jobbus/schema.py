@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -36,9 +37,13 @@ class Migration:
 def render(template: str, schema: str) -> str:
     """Put the quoted schema identifier where the template says `{schema}`."""
     quoted = sql.Identifier(validate_schema_name(schema)).as_string(None)
-    return template.replace("{{", "\x00").replace("}}", "\x01").replace("{schema}", quoted).replace(
-        "\x00", "{"
-    ).replace("\x01", "}")
+    return (
+        template.replace("{{", "\x00")
+        .replace("}}", "\x01")
+        .replace("{schema}", quoted)
+        .replace("\x00", "{")
+        .replace("\x01", "}")
+    )
 
 
 @cache
@@ -89,7 +94,7 @@ def script(schema: str = "jobbus") -> str:
     return "".join(parts)
 
 
-def migrate(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> list[Migration]:
+def migrate(conn: psycopg.Connection[Any], schema: str) -> list[Migration]:
     """Apply pending migrations in one transaction under an advisory lock; returns what was applied.
 
     Concurrent callers serialise on the lock; the second finds nothing to do. Applying twice is a no-op.
@@ -98,8 +103,7 @@ def migrate(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> list[M
         conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (_LOCK_NAMESPACE + schema,))
         conn.execute(_bookkeeping(schema).encode())
         applied = {
-            row[0]
-            for row in conn.execute(sql.SQL("SELECT version FROM {}.migration").format(sql.Identifier(schema)))
+            row[0] for row in conn.execute(sql.SQL("SELECT version FROM {}.migration").format(sql.Identifier(schema)))
         }
         pending = [m for m in migrations() if m.version not in applied]
         for migration in pending:
@@ -108,7 +112,7 @@ def migrate(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> list[M
     return pending
 
 
-def pending_sql(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> str:
+def pending_sql(conn: psycopg.Connection[Any], schema: str) -> str:
     """What `migrate` would run now, for review (`jobbus migrate --dry-run`)."""
     current = current_version_sync(conn, schema)
     return "".join(
@@ -121,7 +125,7 @@ def pending_sql(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> st
 VERSION_QUERY = "SELECT coalesce(max(version), 0) FROM {schema}.migration"
 
 
-def current_version_sync(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> int:
+def current_version_sync(conn: psycopg.Connection[Any], schema: str) -> int:
     try:
         with conn.transaction():
             row = conn.execute(render(VERSION_QUERY, schema).encode()).fetchone()
@@ -134,9 +138,7 @@ def check_version(schema: str, version: int) -> None:
     """Raise `SchemaError` telling the user what to run unless the schema is exactly current."""
     needed = latest_version()
     if version == 0:
-        raise SchemaError(
-            f"schema {schema} is missing: run `jobbus migrate` (or apply the output of `jobbus schema`)"
-        )
+        raise SchemaError(f"schema {schema} is missing: run `jobbus migrate` (or apply the output of `jobbus schema`)")
     if version < needed:
         raise SchemaError(f"schema {schema} is at version {version}, this code needs {needed}: run `jobbus migrate`")
     # A newer schema is accepted: migrations are additive, so old code keeps working during a rollout.

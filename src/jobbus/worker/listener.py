@@ -7,6 +7,7 @@ is reconnecting) delays work by at most one poll interval and never loses it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import psycopg
@@ -33,18 +34,14 @@ class Listener:
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
 
     async def _loop(self) -> None:
         backoff = Backoff(cap=10.0)
         while True:
             try:
-                conn: psycopg.AsyncConnection[Any] = await psycopg.AsyncConnection.connect(
-                    self._dsn, autocommit=True
-                )
+                conn: psycopg.AsyncConnection[Any] = await psycopg.AsyncConnection.connect(self._dsn, autocommit=True)
                 async with conn:
                     for channel in (self._job_channel, self._control_channel):
                         await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))

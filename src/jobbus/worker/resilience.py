@@ -38,7 +38,7 @@ class Backoff:
         self.attempt = 0
 
     def next_delay(self) -> float:
-        delay = min(self.cap, self.first * 2**self.attempt)
+        delay = min(self.cap, self.first * 2.0**self.attempt)
         self.attempt = min(self.attempt + 1, 32)
         return delay
 

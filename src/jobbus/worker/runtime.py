@@ -28,7 +28,7 @@ from jobbus.events import JobCancelled, JobCompleted, JobEvent, JobFailed, JobRe
 from jobbus.execution import JobExecution, SyncJobExecution
 from jobbus.models import ClaimedJob, JobStatus
 from jobbus.retry import backoff_seconds
-from jobbus.store import ControlState, Outcome, Statement, dumps, run_async
+from jobbus.store import ControlState, Outcome, Statement, WorkerStore, dumps, run_async
 from jobbus.worker.completer import Completer
 from jobbus.worker.listener import Listener
 from jobbus.worker.memory import rss_bytes
@@ -99,6 +99,7 @@ class Worker:
         self.options = options
         self.settings = app.settings
         self.store = app.store
+        self.workers = WorkerStore(self.settings.schema)
         self.worker_id = options.worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.poll_interval = options.poll_interval or self.settings.poll_interval_seconds
         self.types = self._types()
@@ -119,7 +120,7 @@ class Worker:
         self._executor = ThreadPoolExecutor(max_workers=options.concurrency, thread_name_prefix="jobbus-job")
         self._outage = Outage("worker")
         self._completer = Completer(self.store, self._run)
-        self._listener = Listener(app.dsn, self.store.channel, self.store.control_channel, self._wake)
+        self._listener = Listener(app.dsn, self.store.channel, self.workers.control_channel, self._wake)
         self._last_recovery = 0.0
         self._last_control = 0.0
 
@@ -151,7 +152,7 @@ class Worker:
             await self.app.close()
 
     async def _run_registered(self) -> int:
-        reclaimed = await self._run(self.store.reclaim_own_orphans(self.worker_id))
+        reclaimed = await self._run(self.workers.reclaim_own_orphans(self.worker_id))
         if reclaimed:
             logger.warning(
                 "worker %s reclaimed %d job(s) its previous run left running",
@@ -160,7 +161,7 @@ class Worker:
                 extra={"worker_id": self.worker_id},
             )
         self._acked_generation = await self._run(
-            self.store.register_worker(
+            self.workers.register_worker(
                 worker_id=self.worker_id,
                 host=socket.gethostname(),
                 pid=os.getpid(),
@@ -291,7 +292,11 @@ class Worker:
                     "job %s: lease expired (worker died or lost its connection); now %s",
                     expired.job_id,
                     expired.status.value,
-                    extra={"job_id": str(expired.job_id), "job_type": expired.type, "attempt": expired.attempts},
+                    extra={
+                        "job_id": str(expired.job_id),
+                        "job_type": expired.type,
+                        "attempt": expired.attempts,
+                    },
                 )
 
     def _listener_control(self) -> bool:
@@ -326,7 +331,7 @@ class Worker:
 
     async def _read_control(self) -> None:
         self._control_due = False
-        state: ControlState = await self._run(self.store.read_control(self.worker_id, self._acked_generation))
+        state: ControlState = await self._run(self.workers.read_control(self.worker_id, self._acked_generation))
         queues = self.options.queues
         self._paused_queues = state.paused_queues
         was_paused = self._paused
@@ -359,7 +364,7 @@ class Worker:
     async def _touch(self, state: str) -> None:
         with contextlib.suppress(*TRANSIENT_ERRORS):
             await self._run(
-                self.store.touch_worker(
+                self.workers.touch_worker(
                     worker_id=self.worker_id,
                     state=state,
                     in_flight=len(self._in_flight),
@@ -403,7 +408,11 @@ class Worker:
                     "job %s: lease lost during attempt %d (expired or taken over); its result will not be written",
                     job_id,
                     attempt.claimed.attempts,
-                    extra={"job_id": str(job_id), "job_type": attempt.claimed.type, "worker_id": self.worker_id},
+                    extra={
+                        "job_id": str(job_id),
+                        "job_type": attempt.claimed.type,
+                        "worker_id": self.worker_id,
+                    },
                 )
 
     # -- one job -----------------------------------------------------------------------------------
@@ -420,6 +429,8 @@ class Worker:
             await self.app.events.emit(JobStarted(claimed.id, claimed.type, claimed.queue, claimed.attempts))
             scope: AbstractAsyncContextManager[Any] | None = None
             error: BaseException | None = None
+            outcome: Outcome | None
+            event: JobEvent | None
             try:
                 if self.app.job_scope is not None:
                     scope = self.app.job_scope(attempt.execution)
@@ -471,18 +482,14 @@ class Worker:
                 )
                 self.request_stop(EXIT_RESTART)
 
-    async def _call_handler(
-        self, attempt: _Attempt
-    ) -> tuple[Outcome | None, JobEvent | None, BaseException | None]:
+    async def _call_handler(self, attempt: _Attempt) -> tuple[Outcome | None, JobEvent | None, BaseException | None]:
         claimed, execution, handler = attempt.claimed, attempt.execution, attempt.handler
         try:
             if handler.is_async:
                 result = await handler.func(execution)
             else:
                 loop = asyncio.get_running_loop()
-                result = await loop.run_in_executor(
-                    self._executor, handler.func, SyncJobExecution(execution, loop)
-                )
+                result = await loop.run_in_executor(self._executor, handler.func, SyncJobExecution(execution, loop))
         except asyncio.CancelledError as exc:
             # Only the shutdown sequence cancels job tasks: give the job back, available at once.
             task = asyncio.current_task()
@@ -507,7 +514,11 @@ class Worker:
         except (TypeError, ValueError) as exc:
             message = f"the handler's return value is not JSON serialisable: {exc}"
             outcome = Outcome(claimed.id, claimed.lease_token, JobStatus.FAILED, error=message)
-            return outcome, JobFailed(claimed.id, claimed.type, claimed.queue, claimed.attempts, message), None
+            return (
+                outcome,
+                JobFailed(claimed.id, claimed.type, claimed.queue, claimed.attempts, message),
+                None,
+            )
         outcome = Outcome(claimed.id, claimed.lease_token, JobStatus.COMPLETED, result_json=result_json)
         return outcome, JobCompleted(claimed.id, claimed.type, claimed.queue, claimed.attempts, result), None
 

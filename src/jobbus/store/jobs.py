@@ -1,69 +1,14 @@
-"""The job store: the only module that speaks SQL about jobs.
-
-Every query is a named block of `sql/queries.sql`, rendered once per schema. An operation is a
-`Statement`: query text, parameters and a decoder for the rows. The async and the blocking front-ends
-(`App`, `App.sync`, the worker) run the same statements through `run_async` / `run_sync`, so there is
-one source of truth for the SQL and its meaning and two thin ways to execute it.
-"""
+"""Statements about jobs: scheduling, claiming, fenced writes, admin and reads (`sql/queries/jobs.sql`)."""
 
 from __future__ import annotations
 
-import json
-import re
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from functools import cache
-from importlib import resources
-from typing import Any, Generic, TypeVar
-
-import psycopg
 
 from jobbus.models import JOB_COLUMNS, ClaimedJob, GroupProgress, Job, JobSpec, JobStatus
-from jobbus.schema import render
-
-T = TypeVar("T")
-Row = tuple[Any, ...]
-
-_BLOCK = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
-
-
-@cache
-def _query_templates() -> dict[str, str]:
-    text = resources.files("jobbus").joinpath("sql/queries.sql").read_text(encoding="utf-8")
-    parts = _BLOCK.split(text)
-    return {name: body.strip().rstrip(";") for name, body in zip(parts[1::2], parts[2::2], strict=True)}
-
-
-@cache
-def _rendered(schema: str) -> dict[str, str]:
-    columns = ", ".join(JOB_COLUMNS)
-    return {
-        name: render(template.replace("{columns}", columns), schema)
-        for name, template in _query_templates().items()
-    }
-
-
-@dataclass(frozen=True, slots=True)
-class Statement(Generic[T]):
-    """One round trip: the query, its parameters and how to read its result."""
-
-    query: str
-    params: Mapping[str, Any]
-    decode: Callable[[list[Row], int], T]
-
-
-async def run_async(conn: psycopg.AsyncConnection[Any], statement: Statement[T]) -> T:
-    cursor = await conn.execute(statement.query.encode(), statement.params)
-    rows = await cursor.fetchall() if cursor.description else []
-    return statement.decode(rows, cursor.rowcount)
-
-
-def run_sync(conn: psycopg.Connection[Any], statement: Statement[T]) -> T:
-    cursor = conn.execute(statement.query.encode(), statement.params)
-    rows = cursor.fetchall() if cursor.description else []
-    return statement.decode(rows, cursor.rowcount)
+from jobbus.store.statements import Row, Statement, queries
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,8 +48,7 @@ class JobStore:
     def __init__(self, schema: str) -> None:
         self.schema = schema
         self.channel = f"jobbus_{schema}"
-        self.control_channel = f"jobbus_{schema}_control"
-        self._q = _rendered(schema)
+        self._q = queries(schema)
 
     def query(self, name: str) -> str:
         return self._q[name]
@@ -260,92 +204,12 @@ class JobStore:
 
         return Statement(self._q["group_progress"], {"group_id": group_id}, decode)
 
-    def prune_jobs(
-        self, *, older_than_seconds: float, statuses: Sequence[str], limit: int = 10_000
-    ) -> Statement[int]:
+    def prune_jobs(self, *, older_than_seconds: float, statuses: Sequence[str], limit: int = 10_000) -> Statement[int]:
         params = {"older_than_seconds": older_than_seconds, "statuses": list(statuses), "limit": limit}
         return Statement(self._q["prune_jobs"], params, lambda _, rowcount: rowcount)
 
-    # -- worker registry and control ---------------------------------------------------------------
-
-    def reclaim_own_orphans(self, worker_id: str) -> Statement[int]:
-        return Statement(self._q["reclaim_own_orphans"], {"worker_id": worker_id}, lambda rows, _: len(rows))
-
-    def register_worker(
-        self,
-        *,
-        worker_id: str,
-        host: str,
-        pid: int,
-        queues: Sequence[str] | None,
-        types: Sequence[str],
-        concurrency: int,
-    ) -> Statement[int]:
-        """Upsert the registry row; returns the generation the worker starts acknowledged at."""
-        params = {
-            "id": worker_id,
-            "host": host,
-            "pid": pid,
-            "queues": list(queues) if queues is not None else None,
-            "types": list(types),
-            "concurrency": concurrency,
-        }
-        return Statement(self._q["register_worker"], params, lambda rows, _: int(rows[0][0]))
-
-    def touch_worker(
-        self, *, worker_id: str, state: str, in_flight: int, completed: int, failed: int, acked_generation: int
-    ) -> Statement[None]:
-        params = {
-            "id": worker_id,
-            "state": state,
-            "in_flight": in_flight,
-            "completed": completed,
-            "failed": failed,
-            "acked_generation": acked_generation,
-        }
-        return Statement(self._q["touch_worker"], params, lambda rows, _: None)
-
-    def read_control(self, worker_id: str, acked_generation: int) -> Statement[ControlState]:
-        params = {"worker_id": worker_id, "acked_generation": acked_generation}
-        return Statement(self._q["read_control"], params, _decode_control(worker_id))
-
     def schema_version(self) -> Statement[int]:
         return Statement(self._q["schema_version"], {}, lambda rows, _: int(rows[0][0]))
-
-
-@dataclass(frozen=True, slots=True)
-class ControlState:
-    """What the control plane says to one worker."""
-
-    paused_all: bool
-    paused_worker: bool
-    paused_queues: frozenset[str]
-    commands: tuple[tuple[int, str], ...]  # (generation, action) addressed to this worker, in order
-    latest_generation: int
-
-
-def _decode_control(worker_id: str) -> Callable[[list[Row], int], ControlState]:
-    def decode(rows: list[Row], _: int) -> ControlState:
-        paused_all = paused_worker = False
-        queues: set[str] = set()
-        commands: list[tuple[int, str]] = []
-        latest = 0
-        for kind, a, b, generation in rows:
-            if kind == "pause":
-                if a == "all":
-                    paused_all = True
-                elif a == "worker" and b == worker_id:
-                    paused_worker = True
-                elif a == "queue":
-                    queues.add(b)
-            elif kind == "command":
-                commands.append((int(generation), a))
-            else:
-                latest = int(generation)
-        commands.sort()
-        return ControlState(paused_all, paused_worker, frozenset(queues), tuple(commands), latest)
-
-    return decode
 
 
 def _flag(rows: list[Row], _: int) -> bool | None:
@@ -356,8 +220,3 @@ def _job(row: Row) -> Job:
     values = dict(zip(JOB_COLUMNS, row, strict=True))
     values["status"] = JobStatus(values["status"])
     return Job(**values)
-
-
-def dumps(value: Any) -> str:
-    """JSON text for the database; refuses NaN and infinities, which jsonb cannot hold."""
-    return json.dumps(value, allow_nan=False, separators=(",", ":"))
