@@ -1,0 +1,3 @@
+from jobbus.cli import main
+
+main()

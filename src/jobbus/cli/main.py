@@ -1,0 +1,43 @@
+"""The `jobbus` command: a thin layer over the library, with the exit codes of SPEC section 6."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from jobbus.cli import exit_codes
+from jobbus.cli.schema import migrate_command, schema_command
+from jobbus.cli.worker import worker_command
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
+
+
+@click.group(context_settings=CONTEXT)
+@click.version_option(package_name="jobbus")
+def cli() -> None:
+    """jobbus: durable background jobs on PostgreSQL.
+
+    Every command takes --dsn or reads JOBBUS_DSN. Exit codes: 0 ok, 1 refused, 64 bad usage,
+    69 database unreachable, 70 internal error, 75 restart requested, 78 configuration error.
+    """
+
+
+for command in (worker_command, schema_command, migrate_command):
+    cli.add_command(command)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: click's usage errors exit 64 (EX_USAGE), not click's default 2."""
+    try:
+        result = cli.main(args=argv, prog_name="jobbus", standalone_mode=False)
+    except click.UsageError as exc:
+        exc.show()
+        sys.exit(exit_codes.USAGE)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(exit_codes.FAILURE)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exit_codes.USAGE)
+    sys.exit(result if isinstance(result, int) else exit_codes.OK)

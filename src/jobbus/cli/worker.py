@@ -1,0 +1,96 @@
+"""`jobbus worker`: run one worker process until it is stopped."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+
+import click
+
+from jobbus.cli.errors import UsageProblem, probe_database, run
+from jobbus.cli.loading import open_app
+from jobbus.worker import WorkerOptions
+from jobbus.worker.memory import parse_size
+
+
+@click.command("worker")
+@click.option("--app", "app_spec", required=True, metavar="MODULE:ATTR", help="The App, or a factory of one.")
+@click.option("--queue", "queues", multiple=True, metavar="Q", help="Claim from this queue (repeatable); default all.")
+@click.option("--type", "types", multiple=True, metavar="T", help="Claim only this job type (repeatable).")
+@click.option("--concurrency", type=click.IntRange(min=1), default=10, show_default=True, help="Jobs at once.")
+@click.option("--worker-id", metavar="ID", help="Stable id, e.g. the pod name; default host-pid-random.")
+@click.option("--poll-interval", type=click.FloatRange(min=0, min_open=True), metavar="S", help="Polling fallback.")
+@click.option("--memory-limit", metavar="SIZE", help="After a job, exit 75 if RSS exceeds this (e.g. 256M).")
+@click.option("--run-once", is_flag=True, help="Process at most one job, then exit.")
+@click.option("--limit", type=click.IntRange(min=1), metavar="N", help="Exit after N jobs finished.")
+@click.option("--stop-when-empty", is_flag=True, help="Exit when no job is available.")
+@click.option("--shutdown-timeout", type=click.FloatRange(min=0), default=30.0, show_default=True, metavar="S")
+@click.option("--dsn", envvar="JOBBUS_DSN", metavar="DSN", help="PostgreSQL DSN (default: JOBBUS_DSN).")
+@click.option("--log-level", default="INFO", show_default=True, type=click.Choice(["DEBUG", "INFO", "WARNING"]))
+def worker_command(
+    app_spec: str,
+    queues: tuple[str, ...],
+    types: tuple[str, ...],
+    concurrency: int,
+    worker_id: str | None,
+    poll_interval: float | None,
+    memory_limit: str | None,
+    run_once: bool,
+    limit: int | None,
+    stop_when_empty: bool,
+    shutdown_timeout: float,
+    dsn: str | None,
+    log_level: str,
+) -> None:
+    """Run a worker: claim jobs, run their handlers, write outcomes; stop on SIGTERM/SIGINT.
+
+    \b
+    Examples:
+      jobbus worker --app myproject.jobs:app
+      jobbus worker --app myproject.jobs:app --queue emails --concurrency 20
+      jobbus worker --app myproject.jobs:app --memory-limit 512M --worker-id "$HOSTNAME"
+
+    Exit codes: 0 stopped, 75 restart requested (control command or memory limit),
+    64 bad usage, 69 database unreachable, 70 internal error, 78 configuration error.
+    """
+    try:
+        memory = parse_size(memory_limit) if memory_limit else None
+    except ValueError as exc:
+        raise UsageProblem(f"--memory-limit: {exc}") from None
+    logging.basicConfig(
+        level=getattr(logging, log_level),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    options = dict(
+        queues=list(queues) or None,
+        types=list(types) or None,
+        concurrency=concurrency,
+        worker_id=worker_id,
+        poll_interval=poll_interval,
+        memory_limit=memory,
+        run_once=run_once,
+        limit=limit,
+        stop_when_empty=stop_when_empty,
+        shutdown_timeout=shutdown_timeout,
+    )
+
+    async def body() -> int:
+        async with open_app(app_spec, dsn) as app:
+            await probe_database(app.dsn)
+            return await app.run_worker(WorkerOptions(**options))  # type: ignore[arg-type]
+
+    code = run(body)
+    _exit(code)
+
+
+def _exit(code: int) -> None:
+    """Exit now even if a sync handler's thread is still running after its lease was released."""
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        logging.shutdown()
+        os._exit(code)
+    sys.exit(code)
