@@ -3,7 +3,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 PYTEST_ARGS ?= -n 2
 
-.PHONY: venv test lint demo bench clean
+.PHONY: venv test test-smoke lint demo bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,10 @@ lint: venv
 
 test: lint
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# The smoke subset, meant for the embedded server (JOBBUS_TEST_DSN unset).
+test-smoke: venv
+	$(VENV)/bin/pytest -m smoke $(PYTEST_ARGS)
 
 demo: venv
 	$(VENV)/bin/jobbus demo

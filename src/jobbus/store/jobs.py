@@ -71,7 +71,7 @@ class JobStore:
             "configurations": [s.configuration for s in specs],
             "max_attempts": [s.max_attempts for s in specs],
             "available_ats": [s.available_at for s in specs],
-            "delays": [s.delay_seconds for s in specs],
+            "delays": [float(s.delay_seconds) for s in specs],
             "channel": self.channel,
         }
 
@@ -145,7 +145,7 @@ class JobStore:
             "statuses": [o.status.value for o in outcomes],
             "results": [o.result_json for o in outcomes],
             "errors": [o.error for o in outcomes],
-            "delays": [o.delay_seconds for o in outcomes],
+            "delays": [float(o.delay_seconds) for o in outcomes],
             "released": [o.released for o in outcomes],
         }
         return Statement(self._q["record_outcomes"], params, lambda rows, _: {r[0] for r in rows})

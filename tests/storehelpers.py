@@ -1,0 +1,39 @@
+"""Driving the job store directly, as a worker would, for store-level tests."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+
+from jobbus import App
+from jobbus.models import ClaimedJob, JobStatus
+from jobbus.store import Outcome, run_sync
+
+
+def claim(
+    app: App,
+    conn: psycopg.Connection[Any],
+    limit: int = 1,
+    *,
+    types: Sequence[str] = ("t",),
+    queues: Sequence[str] | None = None,
+    worker_id: str = "w1",
+    lease_seconds: float = 60,
+) -> list[ClaimedJob]:
+    statement = app.store.claim_jobs(
+        worker_id=worker_id, limit=limit, types=types, queues=queues, paused_queues=[], lease_seconds=lease_seconds
+    )
+    return run_sync(conn, statement)
+
+
+def expire_lease(conn: psycopg.Connection[Any], job_id: uuid.UUID) -> None:
+    """Move the lease into the past, as if the holder stopped heartbeating long ago."""
+    conn.execute("UPDATE jobbus.job SET lease_expires_at = now() - interval '1 second' WHERE id = %s", (job_id,))
+
+
+def write(app: App, conn: psycopg.Connection[Any], job: ClaimedJob, status: JobStatus, **kwargs: Any) -> bool:
+    applied = run_sync(conn, app.store.record_outcomes([Outcome(job.id, job.lease_token, status, **kwargs)]))
+    return job.id in applied
