@@ -1,3 +1,5 @@
+from typing import Any
+
 import pytest
 
 from jobbus import App
@@ -34,7 +36,7 @@ def test_environment_fills_in_and_keywords_win() -> None:
         ({"no_such_setting": 1}, "no_such_setting"),
     ],
 )
-def test_invalid_settings_raise_value_error_naming_the_setting(overrides: dict[str, object], named: str) -> None:
+def test_invalid_settings_raise_value_error_naming_the_setting(overrides: dict[str, Any], named: str) -> None:
     with pytest.raises(ValueError, match=named):
         App(**overrides)
 

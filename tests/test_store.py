@@ -51,7 +51,7 @@ def test_eight_concurrent_claimers_take_every_job_exactly_once(sync_app: jobbus.
     assert len(claimed) == 2000
     assert len(set(claimed)) == 2000
     with psycopg.connect(dsn) as c:
-        statuses = dict(c.execute("SELECT status, count(*) FROM jobbus.job GROUP BY status").fetchall())
+        statuses: dict[str, int] = dict(c.execute("SELECT status, count(*) FROM jobbus.job GROUP BY status").fetchall())
         attempts = c.execute("SELECT max(attempts), min(attempts) FROM jobbus.job").fetchone()
     assert statuses == {"running": 2000}
     assert attempts == (1, 1)
