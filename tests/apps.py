@@ -1,0 +1,89 @@
+"""Apps that worker subprocesses load with `--app tests.apps:app`.
+
+Handlers record every execution in the table `executions` of the job's database, so tests can count
+exactly how often each job ran and in which process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+import psycopg
+
+import jobbus
+
+EXECUTIONS_DDL = """
+CREATE TABLE IF NOT EXISTS public.executions (
+    job_id uuid NOT NULL,
+    attempt integer NOT NULL,
+    pid integer NOT NULL,
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
+)
+"""
+
+app = jobbus.App(retry_base_delay_seconds=0, retry_max_delay_seconds=0, poll_interval_seconds=0.2)
+
+
+async def _record(job: jobbus.JobExecution) -> None:
+    async with await psycopg.AsyncConnection.connect(app.dsn, autocommit=True) as conn:
+        await conn.execute(
+            "INSERT INTO public.executions (job_id, attempt, pid) VALUES (%s, %s, %s)",
+            (job.id, job.attempt, os.getpid()),
+        )
+
+
+@app.job("record")
+async def record(job: jobbus.JobExecution) -> dict[str, Any]:
+    """Record the execution; sleep `sleep` seconds (on the first attempt only if `first_only`)."""
+    await _record(job)
+    sleep = float(job.configuration.get("sleep", 0))
+    if sleep and (job.attempt == 1 or not job.configuration.get("first_only")):
+        await asyncio.sleep(sleep)
+    return {"pid": os.getpid(), "attempt": job.attempt}
+
+
+@app.job("cooperative")
+async def cooperative(job: jobbus.JobExecution) -> str:
+    """Work in small steps until done or asked to stop, checkpointing the step reached."""
+    await _record(job)
+    steps = int(job.configuration.get("steps", 600))
+    for step in range(int(job.execution_data.get("step", 0)), steps):
+        if job.cancellation_requested:
+            return "stopped"
+        await asyncio.sleep(0.05)
+        if step % 10 == 0:
+            await job.checkpoint({"step": step})
+    return "done"
+
+
+@app.job("stubborn")
+async def stubborn(job: jobbus.JobExecution) -> str:
+    """Ignores cancellation: only task cancellation at shutdown ends it."""
+    await _record(job)
+    await asyncio.sleep(float(job.configuration.get("sleep", 60)))
+    return "finished"
+
+
+@app.job("stubborn_sync")
+def stubborn_sync(job: jobbus.SyncJobExecution) -> str:
+    """A blocking handler that ignores cancellation (a thread cannot be interrupted)."""
+    with psycopg.connect(app.dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO public.executions (job_id, attempt, pid) VALUES (%s, %s, %s)",
+            (job.id, job.attempt, os.getpid()),
+        )
+    time.sleep(float(job.configuration.get("sleep", 60)))
+    return "finished"
+
+
+@app.job("hog")
+async def hog(job: jobbus.JobExecution) -> None:
+    """Allocates memory and keeps it, to trip --memory-limit."""
+    await _record(job)
+    _kept.append(bytearray(int(job.configuration.get("bytes", 64 * 2**20))))
+
+
+_kept: list[bytearray] = []

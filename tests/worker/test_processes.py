@@ -1,0 +1,171 @@
+"""Real worker processes, real signals: exactly-once under concurrency, crashes, stops and fencing."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections import Counter
+
+import pytest
+
+import jobbus
+from tests.processes import executions, finish, prepare, query, start_worker, status_of, wait_until, workers
+
+SHORT_LEASE = {"JOBBUS_LEASE_SECONDS": "2", "JOBBUS_HEARTBEAT_INTERVAL_SECONDS": "0.5"}
+
+
+@pytest.fixture
+def db(dsn: str) -> str:
+    prepare(dsn)
+    return dsn
+
+
+@pytest.mark.smoke
+def test_three_workers_run_300_jobs_each_exactly_once_and_exit_0_when_empty(db: str, sync_app: jobbus.App) -> None:
+    ids = sync_app.sync.schedule_many("record", [{"n": n} for n in range(300)])
+    with workers(db, 3, "--concurrency", "5", "--stop-when-empty") as procs:
+        results = [finish(p) for p in procs]
+    assert [code for code, _ in results] == [0, 0, 0], [out[-2000:] for _, out in results]
+    statuses = Counter(status for (status,) in query(db, "SELECT status FROM jobbus.job"))
+    assert statuses == Counter({"completed": 300})
+    runs = Counter(job_id for job_id, _, _ in executions(db))
+    assert set(runs) == set(ids)
+    assert set(runs.values()) == {1}
+
+
+def test_killed_worker_job_is_completed_by_another_after_lease_expiry(db: str, sync_app: jobbus.App) -> None:
+    job_id = sync_app.sync.schedule("record", {"sleep": 60, "first_only": True})
+    with workers(db, 1, env=SHORT_LEASE) as (first,):
+        wait_until(lambda: executions(db, job_id), what="the first attempt to start")
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        assert status_of(db, job_id) == "running"  # left behind with a lease that will expire
+        second = start_worker(db, env=SHORT_LEASE)
+        try:
+            wait_until(lambda: status_of(db, job_id) == "completed", timeout=30, what="the job to complete")
+            second.send_signal(signal.SIGTERM)
+            code, out = finish(second)
+        finally:
+            second.kill()
+    assert code == 0, out
+    job = sync_app.sync.find(job_id)
+    assert job is not None
+    assert (job.status, job.attempts) == (jobbus.JobStatus.COMPLETED, 2)
+    assert job.result == {"pid": second.pid, "attempt": 2}
+    assert [attempt for _, attempt, _ in executions(db, job_id)] == [1, 2]
+
+
+def test_stopped_worker_past_its_lease_cannot_overwrite_the_new_attempt(db: str, sync_app: jobbus.App) -> None:
+    job_id = sync_app.sync.schedule("record", {"sleep": 3, "first_only": True})
+    with workers(db, 1, env=SHORT_LEASE) as (stale,):
+        wait_until(lambda: executions(db, job_id), what="the first attempt to start")
+        stale.send_signal(signal.SIGSTOP)
+        fresh = start_worker(db, env=SHORT_LEASE)
+        try:
+            wait_until(lambda: status_of(db, job_id) == "completed", timeout=30, what="the new attempt to complete")
+            fresh.send_signal(signal.SIGTERM)
+            code, _ = finish(fresh)
+        finally:
+            fresh.kill()
+        assert code == 0
+        stale.send_signal(signal.SIGCONT)
+        time.sleep(4)  # the stale handler finishes its sleep and tries to complete
+        assert stale.poll() is None, "the stale worker must keep running"
+        stale.send_signal(signal.SIGTERM)
+        code, out = finish(stale)
+    assert code == 0
+    assert "lease" in out
+    job = sync_app.sync.find(job_id)
+    assert job is not None
+    assert (job.status, job.attempts, job.result) == (jobbus.JobStatus.COMPLETED, 2, {"pid": fresh.pid, "attempt": 2})
+
+
+@pytest.mark.smoke
+def test_sigterm_lets_the_running_job_finish_then_exits_0(db: str, sync_app: jobbus.App) -> None:
+    job_id = sync_app.sync.schedule("record", {"sleep": 1.5})
+    with workers(db, 1) as (worker,):
+        wait_until(lambda: executions(db, job_id), what="the job to start")
+        worker.send_signal(signal.SIGTERM)
+        code, out = finish(worker)
+    assert code == 0, out
+    assert status_of(db, job_id) == "completed"
+
+
+@pytest.mark.parametrize("job_type", ["stubborn", "stubborn_sync"])
+def test_sigterm_with_a_short_timeout_releases_a_long_job_and_exits_promptly(
+    db: str, sync_app: jobbus.App, job_type: str
+) -> None:
+    job_id = sync_app.sync.schedule(job_type, {"sleep": 120})
+    with workers(db, 1, "--shutdown-timeout", "0.5") as (worker,):
+        wait_until(lambda: executions(db, job_id), what="the job to start")
+        worker.send_signal(signal.SIGTERM)
+        code, out = finish(worker, timeout=20)
+    assert code == 0, out
+    job = sync_app.sync.find(job_id)
+    assert job is not None
+    assert job.status is jobbus.JobStatus.QUEUED  # released: available again at once, not failed
+    assert job.attempts == 0
+    assert job.lease_token is None
+    assert job.available_at <= query(db, "SELECT now()")[0][0]
+
+
+def test_second_sigterm_skips_the_wait(db: str, sync_app: jobbus.App) -> None:
+    job_id = sync_app.sync.schedule("stubborn", {"sleep": 120})
+    with workers(db, 1, "--shutdown-timeout", "100") as (worker,):
+        wait_until(lambda: executions(db, job_id), what="the job to start")
+        worker.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        worker.send_signal(signal.SIGTERM)
+        code, out = finish(worker, timeout=20)
+    assert code == 0, out
+    assert status_of(db, job_id) == "queued"
+
+
+def test_cancelling_a_running_cooperative_job_records_cancelled(db: str, sync_app: jobbus.App) -> None:
+    job_id = sync_app.sync.schedule("cooperative", {"steps": 2000})
+    with workers(db, 1, env={"JOBBUS_HEARTBEAT_INTERVAL_SECONDS": "0.5"}) as (worker,):
+        wait_until(lambda: executions(db, job_id), what="the job to start")
+        assert sync_app.sync.cancel(job_id) is jobbus.JobStatus.RUNNING
+        wait_until(lambda: status_of(db, job_id) == "cancelled", timeout=10, what="cancelled")
+        assert worker.poll() is None
+    job = sync_app.sync.find(job_id)
+    assert job is not None and job.result is None and job.finished_at is not None
+
+
+def test_run_once_and_limit_never_take_more_than_allowed(db: str, sync_app: jobbus.App) -> None:
+    sync_app.sync.schedule_many("record", [{} for _ in range(10)])
+    with workers(db, 1, "--run-once", "--concurrency", "8") as (worker,):
+        code, _ = finish(worker)
+    assert code == 0
+    assert len(executions(db)) == 1
+    with workers(db, 1, "--limit", "3", "--concurrency", "8") as (worker,):
+        code, _ = finish(worker)
+    assert code == 0
+    assert len(executions(db)) == 4
+    assert Counter(s for (s,) in query(db, "SELECT status FROM jobbus.job")) == Counter(completed=4, queued=6)
+
+
+def test_memory_limit_stops_claiming_and_exits_75(db: str, sync_app: jobbus.App) -> None:
+    sync_app.sync.schedule_many("hog", [{"bytes": 64 * 2**20} for _ in range(5)])
+    with workers(db, 1, "--memory-limit", "40M", "--concurrency", "1") as (worker,):
+        code, out = finish(worker)
+    assert code == 75, out
+    assert "memory limit" in out
+    assert len(executions(db)) == 1
+    assert Counter(s for (s,) in query(db, "SELECT status FROM jobbus.job")) == Counter(completed=1, queued=4)
+
+
+def test_worker_restarted_under_the_same_id_reclaims_its_orphans_at_once(db: str, sync_app: jobbus.App) -> None:
+    job_id = sync_app.sync.schedule("record", {"sleep": 60, "first_only": True})
+    with workers(db, 1, "--worker-id", "pod-0") as (first,):  # default lease: 300 s
+        wait_until(lambda: executions(db, job_id), what="the first attempt to start")
+        first.kill()
+        first.wait()
+        again = start_worker(db, "--worker-id", "pod-0", "--stop-when-empty")
+        try:
+            code, out = finish(again, timeout=30)
+        finally:
+            again.kill()
+    assert code == 0, out
+    job = sync_app.sync.find(job_id)
+    assert job is not None and (job.status, job.attempts) == (jobbus.JobStatus.COMPLETED, 2)
