@@ -62,7 +62,12 @@ class Cluster:
 
     def _pg(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [str(self.bindir / args[0]), *args[1:]], user=self.user, capture_output=True, text=True, check=check, timeout=60
+            [str(self.bindir / args[0]), *args[1:]],
+            user=self.user,
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=60,
         )
 
     def init(self) -> None:

@@ -25,7 +25,9 @@ def prepare(dsn: str) -> None:
         conn.execute(EXECUTIONS_DDL)
 
 
-def start_worker(dsn: str, *args: str, env: dict[str, str] | None = None, app: str = "tests.apps:app") -> subprocess.Popen[str]:
+def start_worker(
+    dsn: str, *args: str, env: dict[str, str] | None = None, app: str = "tests.apps:app"
+) -> subprocess.Popen[str]:
     environment = {**os.environ, "JOBBUS_DSN": dsn, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.Popen(
         [sys.executable, "-m", "jobbus", "worker", "--app", app, "--poll-interval", "0.2", *args],
@@ -38,7 +40,9 @@ def start_worker(dsn: str, *args: str, env: dict[str, str] | None = None, app: s
 
 
 @contextmanager
-def workers(dsn: str, count: int, *args: str, env: dict[str, str] | None = None) -> Iterator[list[subprocess.Popen[str]]]:
+def workers(
+    dsn: str, count: int, *args: str, env: dict[str, str] | None = None
+) -> Iterator[list[subprocess.Popen[str]]]:
     procs = [start_worker(dsn, *args, env=env) for _ in range(count)]
     try:
         yield procs

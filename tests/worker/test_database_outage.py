@@ -1,0 +1,77 @@
+"""A worker survives its database going away: restart, crash, killed backends. Nothing is lost.
+
+These tests restart and crash a throwaway cluster of their own, never the shared server.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections import Counter
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+import jobbus
+from jobbus import schema
+from tests.cluster import Cluster, throwaway_cluster
+from tests.processes import executions, finish, prepare, query, wait_until, workers
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    with throwaway_cluster() as c:
+        with psycopg.connect(c.dsn, autocommit=True) as conn:
+            schema.migrate(conn, "jobbus")
+        prepare(c.dsn)
+        yield c
+
+
+def _completed(dsn: str) -> int:
+    try:
+        return int(query(dsn, "SELECT count(*) FROM jobbus.job WHERE status = 'completed'")[0][0])
+    except psycopg.OperationalError:
+        return -1
+
+
+@pytest.mark.parametrize("mode", ["fast", "immediate"])
+def test_worker_survives_a_database_restart_and_every_job_completes(cluster: Cluster, mode: str) -> None:
+    app = jobbus.App(dsn=cluster.dsn)
+    with app.sync:
+        ids = app.sync.schedule_many("record", [{"sleep": 0.02} for _ in range(300)], max_attempts=25)
+    with workers(cluster.dsn, 1, "--concurrency", "5") as (worker,):
+        wait_until(lambda: _completed(cluster.dsn) >= 30, what="some jobs to complete")
+        cluster.restart(mode)
+        wait_until(lambda: _completed(cluster.dsn) >= 150, timeout=90, what="progress after the first restart")
+        cluster.restart(mode)
+        wait_until(lambda: _completed(cluster.dsn) == 300, timeout=120, what="every job to complete")
+        assert worker.poll() is None, "the worker must survive"
+        worker.send_signal(signal.SIGTERM)
+        code, out = finish(worker)
+    assert code == 0, out[-3000:]
+    assert Counter(s for (s,) in query(cluster.dsn, "SELECT status FROM jobbus.job")) == Counter(completed=300)
+    runs = Counter(job_id for job_id, _, _ in executions(cluster.dsn))
+    assert set(runs) == set(ids)
+    # Re-runs happen only for jobs in flight when the server went away: at most concurrency per fault.
+    assert sum(n - 1 for n in runs.values()) <= 2 * 5
+    assert out.count("lost the database") <= 8, "one line per outage and component, not a flood"
+
+
+def test_worker_survives_terminated_backends(cluster: Cluster) -> None:
+    app = jobbus.App(dsn=cluster.dsn)
+    with app.sync:
+        app.sync.schedule_many("record", [{"sleep": 0.02} for _ in range(200)], max_attempts=25)
+    with workers(cluster.dsn, 2, "--concurrency", "4") as procs:
+        for _ in range(10):
+            time.sleep(0.3)
+            query(
+                cluster.dsn,
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE pid <> pg_backend_pid() AND datname = current_database() AND backend_type = 'client backend'",
+            )
+        wait_until(lambda: _completed(cluster.dsn) == 200, timeout=120, what="every job to complete")
+        assert all(p.poll() is None for p in procs)
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        assert [finish(p)[0] for p in procs] == [0, 0]
