@@ -42,10 +42,6 @@ class Handler:
     defaults: JobDefaults
 
 
-def _connect_kwargs() -> dict[str, Any]:
-    return {"autocommit": True}
-
-
 class App:
     """The entry point: holds settings, handlers, listeners and the connection pool.
 
@@ -111,7 +107,7 @@ class App:
                 self.dsn,
                 min_size=1,
                 max_size=self.settings.pool_max_size,
-                kwargs=_connect_kwargs(),
+                kwargs=self.settings.connection_kwargs,
                 open=False,
                 name=f"jobbus-{self.settings.schema}",
             )
@@ -205,11 +201,12 @@ class App:
     ) -> tuple[list[JobSpec], list[int]]:
         requests = list(_requests(jobs, configurations, common))
         settings_default = self.settings.default_max_attempts
+        limit = self.settings.max_payload_bytes
         specs: list[JobSpec] = []
         order: list[int] = []
         first_by_key: dict[tuple[str, str], int] = {}
         for request in requests:
-            spec = build_spec(request, self.job_defaults(request.type), settings_default)
+            spec = build_spec(request, self.job_defaults(request.type), settings_default, limit)
             if spec.unique_key is not None:
                 key = (spec.type, spec.unique_key)
                 if key in first_by_key:  # a repeat within the batch folds onto the first
@@ -315,7 +312,7 @@ class SyncApp:
                     self._app.dsn,
                     min_size=1,
                     max_size=self._app.settings.pool_max_size,
-                    kwargs=_connect_kwargs(),
+                    kwargs=self._app.settings.connection_kwargs,
                     open=False,
                     name=f"jobbus-sync-{self._app.settings.schema}",
                 )
@@ -428,7 +425,7 @@ class SyncApp:
                 return total
 
     def migrate(self) -> list[schema_module.Migration]:
-        with psycopg.connect(self._app.dsn, autocommit=True) as conn:
+        with psycopg.connect(self._app.dsn, **self._app.settings.connection_kwargs) as conn:
             return schema_module.migrate(conn, self._app.settings.schema)
 
     def check_schema(self) -> int:

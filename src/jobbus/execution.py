@@ -27,8 +27,11 @@ Runner = Callable[[Statement[Any]], Awaitable[Any]]
 class JobExecution:
     """One attempt of one job, as its async handler sees it."""
 
-    def __init__(self, claimed: ClaimedJob, store: JobStore, run: Runner, lease_seconds: float) -> None:
+    def __init__(
+        self, claimed: ClaimedJob, store: JobStore, run: Runner, lease_seconds: float, max_payload_bytes: int
+    ) -> None:
         self._claimed = claimed
+        self._max_payload_bytes = max_payload_bytes
         self._store = store
         self._run = run
         self._lease_seconds = lease_seconds
@@ -122,7 +125,7 @@ class JobExecution:
         """Replace the checkpoint with `data` (a JSON object); durable when this returns."""
         if not isinstance(data, Mapping):
             raise TypeError(f"checkpoint data must be a JSON object (a dict), got {type(data).__name__}")
-        text = json_text("checkpoint data", dict(data))
+        text = json_text("checkpoint data", dict(data), self._max_payload_bytes)
         await self._fenced(self._store.checkpoint_job(self.id, self.lease_token, text), "checkpoint")
         self._execution_data = dict(data)
 

@@ -46,7 +46,9 @@ def new_job_id() -> uuid.UUID:
     return uuid7_source.uuid7()
 
 
-def build_spec(request: JobRequest, defaults: JobDefaults, default_max_attempts: int) -> JobSpec:
+def build_spec(
+    request: JobRequest, defaults: JobDefaults, default_max_attempts: int, max_payload_bytes: int | None = None
+) -> JobSpec:
     job_type = _text("type", request.type)
     queue = _text("queue", request.queue if request.queue is not None else defaults.queue)
     name = None if request.name is None else _text("name", request.name, limit=1000)
@@ -72,7 +74,7 @@ def build_spec(request: JobRequest, defaults: JobDefaults, default_max_attempts:
         id=new_job_id(),
         type=job_type,
         queue=queue,
-        configuration=configuration_json(request.configuration),
+        configuration=configuration_json(request.configuration, max_payload_bytes),
         name=name,
         group_id=group_id,
         unique_key=unique_key,
@@ -83,7 +85,7 @@ def build_spec(request: JobRequest, defaults: JobDefaults, default_max_attempts:
     )
 
 
-def configuration_json(configuration: Mapping[str, Any] | None) -> str:
+def configuration_json(configuration: Mapping[str, Any] | None, limit: int | None = None) -> str:
     if configuration is None:
         return "{}"
     if not isinstance(configuration, Mapping):
@@ -93,16 +95,23 @@ def configuration_json(configuration: Mapping[str, Any] | None) -> str:
     bad_keys = [k for k in configuration if not isinstance(k, str)]
     if bad_keys:
         raise InvalidJobError(f"configuration keys must be strings, got {bad_keys[0]!r}")
-    return json_text("configuration", dict(configuration))
+    return json_text("configuration", dict(configuration), limit)
 
 
-def json_text(what: str, value: Any) -> str:
+def json_text(what: str, value: Any, limit: int | None = None) -> str:
     try:
         text = dumps(value)
     except (TypeError, ValueError) as exc:
         raise InvalidJobError(f"{what} is not JSON serialisable: {exc}") from None
     if "\\u0000" in text:
         raise InvalidJobError(f"{what} contains a NUL character, which PostgreSQL jsonb cannot store")
+    if limit is not None and len(text) > limit:
+        size = len(text.encode())
+        if size > limit:
+            raise InvalidJobError(
+                f"{what} is {size} bytes of JSON, over the limit of {limit} (setting max_payload_bytes); "
+                "store large data elsewhere and pass a reference"
+            )
     return text
 
 

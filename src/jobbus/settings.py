@@ -41,6 +41,13 @@ class Settings:
     heartbeat_interval_seconds: float | None = None
     #: Connections per App pool (producers and workers).
     pool_max_size: int = 10
+    #: Largest JSON accepted for a job's configuration, a checkpoint or a result, in bytes.
+    max_payload_bytes: int = 1_048_576
+    #: Behind PgBouncer in transaction mode: no prepared statements and no session state on pooled
+    #: connections; LISTEN only on `listen_dsn` (a direct server DSN), else polling only.
+    transaction_pooling: bool = False
+    #: DSN for the worker's LISTEN connection; defaults to `dsn` (unless `transaction_pooling`).
+    listen_dsn: str | None = None
 
     def __post_init__(self) -> None:
         validate_schema_name(self.schema)
@@ -68,6 +75,19 @@ class Settings:
                 self.heartbeat_interval_seconds,
             )
         _require(self.pool_max_size >= 2, "pool_max_size", "must be >= 2", self.pool_max_size)
+        _require(self.max_payload_bytes >= 1024, "max_payload_bytes", "must be >= 1024", self.max_payload_bytes)
+
+    @property
+    def connection_kwargs(self) -> dict[str, Any]:
+        """psycopg connection options: autocommit always; server-side prepared statements unless pooled."""
+        return {"autocommit": True, "prepare_threshold": None if self.transaction_pooling else 5}
+
+    @property
+    def notification_dsn(self) -> str | None:
+        """Where a worker LISTENs, or None for polling only."""
+        if self.listen_dsn:
+            return self.listen_dsn
+        return None if self.transaction_pooling else self.dsn
 
     @property
     def heartbeat_seconds(self) -> float:
@@ -100,6 +120,15 @@ def _require(ok: bool, name: str, rule: str, value: object) -> None:
 def _coerce(name: str, type_name: str, value: Any) -> Any:
     """Turn keyword or environment values into the field's type, refusing what does not fit."""
     kind = type_name.split("|")[0].strip()
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off", ""):
+            return False
+        raise ValueError(f"{name} must be true or false, got {value!r}")
     if kind == "str":
         if not isinstance(value, str):
             raise ValueError(f"{name} must be a string, got {value!r}")

@@ -22,9 +22,7 @@ class Listener:
         self._dsn = dsn
         self._job_channel = job_channel
         self._control_channel = control_channel
-        self.jobs_available = asyncio.Event()
         self.control_changed = asyncio.Event()
-        self.connected = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._outage = Outage("listener")
 
@@ -47,18 +45,13 @@ class Listener:
                         await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
                     self._outage.recovered()
                     backoff.reset()
-                    self.connected.set()
                     # Anything may have happened while we were not listening.
-                    self.jobs_available.set()
                     self.control_changed.set()
                     self._wake.set()
                     async for notify in conn.notifies():
-                        if notify.channel == self._job_channel:
-                            self.jobs_available.set()
-                        else:
+                        if notify.channel == self._control_channel:
                             self.control_changed.set()
                         self._wake.set()
             except TRANSIENT_ERRORS as exc:
-                self.connected.clear()
                 self._outage.failed(exc)
                 await asyncio.sleep(backoff.next_delay())

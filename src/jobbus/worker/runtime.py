@@ -23,12 +23,13 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from jobbus.errors import LeaseLostError, NonRetryableError
+from jobbus.errors import InvalidJobError, LeaseLostError, NonRetryableError
 from jobbus.events import JobCancelled, JobCompleted, JobEvent, JobFailed, JobRetried, JobStarted
 from jobbus.execution import JobExecution, SyncJobExecution
 from jobbus.models import ClaimedJob, JobStatus
+from jobbus.requests import json_text
 from jobbus.retry import backoff_seconds
-from jobbus.store import ControlState, Outcome, Statement, WorkerStore, dumps, run_async
+from jobbus.store import ControlState, Outcome, Statement, WorkerStore, run_async
 from jobbus.worker.completer import Completer
 from jobbus.worker.listener import Listener
 from jobbus.worker.memory import rss_bytes
@@ -120,7 +121,11 @@ class Worker:
         self._executor = ThreadPoolExecutor(max_workers=options.concurrency, thread_name_prefix="jobbus-job")
         self._outage = Outage("worker")
         self._completer = Completer(self.store, self._run)
-        self._listener = Listener(app.dsn, self.store.channel, self.workers.control_channel, self._wake)
+        listen_dsn = self.settings.notification_dsn
+        self._listener = (
+            Listener(listen_dsn, self.store.channel, self.workers.control_channel, self._wake) if listen_dsn else None
+        )
+        self._limit = self.settings.max_payload_bytes
         self._last_recovery = 0.0
         self._last_control = 0.0
 
@@ -178,7 +183,8 @@ class Worker:
             self.options.concurrency,
             extra={"worker_id": self.worker_id},
         )
-        self._listener.start()
+        if self._listener is not None:
+            self._listener.start()
         self._completer.start()
         monitor = asyncio.create_task(self._monitor(), name="jobbus-monitor")
         installed = self._install_signals()
@@ -190,7 +196,8 @@ class Worker:
             with contextlib.suppress(asyncio.CancelledError):
                 await monitor
             await self._completer.close()
-            await self._listener.close()
+            if self._listener is not None:
+                await self._listener.close()
             self._remove_signals(installed)
             await self._touch("stopped")
         logger.info(
@@ -300,13 +307,12 @@ class Worker:
                 )
 
     def _listener_control(self) -> bool:
-        if self._listener.control_changed.is_set():
+        if self._listener is not None and self._listener.control_changed.is_set():
             self._listener.control_changed.clear()
             return True
         return False
 
     async def _claim(self, free: int) -> int:
-        self._listener.jobs_available.clear()
         sent = time.monotonic()
         jobs = await self._run(
             self.store.claim_jobs(
@@ -321,7 +327,9 @@ class Worker:
         self._claimed_total += len(jobs)
         for claimed in jobs:
             handler = self.app.handlers[claimed.type]
-            execution = JobExecution(claimed, self.store, self._run, self.settings.lease_seconds)
+            execution = JobExecution(
+                claimed, self.store, self._run, self.settings.lease_seconds, self.settings.max_payload_bytes
+            )
             attempt = _Attempt(claimed, handler, execution, sent + self.settings.lease_seconds)
             self._in_flight[claimed.id] = attempt
             attempt.task = asyncio.create_task(self._execute(attempt), name=f"jobbus-job-{claimed.id}")
@@ -510,9 +518,9 @@ class Worker:
         if execution.cancellation_requested:  # returned early because the worker is shutting down
             return self._release(attempt), None, None
         try:
-            result_json = None if result is None else dumps(result)
-        except (TypeError, ValueError) as exc:
-            message = f"the handler's return value is not JSON serialisable: {exc}"
+            result_json = None if result is None else json_text("the handler's return value", result, self._limit)
+        except InvalidJobError as exc:
+            message = str(exc)
             outcome = Outcome(claimed.id, claimed.lease_token, JobStatus.FAILED, error=message)
             return (
                 outcome,
