@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -19,7 +20,7 @@ def bouncer_dsn(dsn: str) -> Iterator[str]:
         yield url
 
 
-def _app(bouncer_dsn: str, **settings: object) -> jobbus.App:
+def _app(bouncer_dsn: str, **settings: Any) -> jobbus.App:
     app = jobbus.App(
         dsn=bouncer_dsn,
         transaction_pooling=True,
