@@ -110,19 +110,25 @@ RETURNING cancellation_requested_at IS NOT NULL;
 -- Writes the outcome of many attempts in one statement, each fenced by its own lease token:
 -- completed / failed / cancelled (terminal), queued with a delay (retry) or queued at once with the
 -- attempt given back (released at shutdown). Rows whose token is stale or expired are not returned.
+-- A retry asked for on the last attempt is recorded as failed: the store never exceeds max_attempts.
 UPDATE {schema}.job AS j
-SET status = o.status,
-    result = CASE WHEN o.status = 'completed' THEN o.result::jsonb ELSE j.result END,
+SET status = o.final_status,
+    result = CASE WHEN o.final_status = 'completed' THEN o.result::jsonb ELSE j.result END,
     last_error = coalesce(o.error, j.last_error),
-    available_at = CASE WHEN o.status = 'queued' THEN now() + make_interval(secs => o.delay)
+    available_at = CASE WHEN o.final_status = 'queued' THEN now() + make_interval(secs => o.delay)
                         ELSE j.available_at END,
-    finished_at = CASE WHEN o.status = 'queued' THEN NULL ELSE now() END,
+    finished_at = CASE WHEN o.final_status = 'queued' THEN NULL ELSE now() END,
     attempts = CASE WHEN o.released THEN j.attempts - 1 ELSE j.attempts END,
     lease_token = NULL,
     lease_expires_at = NULL
-FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(statuses)s::text[], %(results)s::text[],
-            %(errors)s::text[], %(delays)s::float8[], %(released)s::bool[])
-     AS o(id, token, status, result, error, delay, released)
+FROM (
+    SELECT i.*, CASE WHEN i.status = 'queued' AND NOT i.released AND cur.attempts >= cur.max_attempts
+                     THEN 'failed' ELSE i.status END AS final_status
+    FROM unnest(%(ids)s::uuid[], %(tokens)s::uuid[], %(statuses)s::text[], %(results)s::text[],
+                %(errors)s::text[], %(delays)s::float8[], %(released)s::bool[])
+         AS i(id, token, status, result, error, delay, released)
+    JOIN {schema}.job AS cur ON cur.id = i.id
+) AS o
 WHERE j.id = o.id AND j.lease_token = o.token AND j.status = 'running' AND j.lease_expires_at > now()
 RETURNING j.id, j.status;
 
