@@ -3,7 +3,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 PYTEST_ARGS ?= -n 2
 
-.PHONY: venv test test-smoke lint demo bench clean
+.PHONY: venv test test-smoke faults lint demo bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ test: lint
 # The smoke subset, meant for the embedded server (JOBBUS_TEST_DSN unset).
 test-smoke: venv
 	$(VENV)/bin/pytest -m smoke $(PYTEST_ARGS)
+
+# The fault-injection suite at full scale (CI runs it at a smaller scale with every test run).
+faults: venv
+	JOBBUS_FULL_FAULTS=1 $(VENV)/bin/pytest tests/faults -n 2
 
 demo: venv
 	$(VENV)/bin/jobbus demo

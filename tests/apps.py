@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import time
 from typing import Any
 
@@ -87,3 +88,10 @@ async def hog(job: jobbus.JobExecution) -> None:
 
 
 _kept: list[bytearray] = []
+
+
+@app.job("poison")
+async def poison(job: jobbus.JobExecution) -> None:
+    """Crashes its worker process every time, like a segfaulting C extension or an OOM kill."""
+    await _record(job)
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -29,7 +29,7 @@ def _bindir() -> Path:
     for candidate in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True):
         if (candidate / "initdb").exists():
             return candidate
-    import pgserver._commands  # type: ignore[import-untyped]
+    import pgserver._commands
 
     return Path(pgserver._commands.POSTGRES_BIN_PATH)
 

@@ -67,7 +67,7 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 60, what: str = "c
 
 def query(dsn: str, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        return conn.execute(sql.encode(), params).fetchall()  # type: ignore[arg-type]
+        return conn.execute(sql.encode(), params).fetchall()
 
 
 def status_of(dsn: str, job_id: uuid.UUID) -> str:
