@@ -1,6 +1,7 @@
 """jobbus: durable background jobs on PostgreSQL, with an asyncio worker and a small message bus."""
 
 from jobbus.app import App, SyncApp
+from jobbus.bus import Codec, DispatchResult, JsonCodec, MessageBus
 from jobbus.errors import (
     InvalidJobError,
     InvalidStateError,
@@ -26,6 +27,8 @@ from jobbus.worker import WorkerOptions
 
 __all__ = [
     "App",
+    "Codec",
+    "DispatchResult",
     "GroupProgress",
     "InvalidJobError",
     "InvalidStateError",
@@ -41,7 +44,9 @@ __all__ = [
     "JobStarted",
     "JobStatus",
     "JobbusError",
+    "JsonCodec",
     "LeaseLostError",
+    "MessageBus",
     "NonRetryableError",
     "SchemaError",
     "Settings",
