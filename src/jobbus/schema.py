@@ -17,7 +17,7 @@ import psycopg
 from psycopg import sql
 
 from jobbus.errors import SchemaError
-from jobbus.settings import validate_schema_name
+from jobbus.settings import validate_identifier, validate_schema_name
 
 _FILE_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 #: Advisory lock key space for migrations: one lock per schema name.
@@ -92,6 +92,15 @@ def script(schema: str = "jobbus") -> str:
         parts.append(_record(schema, migration))
     parts.append("COMMIT;\n")
     return "".join(parts)
+
+
+def roles_script(schema: str, *, worker: str, operator: str, observer: str) -> str:
+    """GRANTs giving existing roles exactly what workers, operators and observers need (docs/security.md)."""
+    template = resources.files("jobbus").joinpath("sql/roles.sql").read_text(encoding="utf-8")
+    for kind, role in (("worker", worker), ("operator", operator), ("observer", observer)):
+        quoted = sql.Identifier(validate_identifier(f"{kind} role", role)).as_string(None)
+        template = template.replace("{" + kind + "}", quoted)
+    return render(template, schema)
 
 
 def migrate(conn: psycopg.Connection[Any], schema: str) -> list[Migration]:

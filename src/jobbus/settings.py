@@ -13,17 +13,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-_SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+_IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
-def validate_schema_name(name: str) -> str:
-    """Schema names are plain lower-case identifiers; anything else is refused, never quoted around."""
-    if not isinstance(name, str) or not _SCHEMA_NAME.match(name):
+def validate_identifier(what: str, name: str) -> str:
+    """Schema and role names are plain lower-case identifiers; anything else is refused, never quoted around."""
+    if not isinstance(name, str) or not _IDENTIFIER.match(name):
         raise ValueError(
-            f"schema: {name!r} is not a valid schema name "
+            f"{what}: {name!r} is not a valid name "
             "(lower-case letters, digits and underscores, starting with a letter or underscore, at most 63)"
         )
     return name
+
+
+def validate_schema_name(name: str) -> str:
+    return validate_identifier("schema", name)
 
 
 @dataclass(frozen=True, slots=True)

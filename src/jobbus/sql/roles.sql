@@ -1,0 +1,20 @@
+-- Least-privilege grants for one jobbus schema, to three existing roles. Run as the role that owns the
+-- schema (the one that ran `jobbus migrate`).
+
+GRANT USAGE ON SCHEMA {schema} TO {worker}, {operator}, {observer};
+
+-- Producers and workers: schedule jobs, claim them, renew leases, write outcomes, keep the registry row
+-- fresh and read the control plane. No DELETE, no DDL.
+GRANT SELECT, INSERT, UPDATE ON {schema}.job TO {worker}, {operator};
+GRANT SELECT, INSERT, UPDATE ON {schema}.worker TO {worker}, {operator};
+GRANT SELECT ON {schema}.pause, {schema}.command, {schema}.migration TO {worker}, {operator};
+GRANT EXECUTE ON FUNCTION {schema}.uuid_generate_v7() TO {worker}, {operator};
+
+-- Operators (the CLI): in addition, control commands, pruning, and forgetting old registry rows.
+GRANT DELETE ON {schema}.job, {schema}.worker TO {operator};
+GRANT INSERT, DELETE ON {schema}.pause TO {operator};
+GRANT INSERT, DELETE ON {schema}.command TO {operator};
+GRANT USAGE ON SEQUENCE {schema}.command_generation_seq TO {operator};
+
+-- Observers (dashboards, `jobbus status` for on-call): read only.
+GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {observer};
