@@ -242,3 +242,12 @@ def test_app_without_a_dsn_says_how_to_give_one(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.delenv("JOBBUS_DSN", raising=False)
     with pytest.raises(ValueError, match="JOBBUS_DSN"):
         jobbus.App().sync.schedule("t")
+
+
+async def test_payloads_over_the_limit_are_refused_naming_the_setting(dsn: str) -> None:
+    app = jobbus.App(dsn=dsn, max_payload_bytes=4096)
+    async with app:
+        with pytest.raises(ValueError, match="max_payload_bytes"):
+            await app.schedule("t", {"blob": "x" * 5000})
+        assert await app.list_jobs() == []
+        assert await app.schedule("t", {"blob": "x" * 1000}) is not None

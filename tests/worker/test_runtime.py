@@ -288,3 +288,29 @@ async def test_delayed_jobs_wait_for_their_time(app: jobbus.App) -> None:
     await drain(app)
     job = await app.find(later)
     assert job is not None and job.status is JobStatus.QUEUED
+
+
+async def test_checkpoints_and_results_over_the_payload_limit_fail_clearly(dsn: str) -> None:
+    app = jobbus.App(dsn=dsn, max_payload_bytes=4096)
+    refused: list[str] = []
+
+    @app.job("big_checkpoint")
+    async def big_checkpoint(job: jobbus.JobExecution) -> None:
+        try:
+            await job.checkpoint({"blob": "x" * 5000})
+        except ValueError as exc:
+            refused.append(str(exc))
+
+    @app.job("big_result")
+    async def big_result(job: jobbus.JobExecution) -> str:
+        return "x" * 5000
+
+    async with app:
+        a = await app.schedule("big_checkpoint")
+        b = await app.schedule("big_result", max_attempts=3)
+        await drain(app)
+        job_a, job_b = await app.find(a), await app.find(b)
+    assert refused and "max_payload_bytes" in refused[0]
+    assert job_a is not None and (job_a.status, job_a.execution_data) == (JobStatus.COMPLETED, {})
+    assert job_b is not None and (job_b.status, job_b.attempts) == (JobStatus.FAILED, 1)
+    assert "max_payload_bytes" in (job_b.last_error or "")
