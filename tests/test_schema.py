@@ -97,3 +97,60 @@ def test_configuration_data_cannot_be_updated_but_execution_data_can(sync_app: j
     assert job is not None
     assert job.configuration_data == {"a": 1}
     assert job.execution_data == {"offset": 5}
+
+
+def test_current_code_reads_and_writes_jobs_on_the_previous_schema_version(empty_dsn: str) -> None:
+    """During a rolling deploy new producers may run before `jobbus migrate`: the job paths still work."""
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        previous = schema.migrations()[:-1]
+        conn.execute(
+            b"CREATE SCHEMA jobbus; CREATE TABLE jobbus.migration (version int PRIMARY KEY, name text,"
+            b" applied_at timestamptz DEFAULT now())"
+        )
+        for migration in previous:
+            conn.execute(migration.render("jobbus").encode())
+    app = jobbus.App(dsn=empty_dsn)
+    with app.sync:
+        job_id = app.sync.schedule("t", {"a": 1}, unique_key="k")
+        assert app.sync.find(job_id) is not None
+        assert app.sync.cancel(job_id) is jobbus.JobStatus.CANCELLED
+
+
+def test_old_code_accepts_a_newer_schema() -> None:
+    schema.check_version("jobbus", schema.latest_version() + 1)  # additive migrations: no error
+
+
+def test_migrations_after_the_first_never_block_writes_to_the_job_table(empty_dsn: str) -> None:
+    """Later migrations must not take a lock that conflicts with ongoing job writes (e.g. a plain CREATE
+    INDEX or ALTER TABLE on a large job table): with a writer holding its lock, they still apply."""
+    import os
+
+    rows = 1_000_000 if os.environ.get("JOBBUS_FULL_FAULTS") == "1" else 50_000
+    first = schema.migrations()[0]
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute(
+            b"CREATE SCHEMA jobbus; CREATE TABLE jobbus.migration (version int PRIMARY KEY, name text,"
+            b" applied_at timestamptz DEFAULT now())"
+        )
+        conn.execute(first.render("jobbus").encode())
+        conn.execute(b"INSERT INTO jobbus.migration (version, name) VALUES (1, 'job')")
+        conn.execute(
+            "INSERT INTO jobbus.job (id, type, status, max_attempts, finished_at)"
+            " SELECT gen_random_uuid(), 't', 'completed', 3, now() FROM generate_series(1, %s)",
+            (rows,),
+        )
+    with psycopg.connect(empty_dsn) as writer:  # an open transaction that has written to job
+        writer.execute("INSERT INTO jobbus.job (id, type, max_attempts) VALUES (gen_random_uuid(), 'w', 1)")
+        with psycopg.connect(empty_dsn, autocommit=True, options="-c lock_timeout=2000") as conn:
+            applied = schema.migrate(conn, "jobbus")
+        writer.rollback()
+    assert [m.version for m in applied] == [m.version for m in schema.migrations()[1:]]
+
+
+def test_dry_run_prints_pending_sql_and_applies_nothing(empty_dsn: str) -> None:
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        text = schema.pending_sql(conn, "jobbus")
+        assert 'CREATE TABLE "jobbus".job' in text
+        assert schema.current_version_sync(conn, "jobbus") == 0
+        schema.migrate(conn, "jobbus")
+        assert schema.pending_sql(conn, "jobbus") == ""
