@@ -30,6 +30,7 @@ from tests.processes import ROOT, prepare, start_worker
 
 FULL = os.environ.get("JOBBUS_FULL_FAULTS") == "1"
 FIGURES = ROOT / ".jobbus" / "fault-figures.jsonl"
+LOGS = ROOT / ".jobbus" / "fault-logs"
 FAST_LEASE = {"JOBBUS_LEASE_SECONDS": "2", "JOBBUS_HEARTBEAT_INTERVAL_SECONDS": "0.5"}
 
 
@@ -75,8 +76,11 @@ class Fleet:
 
     def _spawn(self, worker_id: str) -> None:
         proc = start_worker(self.dsn, "--worker-id", worker_id, *self.args, env=self.env)
-        # Drain output in the background so a chatty worker never blocks on a full pipe.
-        threading.Thread(target=_drain, args=(proc,), daemon=True).start()
+        # Copy output in the background so a chatty worker never blocks on a full pipe; the logs stay
+        # in .jobbus/fault-logs for when a scenario fails.
+        LOGS.mkdir(parents=True, exist_ok=True)
+        log = LOGS / f"{self.dsn.rsplit(':', 1)[-1].split('/')[0]}-{worker_id}.log"
+        threading.Thread(target=_copy_output, args=(proc, log), daemon=True).start()
         self.procs[worker_id] = proc
 
     def _supervise(self) -> None:
@@ -110,10 +114,11 @@ class Fleet:
         return codes
 
 
-def _drain(proc: subprocess.Popen[str]) -> None:
+def _copy_output(proc: subprocess.Popen[str], log: Path) -> None:
     assert proc.stdout is not None
-    for _ in proc.stdout:
-        pass
+    with log.open("a") as out:
+        for line in proc.stdout:
+            out.write(line)
 
 
 @contextmanager
@@ -148,15 +153,15 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.1)
 
 
-def time_to_progress(dsn: str, timeout: float = 120) -> float:
-    """Seconds until one more job completes: how long the fleet took to recover from a fault."""
+def time_to_progress(dsn: str, total: int, timeout: float = 120) -> float:
+    """Seconds until one more job completes (or all are done): how long the fleet took to recover."""
     start = time.monotonic()
     before = completed(dsn)
     while True:
         now = completed(dsn)
         if before < 0 <= now:
             before = now  # the server was still down: count from when it answers again
-        elif now > before >= 0:
+        elif now > before >= 0 or now == total:
             return time.monotonic() - start
         if time.monotonic() - start > timeout:
             raise AssertionError("no progress after the fault")
@@ -181,6 +186,3 @@ def books(dsn: str, ids: list[uuid.UUID], figures: Figures, *, max_duplicates: i
     assert set(runs) == set(ids)
     assert figures.duplicates <= max_duplicates, "re-executions beyond the jobs in flight at the faults"
     return figures
-
-
-__all__ = ["FAST_LEASE", "FULL", "Figures", "Fleet", "Path"]
