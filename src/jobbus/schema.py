@@ -84,13 +84,19 @@ def _record(schema: str, migration: Migration) -> str:
 
 
 def script(schema: str = "jobbus") -> str:
-    """The whole DDL as one transactional script that also records the migrations it contains."""
-    parts = [f"-- jobbus schema {schema!r}, version {latest_version()}\nBEGIN;\n", _bookkeeping(schema)]
+    """The whole DDL as one script that also records the migrations it contains.
+
+    It has no BEGIN/COMMIT of its own, so Alembic, Django or Flyway can run it inside their migration
+    transaction; with psql, run it in one transaction with `psql -1 -f`.
+    """
+    parts = [
+        f"-- jobbus schema {schema!r}, version {latest_version()}; run it in one transaction (psql -1 -f)\n",
+        _bookkeeping(schema),
+    ]
     for migration in migrations():
         parts.append(f"\n-- {migration.version:04d}_{migration.name}\n")
         parts.append(migration.render(schema).rstrip() + "\n")
         parts.append(_record(schema, migration))
-    parts.append("COMMIT;\n")
     return "".join(parts)
 
 

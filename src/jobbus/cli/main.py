@@ -7,8 +7,15 @@ import sys
 import click
 
 from jobbus.cli import exit_codes
+from jobbus.cli.control import drain_command, pause_command, restart_command, resume_command, stop_command
+from jobbus.cli.demo import demo_command
+from jobbus.cli.jobs import jobs_group
+from jobbus.cli.prune import prune_command
+from jobbus.cli.schedule import schedule_command
 from jobbus.cli.schema import migrate_command, schema_command
+from jobbus.cli.status import status_command
 from jobbus.cli.worker import worker_command
+from jobbus.cli.workers import workers_command
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
 
@@ -23,7 +30,22 @@ def cli() -> None:
     """
 
 
-for command in (worker_command, schema_command, migrate_command):
+for command in (
+    worker_command,
+    schema_command,
+    migrate_command,
+    status_command,
+    workers_command,
+    pause_command,
+    resume_command,
+    drain_command,
+    stop_command,
+    restart_command,
+    jobs_group,
+    schedule_command,
+    prune_command,
+    demo_command,
+):
     cli.add_command(command)
 
 

@@ -1,0 +1,165 @@
+"""`jobbus pause|resume|drain|stop|restart`: steer workers through the database."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from jobbus import control
+from jobbus.cli import exit_codes
+from jobbus.cli.errors import UsageProblem, fail, run
+from jobbus.cli.output import admin_app, dsn_option, json_option, print_json
+
+_SHORT: dict[control.Action, str] = {
+    "pause": "Stop claiming on a target; durable until resume.",
+    "resume": "Lift a pause of the same target.",
+    "drain": "Run until no job is available, then exit 0.",
+    "stop": "Finish in-flight jobs, then exit 0.",
+    "restart": "Finish in-flight jobs, then exit 75 to be restarted.",
+}
+_HELP: dict[control.Action, tuple[str, str]] = {
+    "pause": (
+        "Stop claiming on the target; workers stay alive and finish the jobs they hold.",
+        "The pause is durable: it holds until `jobbus resume` of the same target, and a worker started\n"
+        "later under a paused target starts paused. Pausing a queue stops claiming from that queue only;\n"
+        "workers keep serving their other queues.",
+    ),
+    "resume": (
+        "Lift a pause of the same target.",
+        "`resume --all` lifts `pause --all` only; a queue or worker paused by name stays paused until it\n"
+        "is resumed by name (`jobbus status` lists what is paused).",
+    ),
+    "drain": (
+        "Targeted workers run until no job is available for them, then exit 0.",
+        "One-shot: it applies to the workers alive now, not to workers started later.",
+    ),
+    "stop": (
+        "Targeted workers stop claiming, finish their in-flight jobs and exit 0.",
+        "One-shot: it applies to the workers alive now. In-flight jobs get the worker's\n"
+        "--shutdown-timeout, like on SIGTERM. A supervisor that restarts on any exit will start them again.",
+    ),
+    "restart": (
+        "Targeted workers finish their in-flight jobs and exit 75 so their supervisor restarts them.",
+        "One-shot: it applies to the workers alive now. Configure the supervisor to restart on exit 75\n"
+        "(systemd Restart=on-failure, Kubernetes restartPolicy Always; see docs/operations.md).",
+    ),
+}
+
+
+def _control_command(action: control.Action) -> click.Command:
+    summary, details = _HELP[action]
+
+    @click.command(action)
+    @click.option("--worker-id", metavar="ID", help="Target one worker by id (see `jobbus workers`).")
+    @click.option("--queue", metavar="Q", help="Target the workers serving queue Q (and workers serving all queues).")
+    @click.option("--all", "all_workers", is_flag=True, help="Target every worker.")
+    @click.option("--wait", is_flag=True, help="Wait until every targeted worker acknowledged the command.")
+    @click.option(
+        "--timeout",
+        type=click.FloatRange(min=0),
+        default=30.0,
+        show_default=True,
+        metavar="S",
+        help="With --wait: give up after S seconds, exit 1 and name the workers that did not acknowledge.",
+    )
+    @json_option
+    @dsn_option
+    def command(
+        worker_id: str | None,
+        queue: str | None,
+        all_workers: bool,
+        wait: bool,
+        timeout: float,
+        as_json: bool,
+        dsn: str | None,
+    ) -> None:
+        try:
+            target = control.Target.of(worker_id=worker_id, queue=queue, all=all_workers)
+        except ValueError:
+            raise UsageProblem(f"{action} needs exactly one target: --worker-id ID, --queue Q or --all") from None
+
+        async def body() -> int:
+            async with admin_app(dsn) as app:
+                issued = await control.issue(app, action, target)
+                report = await control.wait_for_acks(app, issued, timeout) if wait else None
+            return _report(issued, report, timeout, as_json)
+
+        sys.exit(run(body))
+
+    command.help = (
+        f"{summary}\n\n{details}\n\nExactly one target: --worker-id ID, --queue Q or --all. With --wait the\n"
+        "command returns once every targeted worker applied it (or stopped), at most --timeout seconds.\n\n"
+        "\b\nExamples:\n"
+        f"  jobbus {action} --queue emails\n"
+        f"  jobbus {action} --all --wait --timeout 60\n"
+        f"  jobbus {action} --worker-id worker-7f9c --wait\n\n"
+        "Exit codes: 0 issued (and acknowledged with --wait), 1 --wait timed out, 64 bad usage (no target or\n"
+        "several), 69 database unreachable, 78 schema missing."
+    )
+    command.short_help = _SHORT[action]
+    return command
+
+
+def _report(issued: control.CommandIssued, report: control.AckReport | None, timeout: float, as_json: bool) -> int:
+    code = exit_codes.OK if report is None or report.complete else exit_codes.FAILURE
+    if as_json:
+        print_json(_issued_dict(issued, report))
+    else:
+        _echo_human(issued, report)
+    if report is not None and not report.complete:
+        return fail(
+            f"{issued.action} not acknowledged within {timeout:g} s by: {', '.join(report.missing)} "
+            "(still registered as alive: check their logs, or whether they are stuck in a long job)",
+            code,
+        )
+    return code
+
+
+def _echo_human(issued: control.CommandIssued, report: control.AckReport | None) -> None:
+    echo = click.echo
+    target = issued.target
+    if issued.action == "pause":
+        state = "paused" if issued.state_changed else "was already paused"
+        echo(f"{target} {state} (generation {issued.generation}); durable until `jobbus resume`")
+    elif issued.action == "resume":
+        state = "resumed" if issued.state_changed else "was not paused by this target; nothing to lift"
+        echo(f"{target} {state} (generation {issued.generation})")
+    else:
+        echo(f"{issued.action} issued to {target} (generation {issued.generation})")
+    if issued.worker_ids:
+        echo(f"addressed to {len(issued.worker_ids)} live worker(s): {', '.join(issued.worker_ids)}")
+    elif issued.action in ("pause", "resume"):
+        echo("no live worker is targeted now; workers started later will follow the pause state")
+    else:
+        echo("no live worker is targeted: nothing to do (one-shot commands apply to live workers only)")
+    if report is not None:
+        if report.acknowledged:
+            echo(f"acknowledged by: {', '.join(report.acknowledged)}")
+        if report.gone:
+            echo(f"stopped or gone before acknowledging: {', '.join(report.gone)}")
+
+
+def _issued_dict(issued: control.CommandIssued, report: control.AckReport | None) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "action": issued.action,
+        "target": {"kind": issued.target.kind, "name": issued.target.name or None},
+        "generation": issued.generation,
+        "worker_ids": list(issued.worker_ids),
+        "issued_at": issued.issued_at,
+        "state_changed": issued.state_changed,
+        "acknowledged": None,
+        "missing": None,
+        "gone": None,
+    }
+    if report is not None:
+        data.update(acknowledged=list(report.acknowledged), missing=list(report.missing), gone=list(report.gone))
+    return data
+
+
+pause_command = _control_command("pause")
+resume_command = _control_command("resume")
+drain_command = _control_command("drain")
+stop_command = _control_command("stop")
+restart_command = _control_command("restart")

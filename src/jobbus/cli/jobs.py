@@ -1,0 +1,259 @@
+"""`jobbus jobs list|show|cancel|retry`: look at jobs and act on one."""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+
+import click
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from jobbus.cli import exit_codes
+from jobbus.cli.errors import UsageProblem, fail, run
+from jobbus.cli.output import (
+    admin_app,
+    console,
+    dsn_option,
+    human_time,
+    job_dict,
+    job_status_text,
+    json_option,
+    one_line,
+    print_json,
+    progress_text,
+)
+from jobbus.cli.schedule import parse_when
+from jobbus.models import Job, JobStatus
+
+STATUSES = [s.value for s in JobStatus]
+
+
+def _job_id(text: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        raise UsageProblem(f"{text!r} is not a job id (a UUID like 0190f3c4-...)") from None
+
+
+@click.group("jobs")
+def jobs_group() -> None:
+    """List jobs, show one, cancel one, retry a failed one.
+
+    \b
+    Examples:
+      jobbus jobs list --status failed --queue emails
+      jobbus jobs show 0190f3c4-8f2e-7a71-9c1e-2b1f0e6d4a10
+      jobbus jobs cancel 0190f3c4-8f2e-7a71-9c1e-2b1f0e6d4a10
+      jobbus jobs retry 0190f3c4-8f2e-7a71-9c1e-2b1f0e6d4a10
+    """
+
+
+@jobs_group.command("list")
+@click.option("--status", "statuses", multiple=True, type=click.Choice(STATUSES), help="Filter (repeatable).")
+@click.option("--queue", "queues", multiple=True, metavar="Q", help="Filter by queue (repeatable).")
+@click.option("--type", "types", multiple=True, metavar="T", help="Filter by job type (repeatable).")
+@click.option("--group-id", metavar="UUID", help="Only jobs of this group.")
+@click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True, help="At most N jobs.")
+@click.option("--after", metavar="ID", help="Start after this job id (the last id of the previous page).")
+@json_option
+@dsn_option
+def list_command(
+    statuses: tuple[str, ...],
+    queues: tuple[str, ...],
+    types: tuple[str, ...],
+    group_id: str | None,
+    limit: int,
+    after: str | None,
+    as_json: bool,
+    dsn: str | None,
+) -> None:
+    """List jobs in creation order (oldest first), filtered; page with --after.
+
+    \b
+    Examples:
+      jobbus jobs list --status failed
+      jobbus jobs list --queue emails --status queued --status running --limit 20
+      jobbus jobs list --type report.render --json | jq -r '.[].id'
+      jobbus jobs list --after 0190f3c4-8f2e-7a71-9c1e-2b1f0e6d4a10   # the next page
+
+    --json prints a list of objects with every column of the job (ids as strings, ISO 8601 times).
+    """
+    after_id = _job_id(after) if after else None
+    group = _job_id(group_id) if group_id else None
+
+    async def body() -> int:
+        async with admin_app(dsn) as app:
+            jobs = await app.list_jobs(
+                status=list(statuses) or None,
+                queue=list(queues) or None,
+                type=list(types) or None,
+                group_id=group,
+                after=after_id,
+                limit=limit,
+            )
+        if as_json:
+            print_json([job_dict(job) for job in jobs])
+            return exit_codes.OK
+        con = console()
+        if not jobs:
+            con.print(Text("no jobs match", style="dim"))
+            return exit_codes.OK
+        con.print(_jobs_table(jobs))
+        if len(jobs) == limit:
+            con.print(Text(f"more may follow: --after {jobs[-1].id}", style="dim"))
+        return exit_codes.OK
+
+    sys.exit(run(body))
+
+
+def _jobs_table(jobs: list[Job]) -> Table:
+    table = Table(title_justify="left")
+    table.add_column("id", no_wrap=True)
+    table.add_column("type", no_wrap=True)
+    table.add_column("queue", no_wrap=True)
+    table.add_column("status", no_wrap=True)
+    table.add_column("attempts", justify="right")
+    table.add_column("created", no_wrap=True)
+    table.add_column("finished", no_wrap=True)
+    table.add_column("last error")
+    for job in jobs:
+        table.add_row(
+            str(job.id),
+            job.type,
+            job.queue,
+            job_status_text(job),
+            f"{job.attempts}/{job.max_attempts}",
+            human_time(job.created_at),
+            human_time(job.finished_at),
+            Text(one_line(job.last_error, 60), style="red"),
+        )
+    return table
+
+
+@jobs_group.command("show")
+@click.argument("job_id", metavar="ID")
+@json_option
+@dsn_option
+def show_command(job_id: str, as_json: bool, dsn: str | None) -> None:
+    """Show every field of one job: configuration, checkpoint, progress, result, error, timeline.
+
+    \b
+    Example:
+      jobbus jobs show 0190f3c4-8f2e-7a71-9c1e-2b1f0e6d4a10 --json | jq .execution_data
+
+    Exit codes: 0 ok, 1 no such job, 64 not a UUID.
+    """
+    ident = _job_id(job_id)
+
+    async def body() -> int:
+        async with admin_app(dsn) as app:
+            job = await app.find(ident)
+        if job is None:
+            return fail(f"job {ident} does not exist", exit_codes.FAILURE)
+        if as_json:
+            print_json(job_dict(job))
+        else:
+            console().print(_job_detail(job))
+        return exit_codes.OK
+
+    sys.exit(run(body))
+
+
+def _job_detail(job: Job) -> Group:
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column("field", style="bold", no_wrap=True)
+    table.add_column("value")
+
+    def dumped(value: object) -> str:
+        return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+
+    rows: list[tuple[str, str | Text]] = [
+        ("id", str(job.id)),
+        ("type", job.type),
+        ("queue", job.queue),
+        ("name", job.name or "-"),
+        ("status", job_status_text(job)),
+        ("attempts", f"{job.attempts} of {job.max_attempts}"),
+        ("priority", str(job.priority)),
+        ("group", str(job.group_id) if job.group_id else "-"),
+        ("unique key", job.unique_key or "-"),
+        ("progress", progress_text(job)),
+        ("worker", job.worker_id or "-"),
+        ("created", human_time(job.created_at)),
+        ("available", human_time(job.available_at)),
+        ("started", human_time(job.started_at)),
+        ("finished", human_time(job.finished_at)),
+        ("lease expires", human_time(job.lease_expires_at)),
+        ("cancel requested", human_time(job.cancellation_requested_at)),
+        ("configuration", dumped(job.configuration_data)),
+        ("checkpoint", dumped(job.execution_data)),
+        ("result", dumped(job.result) if job.result is not None else "-"),
+    ]
+    for field, value in rows:
+        table.add_row(field, value)
+    parts: list[Table | Text] = [table]
+    if job.last_error:
+        parts.append(Text("last error:", style="bold red"))
+        parts.append(Text(job.last_error, style="red"))
+    return Group(*parts)
+
+
+@jobs_group.command("cancel")
+@click.argument("job_id", metavar="ID")
+@dsn_option
+def cancel_command(job_id: str, dsn: str | None) -> None:
+    """Cancel a job: a queued one at once; a running one is asked to stop (its handler sees
+    `cancellation_requested` and returns, then the job is recorded cancelled). A finished job is left
+    as it is.
+
+    \b
+    Example:
+      jobbus jobs cancel 0190f3c4-8f2e-7a71-9c1e-2b1f0e6d4a10
+
+    Exit codes: 0 done (also when the job had already finished), 1 no such job, 64 not a UUID.
+    """
+    ident = _job_id(job_id)
+
+    async def body() -> int:
+        async with admin_app(dsn) as app:
+            before = await app.find(ident)  # only to word the message; cancel() itself is atomic
+            status = await app.cancel(ident)
+        if before is not None and before.status.is_terminal:
+            click.echo(f"job {ident} had already finished ({status.value}); nothing changed")
+        elif status is JobStatus.CANCELLED:
+            click.echo(f"job {ident} cancelled")
+        elif status is JobStatus.RUNNING:
+            click.echo(f"job {ident} is running: cancellation requested, its handler stops at its next check")
+        else:
+            click.echo(f"job {ident} had already finished ({status.value}); nothing changed")
+        return exit_codes.OK
+
+    sys.exit(run(body))
+
+
+@jobs_group.command("retry")
+@click.argument("job_id", metavar="ID")
+@click.option("--at", "at_text", metavar="ISO8601", help="Run no earlier than this (default: now).")
+@dsn_option
+def retry_command(job_id: str, at_text: str | None, dsn: str | None) -> None:
+    """Requeue a failed job with its attempts reset to 0.
+
+    \b
+    Example:
+      jobbus jobs list --status failed --json | jq -r '.[].id' | xargs -n1 jobbus jobs retry
+
+    Exit codes: 0 requeued, 1 no such job or not failed, 64 not a UUID or a bad --at.
+    """
+    ident = _job_id(job_id)
+    at = parse_when(at_text) if at_text else None
+
+    async def body() -> int:
+        async with admin_app(dsn) as app:
+            await app.retry(ident, available_at=at)
+        click.echo(f"job {ident} requeued" + (f" for {at.isoformat()}" if at else ""))
+        return exit_codes.OK
+
+    sys.exit(run(body))

@@ -1,0 +1,263 @@
+"""What the operator commands share: the --dsn/--json options, opening the App, and rendering.
+
+Human output is rich (tables, colours when stdout is a terminal); ``--json`` output is one JSON
+document on stdout with stable keys, ids as strings and timestamps in ISO 8601 (UTC). Messages for
+humans that are not the result (warnings, "issued ...") go to stderr, so stdout stays parseable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import enum
+import json
+import os
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.text import Text
+
+from jobbus.app import App
+from jobbus.cli.errors import UsageProblem, probe_database
+from jobbus.control import StatusReport, WorkerInfo
+from jobbus.models import Job, JobStatus
+from jobbus.settings import Settings
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+STATUS_STYLES = {
+    "queued": "cyan",
+    "running": "yellow",
+    "completed": "green",
+    "failed": "red",
+    "cancelled": "magenta",
+    "paused": "yellow",
+    "draining": "cyan",
+    "stopping": "magenta",
+    "stopped": "dim",
+    "gone": "red",
+}
+
+
+# -- options ----------------------------------------------------------------------------------------
+
+
+def dsn_option(func: F) -> F:
+    return click.option("--dsn", envvar="JOBBUS_DSN", metavar="DSN", help="PostgreSQL DSN (default: JOBBUS_DSN).")(func)
+
+
+def json_option(func: F) -> F:
+    return click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")(func)
+
+
+# -- the App of an operator command ------------------------------------------------------------------
+
+
+def resolve_dsn(dsn: str | None) -> str:
+    """The DSN from --dsn / JOBBUS_DSN; none is a usage error (exit 64)."""
+    settings = Settings.load({"dsn": dsn} if dsn else {})
+    if not settings.dsn:
+        raise UsageProblem("no database: pass --dsn or set JOBBUS_DSN")
+    return settings.dsn
+
+
+@contextlib.asynccontextmanager
+async def admin_app(dsn: str | None, *, check_schema: bool = True) -> AsyncIterator[App]:
+    """An open App on the given database (settings from JOBBUS_*), schema checked.
+
+    Unreachable server → `DatabaseUnavailable` (exit 69); schema missing or outdated → `SchemaError`
+    (exit 78), before anything is written.
+    """
+    target = resolve_dsn(dsn)
+    await probe_database(target)
+    app = App(dsn=target)
+    async with app:
+        if check_schema:
+            await app.check_schema()
+        yield app
+
+
+# -- consoles ---------------------------------------------------------------------------------------
+
+
+def console(*, stderr: bool = False) -> Console:
+    """A rich console; when not a terminal (pipes, CI) it is wide enough that ids never wrap."""
+    con = Console(stderr=stderr, highlight=False)
+    if not con.is_terminal and "COLUMNS" not in os.environ:
+        con.width = 200
+    return con
+
+
+def note(message: str) -> None:
+    """A line for humans on stderr (keeps stdout clean for --json and ids)."""
+    console(stderr=True).print(message)
+
+
+def styled(value: str) -> Text:
+    return Text(value, style=STATUS_STYLES.get(value, ""))
+
+
+# -- JSON -------------------------------------------------------------------------------------------
+
+
+def to_jsonable(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return to_jsonable(value.value)
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, datetime):
+        return iso(value)
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [to_jsonable(v) for v in value]
+    return value
+
+
+def print_json(value: Any) -> None:
+    click.echo(json.dumps(to_jsonable(value), indent=2, ensure_ascii=False))
+
+
+def iso(value: datetime | None) -> str | None:
+    return None if value is None else value.astimezone(UTC).isoformat()
+
+
+def job_dict(job: Job) -> dict[str, Any]:
+    """Every column of the job, in table order."""
+    values: dict[str, Any] = to_jsonable(job)
+    return values
+
+
+def worker_dict(worker: WorkerInfo) -> dict[str, Any]:
+    return {
+        "id": worker.id,
+        "host": worker.host,
+        "pid": worker.pid,
+        "state": worker.display_state,
+        "reported_state": worker.state,
+        "gone": worker.gone,
+        "queues": list(worker.queues) if worker.queues is not None else None,
+        "types": list(worker.types),
+        "concurrency": worker.concurrency,
+        "in_flight": worker.in_flight,
+        "done": worker.done,
+        "completed": worker.completed,
+        "failed": worker.failed,
+        "acked_generation": worker.acked_generation,
+        "started_at": iso(worker.started_at),
+        "last_seen_at": iso(worker.last_seen_at),
+        "last_seen_seconds_ago": round(worker.seen_seconds_ago, 3),
+        "stopped_at": iso(worker.stopped_at),
+    }
+
+
+STATUS_COUNTS = ("queued", "available", "scheduled", "running", "completed", "failed", "cancelled")
+
+
+def status_dict(report: StatusReport) -> dict[str, Any]:
+    queues = []
+    for q in report.queues:
+        queues.append(
+            {
+                "queue": q.queue,
+                "paused": q.paused or report.paused_all,
+                "queued": q.queued,
+                "available": q.available,
+                "scheduled": q.scheduled,
+                "running": q.running,
+                "completed": q.completed,
+                "failed": q.failed,
+                "cancelled": q.cancelled,
+                "total": q.total,
+                "oldest_waiting_seconds": _round(q.oldest_waiting_seconds),
+                "completed_last_minute": q.completed_last_minute,
+                "failed_last_hour": q.failed_last_hour,
+            }
+        )
+    totals: dict[str, Any] = {key: sum(q[key] for q in queues) for key in (*STATUS_COUNTS, "total")}
+    totals["completed_last_minute"] = sum(q["completed_last_minute"] for q in queues)
+    totals["failed_last_hour"] = sum(q["failed_last_hour"] for q in queues)
+    waits = [q.oldest_waiting_seconds for q in report.queues if q.oldest_waiting_seconds is not None]
+    totals["oldest_waiting_seconds"] = _round(max(waits)) if waits else None
+    w = report.workers
+    return {
+        "queues": queues,
+        "totals": totals,
+        "workers": {
+            "live": w.live,
+            "gone": w.gone,
+            "stopped": w.stopped,
+            "running": w.by_state.get("running", 0),
+            "paused": w.by_state.get("paused", 0),
+            "draining": w.by_state.get("draining", 0),
+            "stopping": w.by_state.get("stopping", 0),
+            "in_flight": w.in_flight,
+            "capacity": w.capacity,
+        },
+        "paused": {
+            "all": report.paused_all,
+            "queues": [p.target for p in report.pauses if p.kind == "queue"],
+            "workers": [p.target for p in report.pauses if p.kind == "worker"],
+        },
+    }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+# -- human formatting -------------------------------------------------------------------------------
+
+
+def human_seconds(seconds: float | None) -> str:
+    """3.2s, 4m 10s, 2h 5m, 3d 4h; '-' for None."""
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m {secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours}h {minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d {hours}h"
+
+
+def human_time(value: datetime | None) -> str:
+    if value is None:
+        return "-"
+    return value.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def job_status_text(job: Job) -> Text:
+    text = styled(job.status.value)
+    if job.status is JobStatus.RUNNING and job.cancellation_requested_at is not None:
+        text.append(" (cancel requested)", style="magenta")
+    return text
+
+
+def progress_text(job: Job) -> str:
+    if job.progress_current is None:
+        return "-"
+    if job.progress_total:
+        return (
+            f"{job.progress_current:g}/{job.progress_total:g} ({job.progress_current * 100 / job.progress_total:.0f}%)"
+        )
+    return f"{job.progress_current:g}"
+
+
+def one_line(text: str | None, limit: int = 80) -> str:
+    if not text:
+        return ""
+    line = text.strip().splitlines()[-1] if text.strip() else ""
+    return line if len(line) <= limit else line[: limit - 1] + "…"

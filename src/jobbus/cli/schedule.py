@@ -1,0 +1,122 @@
+"""`jobbus schedule`: enqueue one job from the shell (no --app needed)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+from datetime import datetime
+from typing import Any
+
+import click
+
+from jobbus.app import App
+from jobbus.cli import exit_codes
+from jobbus.cli.errors import UsageProblem, probe_database, run
+from jobbus.cli.loading import open_app
+from jobbus.cli.output import admin_app, dsn_option
+
+
+def parse_when(text: str, option: str = "--at") -> datetime:
+    """An aware ISO 8601 timestamp; a naive one is refused (whose local time would it be?)."""
+    try:
+        value = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise UsageProblem(f"{option} {text!r} is not an ISO 8601 timestamp, e.g. 2026-05-01T09:00:00+02:00") from None
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise UsageProblem(
+            f"{option} {text!r} has no timezone: add an offset or Z, e.g. {value.isoformat()}+00:00 or {text}Z"
+        )
+    return value
+
+
+def parse_config(text: str | None) -> dict[str, Any]:
+    """The --config JSON object; `-` reads it from stdin. Not JSON, or not an object: exit 64."""
+    if text is None:
+        return {}
+    if text == "-":
+        text = sys.stdin.read()
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageProblem(f"--config is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise UsageProblem(f"--config must be a JSON object like '{{\"id\": 42}}', got {type(value).__name__}")
+    return value
+
+
+@click.command("schedule")
+@click.argument("job_type", metavar="TYPE")
+@click.option("--config", "config_json", metavar="JSON", help="The job's configuration, a JSON object ('-' = stdin).")
+@click.option("--queue", metavar="Q", help="Queue (default: the handler's with --app, else 'default').")
+@click.option("--unique-key", metavar="K", help="Deduplicate: while a job of TYPE with K is active, print its id.")
+@click.option("--at", "at_text", metavar="ISO8601", help="Run no earlier than this (with a timezone offset).")
+@click.option("--priority", type=int, metavar="N", help="Higher runs first within its queue (default 0).")
+@click.option("--max-attempts", type=int, metavar="N", help="Attempts before the job fails (default 3).")
+@click.option("--name", metavar="NAME", help="A label for humans.")
+@click.option("--group-id", metavar="UUID", help="Group the job with others (see group progress).")
+@click.option(
+    "--app", "app_spec", metavar="MODULE:ATTR", help="Optional: take queue/priority defaults from its handler."
+)
+@dsn_option
+def schedule_command(
+    job_type: str,
+    config_json: str | None,
+    queue: str | None,
+    unique_key: str | None,
+    at_text: str | None,
+    priority: int | None,
+    max_attempts: int | None,
+    name: str | None,
+    group_id: str | None,
+    app_spec: str | None,
+    dsn: str | None,
+) -> None:
+    """Enqueue one job of TYPE and print its id.
+
+    No --app is needed: a producer may schedule types that no handler in its process knows (a worker
+    with a handler for TYPE runs it). With --unique-key, scheduling again while the first job is
+    queued or running prints the id of that job instead of adding one.
+
+    \b
+    Examples:
+      jobbus schedule report.render --config '{"report_id": 42}'
+      jobbus schedule catalog.reindex --config '{"catalog_id": "summer"}' --queue catalog \\
+          --unique-key catalog:summer --at 2026-05-01T02:00:00Z
+      echo '{"to": "a@example.com"}' | jobbus schedule email.send --config -
+
+    Exit codes: 0 scheduled, 64 bad usage (invalid JSON, a config that is not an object, a naive
+    --at), 69 database unreachable, 78 schema missing or bad --app.
+    """
+    configuration = parse_config(config_json)
+    available_at = parse_when(at_text) if at_text else None
+    try:
+        group = uuid.UUID(group_id) if group_id else None
+    except ValueError:
+        raise UsageProblem(f"--group-id {group_id!r} is not a UUID") from None
+    options: dict[str, Any] = {
+        "queue": queue,
+        "unique_key": unique_key,
+        "available_at": available_at,
+        "priority": priority,
+        "max_attempts": max_attempts,
+        "name": name,
+        "group_id": group,
+    }
+
+    async def schedule(app: App) -> int:
+        job_id = await app.schedule(job_type, configuration, **options)
+        click.echo(str(job_id))
+        return exit_codes.OK
+
+    async def body() -> int:
+        if app_spec is None:
+            async with admin_app(dsn) as app:
+                return await schedule(app)
+        async with open_app(app_spec, dsn) as app:
+            await probe_database(app.dsn)
+            async with app:
+                await app.check_schema()
+                return await schedule(app)
+
+    sys.exit(run(body))

@@ -1,0 +1,148 @@
+"""`jobbus status`: queues by status, the oldest waiting job, throughput, workers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+
+import click
+from rich.console import Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from jobbus import control
+from jobbus.cli import exit_codes
+from jobbus.cli.errors import run
+from jobbus.cli.output import admin_app, console, dsn_option, human_seconds, json_option, print_json, status_dict
+
+
+@click.command("status")
+@json_option
+@click.option("--watch", is_flag=True, help="Refresh in place until Ctrl-C.")
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.1),
+    default=2.0,
+    show_default=True,
+    metavar="S",
+    help="Seconds between refreshes with --watch.",
+)
+@dsn_option
+def status_command(as_json: bool, watch: bool, interval: float, dsn: str | None) -> None:
+    """Show every queue: jobs by status, the oldest waiting job, throughput, failures, and the workers.
+
+    \b
+    Columns: available (queued, can run now), scheduled (queued for later), running, completed,
+    failed, cancelled; "oldest wait" is how long the oldest available job has waited; "done/min"
+    is jobs completed in the last minute; "failed/h" is failures in the last hour.
+
+    \b
+    Examples:
+      jobbus status
+      jobbus status --watch --interval 1
+      jobbus status --json | jq '.queues[] | select(.available > 1000)'
+
+    Exit codes: 0 ok, 64 bad usage, 69 database unreachable, 78 schema missing.
+    """
+    if as_json and watch:
+        raise click.UsageError("--json and --watch do not go together; poll `jobbus status --json` instead")
+
+    async def body() -> int:
+        if watch:
+            return await _watch(dsn, interval)
+        async with admin_app(dsn) as app:
+            report = await control.queue_status(app)
+        if as_json:
+            print_json(status_dict(report))
+        else:
+            console().print(render_status(report))
+        return exit_codes.OK
+
+    sys.exit(run(body))
+
+
+async def _watch(dsn: str | None, interval: float) -> int:
+    """Redraw every `interval` seconds; Ctrl-C (or SIGTERM) ends it with exit 0."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        async with admin_app(dsn) as app:
+            with Live(render_status(await control.queue_status(app)), console=console(), auto_refresh=False) as live:
+                while not stop.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), interval)
+                    live.update(render_status(await control.queue_status(app)), refresh=True)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    return exit_codes.OK
+
+
+def render_status(report: control.StatusReport) -> Group:
+    data = status_dict(report)
+    table = Table(title="queues", title_justify="left", expand=False)
+    table.add_column("queue", no_wrap=True)
+    for column in ("available", "scheduled", "running", "completed", "failed", "cancelled"):
+        table.add_column(column, justify="right")
+    table.add_column("oldest wait", justify="right")
+    table.add_column("done/min", justify="right")
+    table.add_column("failed/h", justify="right")
+    for q in data["queues"]:
+        name = Text(q["queue"])
+        if q["paused"]:
+            name.append(" (paused)", style="yellow")
+        table.add_row(
+            name,
+            _count(q["available"], "cyan"),
+            _count(q["scheduled"], "cyan"),
+            _count(q["running"], "yellow"),
+            _count(q["completed"], "green"),
+            _count(q["failed"], "red"),
+            _count(q["cancelled"], "magenta"),
+            human_seconds(q["oldest_waiting_seconds"]),
+            str(q["completed_last_minute"]),
+            _count(q["failed_last_hour"], "red"),
+        )
+    if not data["queues"]:
+        table.add_row(Text("no jobs yet", style="dim"), *[""] * 9)
+    else:
+        t = data["totals"]
+        table.add_section()
+        table.add_row(
+            Text("total", style="bold"),
+            str(t["available"]),
+            str(t["scheduled"]),
+            str(t["running"]),
+            str(t["completed"]),
+            str(t["failed"]),
+            str(t["cancelled"]),
+            human_seconds(t["oldest_waiting_seconds"]),
+            str(t["completed_last_minute"]),
+            str(t["failed_last_hour"]),
+        )
+    w = data["workers"]
+    states = ", ".join(f"{w[s]} {s}" for s in ("running", "paused", "draining", "stopping") if w[s])
+    line = Text(f"workers: {w['live']} live", style="bold")
+    if states:
+        line.append(f" ({states})", style="")
+    line.append(f", {w['in_flight']} job(s) in flight of {w['capacity']} slot(s)", style="")
+    if w["gone"]:
+        line.append(f", {w['gone']} gone", style="red")
+    if w["stopped"]:
+        line.append(f", {w['stopped']} stopped", style="dim")
+    parts: list[Table | Text] = [table, line]
+    paused = data["paused"]
+    if paused["all"] or paused["queues"] or paused["workers"]:
+        what = (["ALL WORKERS"] if paused["all"] else []) + [f"queue {q}" for q in paused["queues"]]
+        what += [f"worker {w}" for w in paused["workers"]]
+        parts.append(Text(f"paused: {', '.join(what)} (jobbus resume ... to lift)", style="yellow"))
+    return Group(*parts)
+
+
+def _count(value: int, style: str) -> Text:
+    return Text(str(value), style=style if value else "dim")

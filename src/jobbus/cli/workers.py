@@ -1,0 +1,86 @@
+"""`jobbus workers`: the worker registry."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+from rich.table import Table
+from rich.text import Text
+
+from jobbus import control
+from jobbus.cli import exit_codes
+from jobbus.cli.errors import run
+from jobbus.cli.output import (
+    admin_app,
+    console,
+    dsn_option,
+    human_seconds,
+    json_option,
+    print_json,
+    styled,
+    worker_dict,
+)
+
+
+@click.command("workers")
+@json_option
+@click.option("--live", "live_only", is_flag=True, help="Only workers that are alive (not stopped, not gone).")
+@dsn_option
+def workers_command(as_json: bool, live_only: bool, dsn: str | None) -> None:
+    """List registered workers: id, host, pid, state, queues, jobs in flight, done, failed, last seen.
+
+    \b
+    State is what the worker reports (running, paused, draining, stopping, stopped), or "gone" when a
+    worker that did not stop has not refreshed its row for lease_seconds (it died or lost the
+    database). "done" counts the jobs it finished (completed + failed) since it started. Rows of
+    workers stopped or gone for more than 24 hours are forgotten when this runs.
+
+    \b
+    Examples:
+      jobbus workers
+      jobbus workers --live --json | jq -r '.[].id'
+
+    Exit codes: 0 ok, 64 bad usage, 69 database unreachable, 78 schema missing.
+    """
+
+    async def body() -> int:
+        async with admin_app(dsn) as app:
+            workers = await control.list_workers(app)
+        if live_only:
+            workers = [w for w in workers if w.live]
+        if as_json:
+            print_json([worker_dict(w) for w in workers])
+        else:
+            console().print(render_workers(workers))
+        return exit_codes.OK
+
+    sys.exit(run(body))
+
+
+def render_workers(workers: list[control.WorkerInfo]) -> Table | Text:
+    if not workers:
+        return Text("no workers registered (start one with `jobbus worker --app module:app`)", style="dim")
+    table = Table(title="workers", title_justify="left")
+    table.add_column("id", no_wrap=True)
+    table.add_column("host", no_wrap=True)
+    table.add_column("pid", justify="right")
+    table.add_column("state")
+    table.add_column("queues")
+    table.add_column("in flight", justify="right")
+    table.add_column("done", justify="right")
+    table.add_column("failed", justify="right")
+    table.add_column("last seen", justify="right")
+    for w in workers:
+        table.add_row(
+            w.id,
+            w.host,
+            str(w.pid),
+            styled(w.display_state),
+            ",".join(w.queues) if w.queues is not None else Text("*", style="dim"),
+            f"{w.in_flight}/{w.concurrency}",
+            str(w.done),
+            Text(str(w.failed), style="red" if w.failed else "dim"),
+            f"{human_seconds(w.seen_seconds_ago)} ago",
+        )
+    return table

@@ -1,0 +1,284 @@
+"""Operating workers from anywhere: pause, resume, drain, stop, restart, and what is going on.
+
+Plain async functions over an open `App` (``async with app:``); the `jobbus` command line is a thin
+layer over them. Everything goes through PostgreSQL, so it works across hosts and without signals:
+
+- `pause` / `resume` change a **durable** desired state (table ``pause``): a worker started later under
+  a paused target starts paused. Pausing a queue stops claiming from that queue only.
+- `drain` (run until no job is available, then exit 0), `stop` (finish in-flight jobs, exit 0) and
+  `restart` (the same, exit 75) are **one-shot** commands for the workers alive when they are issued.
+
+Each call is one transaction that records a command numbered by a generation, lists the live workers
+it targets, and sends a NOTIFY so they apply it within one poll interval. Workers acknowledge the
+generation they applied; `wait_for_acks` waits for that.
+
+    async with app:
+        issued = await jobbus.control.pause(app, queue="emails")
+        report = await jobbus.control.wait_for_acks(app, issued, timeout=30)
+        assert report.complete, report.missing
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Literal, TypeVar
+
+import psycopg
+
+from jobbus.store.control import ControlStore, PauseTarget, QueueStatus, WorkerInfo
+from jobbus.store.statements import Statement, run_async
+
+if TYPE_CHECKING:
+    from jobbus.app import App
+
+__all__ = [
+    "FORGET_WORKERS_AFTER",
+    "AckReport",
+    "Action",
+    "CommandIssued",
+    "PauseTarget",
+    "QueueStatus",
+    "StatusReport",
+    "Target",
+    "WorkerInfo",
+    "WorkersSummary",
+    "count_prunable",
+    "drain",
+    "issue",
+    "list_workers",
+    "pause",
+    "queue_status",
+    "restart",
+    "resume",
+    "stop",
+    "summarize_workers",
+    "wait_for_acks",
+]
+
+_T = TypeVar("_T")
+Action = Literal["pause", "resume", "drain", "stop", "restart"]
+#: Stopped or gone workers are forgotten (their registry row deleted) this long after they were last seen.
+FORGET_WORKERS_AFTER = timedelta(hours=24)
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Whom a command is for: one worker id, one queue, or every worker."""
+
+    kind: Literal["all", "queue", "worker"]
+    name: str = ""
+
+    @classmethod
+    def of(cls, *, worker_id: str | None = None, queue: str | None = None, all: bool = False) -> Target:
+        """Exactly one of `worker_id`, `queue`, `all`; anything else raises `ValueError`."""
+        given = [name for name, value in (("worker_id", worker_id), ("queue", queue), ("all", all)) if value]
+        if len(given) != 1:
+            raise ValueError(
+                "a control command needs exactly one target: worker_id=..., queue=... or all=True"
+                + (f" (got {', '.join(given)})" if given else "")
+            )
+        if all:
+            return cls("all")
+        if worker_id is not None:
+            return cls("worker", _name("worker_id", worker_id))
+        return cls("queue", _name("queue", queue or ""))
+
+    def __str__(self) -> str:
+        return "all workers" if self.kind == "all" else f"{self.kind} {self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class CommandIssued:
+    """A recorded command: its generation and the live workers it was addressed to."""
+
+    action: Action
+    target: Target
+    generation: int
+    worker_ids: tuple[str, ...]
+    issued_at: datetime
+    #: pause/resume only: whether the durable state changed (False: the target was already paused/resumed).
+    state_changed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class AckReport:
+    """Where the targeted workers stand after `wait_for_acks`."""
+
+    generation: int
+    acknowledged: tuple[str, ...]  # applied the command (acked_generation >= generation)
+    missing: tuple[str, ...]  # live, but did not acknowledge in time
+    gone: tuple[str, ...]  # stopped, died or were forgotten without acknowledging: nothing to wait for
+
+    @property
+    def complete(self) -> bool:
+        return not self.missing
+
+
+@dataclass(frozen=True, slots=True)
+class WorkersSummary:
+    live: int
+    gone: int
+    stopped: int
+    by_state: dict[str, int]  # live workers by reported state
+    in_flight: int
+    capacity: int  # sum of live workers' concurrency
+
+
+@dataclass(frozen=True, slots=True)
+class StatusReport:
+    """`queue_status`: every queue, the workers, and what is paused."""
+
+    queues: tuple[QueueStatus, ...]
+    workers: WorkersSummary
+    pauses: tuple[PauseTarget, ...]
+
+    @property
+    def paused_all(self) -> bool:
+        return any(p.kind == "all" for p in self.pauses)
+
+
+# -- commands ---------------------------------------------------------------------------------------
+
+
+async def pause(
+    app: App, *, worker_id: str | None = None, queue: str | None = None, all: bool = False
+) -> CommandIssued:
+    """Stop claiming on the target; workers stay alive and finish what they hold. Durable until `resume`."""
+    return await issue(app, "pause", Target.of(worker_id=worker_id, queue=queue, all=all))
+
+
+async def resume(
+    app: App, *, worker_id: str | None = None, queue: str | None = None, all: bool = False
+) -> CommandIssued:
+    """Undo a `pause` of the same target (``resume(all=True)`` does not lift a queue or worker pause)."""
+    return await issue(app, "resume", Target.of(worker_id=worker_id, queue=queue, all=all))
+
+
+async def drain(
+    app: App, *, worker_id: str | None = None, queue: str | None = None, all: bool = False
+) -> CommandIssued:
+    """Targeted live workers process until no job is available for them, then exit 0."""
+    return await issue(app, "drain", Target.of(worker_id=worker_id, queue=queue, all=all))
+
+
+async def stop(app: App, *, worker_id: str | None = None, queue: str | None = None, all: bool = False) -> CommandIssued:
+    """Targeted live workers stop claiming, finish in-flight jobs and exit 0."""
+    return await issue(app, "stop", Target.of(worker_id=worker_id, queue=queue, all=all))
+
+
+async def restart(
+    app: App, *, worker_id: str | None = None, queue: str | None = None, all: bool = False
+) -> CommandIssued:
+    """Like `stop`, but the workers exit 75 so their supervisor starts them again."""
+    return await issue(app, "restart", Target.of(worker_id=worker_id, queue=queue, all=all))
+
+
+async def issue(app: App, action: Action, target: Target) -> CommandIssued:
+    """Record one command in one transaction and notify the workers (what the five verbs call)."""
+    store = _store(app)
+    async with app.pool.connection() as conn, conn.transaction():
+        await run_async(conn, store.lock_commands())
+        row = await run_async(
+            conn,
+            store.issue_command(
+                action=action, target_kind=target.kind, target=target.name, lease_seconds=app.settings.lease_seconds
+            ),
+        )
+    return CommandIssued(action, target, row.generation, row.worker_ids, row.issued_at, row.pause_changed)
+
+
+async def wait_for_acks(
+    app: App, issued: CommandIssued, timeout: float | timedelta = 30.0, *, poll_interval: float = 0.2
+) -> AckReport:
+    """Wait until every targeted worker acknowledged `issued` or is stopped/gone, at most `timeout`.
+
+    Never raises on timeout: the report names who acknowledged and who is `missing`.
+    """
+    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+    deadline = time.monotonic() + max(0.0, seconds)
+    store = _store(app)
+    while True:
+        acks = await _run(app, store.worker_acks(issued.worker_ids, app.settings.lease_seconds))
+        acknowledged, missing, gone = [], [], []
+        for worker_id in issued.worker_ids:
+            ack = acks.get(worker_id)
+            if ack is not None and ack.acked_generation >= issued.generation:
+                acknowledged.append(worker_id)
+            elif ack is None or ack.gone or ack.state == "stopped":
+                gone.append(worker_id)
+            else:
+                missing.append(worker_id)
+        if not missing or time.monotonic() >= deadline:
+            return AckReport(issued.generation, tuple(acknowledged), tuple(missing), tuple(gone))
+        await asyncio.sleep(min(poll_interval, max(0.0, deadline - time.monotonic())))
+
+
+# -- reads ------------------------------------------------------------------------------------------
+
+
+async def list_workers(app: App, *, forget_after: timedelta | None = FORGET_WORKERS_AFTER) -> list[WorkerInfo]:
+    """The worker registry, oldest first; gone = not refreshed for `lease_seconds` and not stopped.
+
+    Rows of workers that stopped or went gone longer ago than `forget_after` are deleted on the way
+    (None keeps them), so the registry does not grow with every deploy; a read-only role skips that.
+    """
+    store = _store(app)
+    lease = app.settings.lease_seconds
+    if forget_after is not None:
+        with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
+            await _run(
+                app, store.forget_workers(lease_seconds=lease, forget_after_seconds=forget_after.total_seconds())
+            )
+    return await _run(app, store.list_workers(lease_seconds=lease))
+
+
+async def queue_status(app: App) -> StatusReport:
+    """Per queue: counts by status, oldest waiting job, throughput; plus the workers and the pauses."""
+    store = _store(app)
+    queues = await _run(app, store.queue_status())
+    pauses = await _run(app, store.pause_targets())
+    workers = await list_workers(app)
+    return StatusReport(tuple(queues), summarize_workers(workers), tuple(pauses))
+
+
+def summarize_workers(workers: list[WorkerInfo]) -> WorkersSummary:
+    live = [w for w in workers if w.live]
+    by_state: dict[str, int] = {}
+    for worker in live:
+        by_state[worker.state] = by_state.get(worker.state, 0) + 1
+    return WorkersSummary(
+        live=len(live),
+        gone=sum(1 for w in workers if w.gone),
+        stopped=sum(1 for w in workers if w.state == "stopped"),
+        by_state=by_state,
+        in_flight=sum(w.in_flight for w in live),
+        capacity=sum(w.concurrency for w in live),
+    )
+
+
+async def count_prunable(app: App, older_than: timedelta, statuses: tuple[str, ...]) -> int:
+    """How many jobs `App.prune(older_than, statuses)` would delete now (for a dry run)."""
+    statement = _store(app).count_prunable(older_than_seconds=older_than.total_seconds(), statuses=statuses)
+    return await _run(app, statement)
+
+
+# -- helpers ----------------------------------------------------------------------------------------
+
+
+def _store(app: App) -> ControlStore:
+    return ControlStore(app.settings.schema)
+
+
+async def _run(app: App, statement: Statement[_T]) -> _T:
+    async with app.pool.connection() as conn:
+        return await run_async(conn, statement)
+
+
+def _name(what: str, value: str) -> str:
+    if not isinstance(value, str) or not value.strip() or len(value) > 255:
+        raise ValueError(f"{what} must be a non-empty string of at most 255 characters, got {value!r}")
+    return value

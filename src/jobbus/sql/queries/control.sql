@@ -1,0 +1,115 @@
+-- Named queries of the operator control plane: issuing commands, reading acknowledgements, the worker
+-- listing and the status overview. Each block starts with `-- name: <query_name>`; {schema} is the
+-- quoted schema identifier. Parameters are psycopg named placeholders.
+--
+-- A worker is "live" when it is not stopped and its registry row was refreshed within the lease
+-- (lease_seconds); otherwise it is gone (died without saying so) or stopped.
+
+-- name: lock_commands
+-- Serialises command issuers for the rest of the transaction. Workers read "everything after the
+-- generation I acknowledged", so generations must become visible in order: without this lock a
+-- command could commit generation 8 before another commits 7, and a worker acknowledging 8 would
+-- never see 7. SHARE ROW EXCLUSIVE conflicts with itself and with inserts, not with plain SELECTs,
+-- so workers reading control state never wait on it.
+LOCK TABLE {schema}.command IN SHARE ROW EXCLUSIVE MODE;
+
+-- name: issue_command
+-- One command in one statement (run under lock_commands in the same transaction): the durable pause
+-- state changes (pause inserts the target, resume deletes it), the command row records the live
+-- workers targeted now, and pg_notify (delivered at commit) wakes them instead of waiting for their
+-- next poll. A queue target reaches the workers whose queues contain it or who serve every queue.
+WITH targeted AS (
+    SELECT coalesce(array_agg(w.id ORDER BY w.id), '{{}}'::text[]) AS ids
+    FROM {schema}.worker AS w
+    WHERE w.state <> 'stopped'
+      AND w.last_seen_at >= now() - make_interval(secs => %(lease_seconds)s)
+      AND CASE %(target_kind)s::text
+              WHEN 'all' THEN true
+              WHEN 'queue' THEN w.queues IS NULL OR %(target)s::text = ANY(w.queues)
+              ELSE w.id = %(target)s::text
+          END
+), paused AS (
+    INSERT INTO {schema}.pause (target_kind, target)
+    SELECT %(target_kind)s::text, %(target)s::text
+    WHERE %(action)s::text = 'pause'
+    ON CONFLICT (target_kind, target) DO NOTHING
+    RETURNING 1
+), resumed AS (
+    DELETE FROM {schema}.pause
+    WHERE %(action)s::text = 'resume' AND target_kind = %(target_kind)s::text AND target = %(target)s::text
+    RETURNING 1
+), issued AS (
+    INSERT INTO {schema}.command (action, target_kind, target, worker_ids)
+    SELECT %(action)s::text, %(target_kind)s::text, %(target)s::text, targeted.ids FROM targeted
+    RETURNING generation, worker_ids, issued_at
+)
+SELECT issued.generation, issued.worker_ids, issued.issued_at,
+       (SELECT count(*) FROM paused) + (SELECT count(*) FROM resumed) AS pause_changed,
+       pg_notify(%(channel)s, issued.generation::text) IS NULL AS notified
+FROM issued;
+
+-- name: worker_acks
+-- Where each targeted worker stands: acknowledged generation, state and whether it is gone. A worker
+-- whose row was deleted meanwhile simply does not come back.
+SELECT id, acked_generation, state,
+       state <> 'stopped' AND last_seen_at < now() - make_interval(secs => %(lease_seconds)s) AS gone
+FROM {schema}.worker
+WHERE id = ANY(%(ids)s::text[]);
+
+-- name: forget_workers
+-- Deletes registry rows of workers that stopped or went silent longer ago than forget_after, so the
+-- registry does not grow with every deploy. Separate from list_workers so read-only roles can list.
+DELETE FROM {schema}.worker
+WHERE coalesce(stopped_at, last_seen_at) < now() - make_interval(secs => %(forget_after_seconds)s::float8)
+  AND (state = 'stopped' OR last_seen_at < now() - make_interval(secs => %(lease_seconds)s));
+
+-- name: list_workers
+SELECT w.id, w.host, w.pid, w.queues, w.types, w.concurrency, w.state, w.in_flight, w.completed, w.failed,
+       w.acked_generation, w.started_at, w.last_seen_at, w.stopped_at,
+       w.state <> 'stopped' AND w.last_seen_at < now() - make_interval(secs => %(lease_seconds)s) AS gone,
+       extract(epoch FROM now() - w.last_seen_at)::float8 AS seen_seconds_ago
+FROM {schema}.worker AS w
+ORDER BY w.started_at, w.id;
+
+-- name: queue_status
+-- Per queue, one pass over the job table: counts by status (queued split into available now and
+-- scheduled for later), the age of the oldest job waiting to be claimed, throughput (completed in the
+-- last minute) and failures in the last hour. This is a sequential scan of the table: fine for an
+-- operator command, not for a dashboard that refreshes every second on millions of rows (prune!).
+-- Queues that are paused but hold no job are listed too.
+WITH counts AS (
+    SELECT queue,
+           count(*) FILTER (WHERE status = 'queued' AND available_at <= now()) AS available,
+           count(*) FILTER (WHERE status = 'queued' AND available_at > now()) AS scheduled,
+           count(*) FILTER (WHERE status = 'running') AS running,
+           count(*) FILTER (WHERE status = 'completed') AS completed,
+           count(*) FILTER (WHERE status = 'failed') AS failed,
+           count(*) FILTER (WHERE status = 'cancelled') AS cancelled,
+           extract(epoch FROM now() - min(available_at) FILTER (
+               WHERE status = 'queued' AND available_at <= now()))::float8 AS oldest_waiting_seconds,
+           count(*) FILTER (WHERE status = 'completed' AND finished_at >= now() - interval '1 minute')
+               AS completed_last_minute,
+           count(*) FILTER (WHERE status = 'failed' AND finished_at >= now() - interval '1 hour')
+               AS failed_last_hour
+    FROM {schema}.job
+    GROUP BY queue
+), paused AS (
+    SELECT target AS queue FROM {schema}.pause WHERE target_kind = 'queue'
+)
+SELECT coalesce(c.queue, p.queue) AS queue, p.queue IS NOT NULL AS paused,
+       coalesce(c.available, 0), coalesce(c.scheduled, 0), coalesce(c.running, 0), coalesce(c.completed, 0),
+       coalesce(c.failed, 0), coalesce(c.cancelled, 0), c.oldest_waiting_seconds,
+       coalesce(c.completed_last_minute, 0), coalesce(c.failed_last_hour, 0)
+FROM counts AS c
+FULL JOIN paused AS p ON p.queue = c.queue
+ORDER BY 1;
+
+-- name: pause_targets
+SELECT target_kind, target, paused_at FROM {schema}.pause ORDER BY target_kind, target;
+
+-- name: count_prunable
+-- What `prune` would delete now (its --dry-run); same predicate as prune_jobs.
+SELECT count(*)
+FROM {schema}.job
+WHERE finished_at < now() - make_interval(secs => %(older_than_seconds)s)
+  AND status = ANY(%(statuses)s::text[]);

@@ -1,0 +1,197 @@
+"""Statements of the operator control plane (`sql/queries/control.sql`) and the rows they read."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from jobbus.store.statements import Row, Statement, queries
+
+
+@dataclass(frozen=True, slots=True)
+class IssuedRow:
+    """What `issue_command` wrote: the generation, the live workers it targets, when."""
+
+    generation: int
+    worker_ids: tuple[str, ...]
+    issued_at: datetime
+    pause_changed: bool  # pause added a target / resume removed one (False: it was already so)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerAck:
+    id: str
+    acked_generation: int
+    state: str
+    gone: bool
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """One row of the worker registry, as read at one instant.
+
+    `state` is what the worker last reported (running, paused, draining, stopping, stopped); `gone` is
+    true when a worker that did not stop has not refreshed its row within `lease_seconds` (it died or
+    lost its database connection). `display_state` folds the two for humans.
+    """
+
+    id: str
+    host: str
+    pid: int
+    queues: tuple[str, ...] | None  # None: every queue
+    types: tuple[str, ...]
+    concurrency: int
+    state: str
+    in_flight: int
+    completed: int
+    failed: int
+    acked_generation: int
+    started_at: datetime
+    last_seen_at: datetime
+    stopped_at: datetime | None
+    gone: bool
+    seen_seconds_ago: float
+
+    @property
+    def display_state(self) -> str:
+        return "gone" if self.gone else self.state
+
+    @property
+    def live(self) -> bool:
+        return not self.gone and self.state != "stopped"
+
+    @property
+    def done(self) -> int:
+        """Jobs this worker finished (completed or failed) since it started."""
+        return self.completed + self.failed
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStatus:
+    """One queue at one instant (`queued` = `available` now + `scheduled` for later)."""
+
+    queue: str
+    paused: bool
+    available: int
+    scheduled: int
+    running: int
+    completed: int
+    failed: int
+    cancelled: int
+    oldest_waiting_seconds: float | None  # the oldest available job has waited this long; None: none waits
+    completed_last_minute: int
+    failed_last_hour: int
+
+    @property
+    def queued(self) -> int:
+        return self.available + self.scheduled
+
+    @property
+    def total(self) -> int:
+        return self.queued + self.running + self.completed + self.failed + self.cancelled
+
+
+@dataclass(frozen=True, slots=True)
+class PauseTarget:
+    kind: str  # all, queue or worker
+    target: str  # '' for all
+    paused_at: datetime
+
+
+class ControlStore:
+    """Builds the control-plane statements of one schema."""
+
+    def __init__(self, schema: str) -> None:
+        self.schema = schema
+        self.control_channel = f"jobbus_{schema}_control"
+        self._q = queries(schema)
+
+    def lock_commands(self) -> Statement[None]:
+        return Statement(self._q["lock_commands"], {}, lambda rows, _: None)
+
+    def issue_command(
+        self, *, action: str, target_kind: str, target: str, lease_seconds: float
+    ) -> Statement[IssuedRow]:
+        """Change the durable pause state and record the command; run after `lock_commands`, same transaction."""
+        params = {
+            "action": action,
+            "target_kind": target_kind,
+            "target": target,
+            "lease_seconds": lease_seconds,
+            "channel": self.control_channel,
+        }
+
+        def decode(rows: list[Row], _: int) -> IssuedRow:
+            generation, worker_ids, issued_at, changed, _notified = rows[0]
+            return IssuedRow(int(generation), tuple(worker_ids), issued_at, bool(changed))
+
+        return Statement(self._q["issue_command"], params, decode)
+
+    def worker_acks(self, worker_ids: Sequence[str], lease_seconds: float) -> Statement[dict[str, WorkerAck]]:
+        params = {"ids": list(worker_ids), "lease_seconds": lease_seconds}
+
+        def decode(rows: list[Row], _: int) -> dict[str, WorkerAck]:
+            return {r[0]: WorkerAck(r[0], int(r[1]), r[2], bool(r[3])) for r in rows}
+
+        return Statement(self._q["worker_acks"], params, decode)
+
+    def forget_workers(self, *, lease_seconds: float, forget_after_seconds: float) -> Statement[int]:
+        params = {"lease_seconds": lease_seconds, "forget_after_seconds": forget_after_seconds}
+        return Statement(self._q["forget_workers"], params, lambda _, rowcount: rowcount)
+
+    def list_workers(self, *, lease_seconds: float) -> Statement[list[WorkerInfo]]:
+        params = {"lease_seconds": lease_seconds}
+
+        def decode(rows: list[Row], _: int) -> list[WorkerInfo]:
+            return [
+                WorkerInfo(
+                    id=r[0],
+                    host=r[1],
+                    pid=int(r[2]),
+                    queues=tuple(r[3]) if r[3] is not None else None,
+                    types=tuple(r[4]),
+                    concurrency=int(r[5]),
+                    state=r[6],
+                    in_flight=int(r[7]),
+                    completed=int(r[8]),
+                    failed=int(r[9]),
+                    acked_generation=int(r[10]),
+                    started_at=r[11],
+                    last_seen_at=r[12],
+                    stopped_at=r[13],
+                    gone=bool(r[14]),
+                    seen_seconds_ago=max(0.0, float(r[15])),
+                )
+                for r in rows
+            ]
+
+        return Statement(self._q["list_workers"], params, decode)
+
+    def queue_status(self) -> Statement[list[QueueStatus]]:
+        def decode(rows: list[Row], _: int) -> list[QueueStatus]:
+            return [
+                QueueStatus(
+                    queue=r[0],
+                    paused=bool(r[1]),
+                    available=int(r[2]),
+                    scheduled=int(r[3]),
+                    running=int(r[4]),
+                    completed=int(r[5]),
+                    failed=int(r[6]),
+                    cancelled=int(r[7]),
+                    oldest_waiting_seconds=None if r[8] is None else max(0.0, float(r[8])),
+                    completed_last_minute=int(r[9]),
+                    failed_last_hour=int(r[10]),
+                )
+                for r in rows
+            ]
+
+        return Statement(self._q["queue_status"], {}, decode)
+
+    def pause_targets(self) -> Statement[list[PauseTarget]]:
+        return Statement(self._q["pause_targets"], {}, lambda rows, _: [PauseTarget(*r) for r in rows])
+
+    def count_prunable(self, *, older_than_seconds: float, statuses: Sequence[str]) -> Statement[int]:
+        params = {"older_than_seconds": older_than_seconds, "statuses": list(statuses)}
+        return Statement(self._q["count_prunable"], params, lambda rows, _: int(rows[0][0]))

@@ -1,0 +1,144 @@
+"""schedule, jobs list|show|cancel|retry and prune through the real executable."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime, timedelta
+
+from tests.cli import execute, job_status, jobbus, jobbus_json, query_value
+
+
+def _schedule(dsn: str, *args: str) -> str:
+    result = jobbus(dsn, "schedule", *args)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+def test_schedule_prints_the_id_and_show_json_holds_every_field(dsn: str) -> None:
+    at = datetime.now(UTC) + timedelta(hours=2)
+    job_id = _schedule(
+        dsn,
+        "report.render",
+        "--config",
+        '{"report_id": 42, "pages": [1, 2]}',
+        "--queue",
+        "reports",
+        "--unique-key",
+        "report:42",
+        "--at",
+        at.isoformat(),
+        "--priority",
+        "7",
+        "--max-attempts",
+        "5",
+        "--name",
+        "Quarterly report",
+    )
+    assert uuid.UUID(job_id).version == 7
+    # The same unique key while the first is active gives back the first id.
+    assert _schedule(dsn, "report.render", "--unique-key", "report:42") == job_id
+
+    job = jobbus_json(dsn, "jobs", "show", job_id)
+    assert job["id"] == job_id
+    assert job["type"] == "report.render" and job["queue"] == "reports" and job["name"] == "Quarterly report"
+    assert job["status"] == "queued" and job["attempts"] == 0 and job["max_attempts"] == 5
+    assert job["priority"] == 7 and job["unique_key"] == "report:42"
+    assert job["configuration_data"] == {"report_id": 42, "pages": [1, 2]}
+    assert job["execution_data"] == {} and job["result"] is None and job["group_id"] is None
+    assert abs(datetime.fromisoformat(job["available_at"]) - at) < timedelta(milliseconds=1)
+    datetime.fromisoformat(job["created_at"])
+    human = jobbus(dsn, "jobs", "show", job_id)
+    assert human.returncode == 0 and "Quarterly report" in human.stdout and "report_id" in human.stdout
+
+
+def test_schedule_reads_the_configuration_from_stdin(dsn: str) -> None:
+    result = jobbus(dsn, "schedule", "noop", "--config", "-", input='{"from": "stdin"}')
+    assert result.returncode == 0, result.stderr
+    config = query_value(dsn, "SELECT configuration_data FROM jobbus.job WHERE id = %s", result.stdout.strip())
+    assert config == {"from": "stdin"}
+
+
+def test_jobs_list_filters_pages_and_prints_json(dsn: str) -> None:
+    ids = [_schedule(dsn, "a.type", "--queue", "q1") for _ in range(3)]
+    ids += [_schedule(dsn, "b.type", "--queue", "q2") for _ in range(2)]
+    execute(dsn, "UPDATE jobbus.job SET status = 'failed', finished_at = now() WHERE id = %s", ids[4])
+
+    everything = jobbus_json(dsn, "jobs", "list")
+    assert [j["id"] for j in everything] == ids  # creation order
+    assert [j["id"] for j in jobbus_json(dsn, "jobs", "list", "--queue", "q1")] == ids[:3]
+    assert [j["id"] for j in jobbus_json(dsn, "jobs", "list", "--type", "b.type", "--status", "queued")] == [ids[3]]
+    assert [j["id"] for j in jobbus_json(dsn, "jobs", "list", "--status", "failed")] == [ids[4]]
+    both = jobbus_json(dsn, "jobs", "list", "--status", "failed", "--status", "queued", "--queue", "q2")
+    assert [j["id"] for j in both] == ids[3:]
+
+    first_page = jobbus_json(dsn, "jobs", "list", "--limit", "2")
+    second_page = jobbus_json(dsn, "jobs", "list", "--limit", "2", "--after", first_page[-1]["id"])
+    assert [j["id"] for j in first_page + second_page] == ids[:4]
+
+    human = jobbus(dsn, "jobs", "list", "--limit", "2")
+    assert human.returncode == 0
+    assert ids[0] in human.stdout and f"--after {ids[1]}" in human.stdout
+
+
+def test_cancel_and_retry(dsn: str) -> None:
+    queued = _schedule(dsn, "noop")
+    cancelled = jobbus(dsn, "jobs", "cancel", queued)
+    assert cancelled.returncode == 0 and "cancelled" in cancelled.stdout
+    assert job_status(dsn, queued) == "cancelled"
+    again = jobbus(dsn, "jobs", "cancel", queued)
+    assert again.returncode == 0 and "already finished (cancelled)" in again.stdout
+
+    running = _schedule(dsn, "noop")
+    execute(dsn, "UPDATE jobbus.job SET status = 'running', attempts = 1 WHERE id = %s", running)
+    requested = jobbus(dsn, "jobs", "cancel", running)
+    assert requested.returncode == 0 and "cancellation requested" in requested.stdout
+    assert query_value(dsn, "SELECT cancellation_requested_at IS NOT NULL FROM jobbus.job WHERE id = %s", running)
+
+    failed = _schedule(dsn, "noop", "--max-attempts", "2")
+    execute(
+        dsn,
+        "UPDATE jobbus.job SET status = 'failed', attempts = 2, finished_at = now(), last_error = 'x' WHERE id = %s",
+        failed,
+    )
+    retried = jobbus(dsn, "jobs", "retry", failed)
+    assert retried.returncode == 0, retried.stderr
+    job = jobbus_json(dsn, "jobs", "show", failed)
+    assert job["status"] == "queued" and job["attempts"] == 0
+
+    refused = jobbus(dsn, "jobs", "retry", failed)
+    assert refused.returncode == 1 and "only failed jobs can be retried" in refused.stderr
+
+
+def test_prune_deletes_old_finished_jobs_by_status(dsn: str) -> None:
+    def finished(status: str, days_ago: float) -> str:
+        job_id = _schedule(dsn, "noop")
+        execute(
+            dsn,
+            "UPDATE jobbus.job SET status = %s, finished_at = now() - make_interval(secs => %s) WHERE id = %s",
+            status,
+            days_ago * 86400,
+            job_id,
+        )
+        return job_id
+
+    old_completed = finished("completed", 10)
+    old_cancelled = finished("cancelled", 8)
+    old_failed = finished("failed", 10)
+    recent_completed = finished("completed", 1)
+    queued = _schedule(dsn, "noop")
+
+    dry = jobbus_json(dsn, "prune", "--older-than", "7d", "--dry-run")
+    assert dry["matched"] == 2 and dry["deleted"] == 0
+    result = jobbus(dsn, "prune", "--older-than", "7d")
+    assert result.returncode == 0, result.stderr
+    assert "deleted 2 job(s)" in result.stdout
+    assert job_status(dsn, old_completed) is None and job_status(dsn, old_cancelled) is None
+    assert job_status(dsn, old_failed) == "failed" and job_status(dsn, recent_completed) == "completed"
+
+    failed = json.loads(jobbus(dsn, "prune", "--older-than", "1w", "--status", "failed", "--json").stdout)
+    assert failed["deleted"] == 1 and job_status(dsn, old_failed) is None
+
+    everything = jobbus_json(dsn, "prune", "--older-than", "0s")
+    assert everything["deleted"] == 1 and job_status(dsn, recent_completed) is None
+    assert job_status(dsn, queued) == "queued"

@@ -1,0 +1,103 @@
+"""Least privilege: the worker, operator and observer roles of docs/security.md can do their job, and no more."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+import jobbus
+from jobbus import control, schema
+
+
+@pytest.fixture
+def roles(dsn: str) -> Iterator[dict[str, str]]:
+    suffix = uuid.uuid4().hex[:8]
+    names = {kind: f"jobbus_{kind}_{suffix}" for kind in ("worker", "operator", "observer")}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for name in names.values():
+            conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
+        conn.execute(schema.roles_script("jobbus", **names).encode())
+    try:
+        yield {kind: make_conninfo(dsn, user=name) for kind, name in names.items()}
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for name in names.values():
+                conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
+                conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+
+
+def _app(dsn: str) -> jobbus.App:
+    app = jobbus.App(dsn=dsn, poll_interval_seconds=0.2, retry_base_delay_seconds=0, retry_max_delay_seconds=0)
+
+    @app.job("t")
+    async def handler(job: jobbus.JobExecution) -> int:
+        await job.checkpoint({"ok": True})
+        await job.progress(1, 1)
+        return 1
+
+    return app
+
+
+async def test_worker_role_produces_and_runs_jobs_but_cannot_delete_or_migrate(roles: dict[str, str]) -> None:
+    app = _app(roles["worker"])
+    async with app:
+        ids = await app.schedule_many("t", [{}, {}, {}])
+        assert await app.schedule("t", unique_key="k") == await app.schedule("t", unique_key="k")
+        assert await app.run_worker(stop_when_empty=True, install_signal_handlers=False, worker_id="w") == 0
+        jobs = [await app.find(i) for i in ids]
+        assert [j.result for j in jobs if j] == [1, 1, 1]
+        assert await app.cancel(await app.schedule("t")) is jobbus.JobStatus.CANCELLED
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            await app.prune(timedelta(0))
+    with psycopg.connect(roles["worker"], autocommit=True) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
+        conn.execute("CREATE TABLE jobbus.sneaky (x int)")
+
+
+async def test_operator_role_steers_workers_and_prunes(roles: dict[str, str]) -> None:
+    app = _app(roles["operator"])
+    async with app:
+        job_id = await app.schedule("t")
+        await app.cancel(job_id)
+        issued = await control.pause(app, queue="default")
+        assert issued.generation > 0
+        await control.resume(app, queue="default")
+        assert await app.prune(timedelta(0)) == 1
+        assert await app.find(job_id) is None
+
+
+async def test_observer_role_reads_but_cannot_write(roles: dict[str, str], sync_app: jobbus.App) -> None:
+    job_id = sync_app.sync.schedule("t", {"visible": True})
+    app = _app(roles["observer"])
+    async with app:
+        job = await app.find(job_id)
+        assert job is not None and job.configuration_data == {"visible": True}
+        assert len(await app.list_jobs()) == 1
+        await control.queue_status(app)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            await app.schedule("t")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            await app.cancel(job_id)
+
+
+def test_role_names_are_validated() -> None:
+    with pytest.raises(ValueError, match="worker role"):
+        schema.roles_script("jobbus", worker='x"; DROP TABLE jobbus.job; --', operator="o", observer="r")
+
+
+async def test_hostile_queue_and_type_names_are_data_not_sql(app: jobbus.App) -> None:
+    evil = "x'); DROP TABLE jobbus.job; --"
+
+    @app.job(evil, queue=evil)
+    async def handler(job: jobbus.JobExecution) -> str:
+        return job.type
+
+    job_id = await app.schedule(evil, {"k": evil}, unique_key=evil, name=evil)
+    assert await app.run_worker(stop_when_empty=True, install_signal_handlers=False) == 0
+    job = await app.find(job_id)
+    assert job is not None and (job.queue, job.result, job.status) == (evil, evil, jobbus.JobStatus.COMPLETED)
