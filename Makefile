@@ -13,10 +13,12 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
+LINTED := src tests $(wildcard bench)
+
 lint: venv
-	$(VENV)/bin/ruff check src tests bench
-	$(VENV)/bin/ruff format --check src tests bench
-	$(VENV)/bin/mypy
+	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/ruff format --check $(LINTED)
+	$(VENV)/bin/mypy $(LINTED)
 
 test: lint
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
