@@ -10,14 +10,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import psycopg
+
+from tests.processes import wait_until as wait_until
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 UNREACHABLE_DSN = "postgresql://postgres@127.0.0.1:1/nowhere?connect_timeout=2"
@@ -113,18 +114,6 @@ def wait_exit(proc: subprocess.Popen[str], timeout: float = 30) -> int:
 
 def interrupt(proc: subprocess.Popen[str]) -> None:
     proc.send_signal(signal.SIGINT)
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float = 30, what: str = "condition") -> Any:
-    """Poll `predicate` until it returns something truthy; fail with `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for: {what}")
-        time.sleep(0.05)
 
 
 def execute(dsn: str, query: str, *params: Any) -> None:

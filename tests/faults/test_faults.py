@@ -25,8 +25,8 @@ from tests.faults.harness import (
     scale,
     schedule,
     time_to_progress,
-    wait_for,
 )
+from tests.processes import wait_until
 
 CONCURRENCY = 4
 
@@ -39,7 +39,7 @@ def test_sigkill_random_workers_repeatedly() -> None:
         start = time.monotonic()
         fleet = Fleet(cluster.dsn, 3, "--concurrency", str(CONCURRENCY), env=FAST_LEASE)
         try:
-            wait_for(lambda: completed(cluster.dsn) > 50, 60, "the fleet to start")
+            wait_until(lambda: completed(cluster.dsn) > 50, 60, "the fleet to start")
             for n in range(kills):
                 fleet.signal_one(f"w{random.randrange(3)}", signal.SIGKILL)
                 figures.faults += 1
@@ -48,7 +48,7 @@ def test_sigkill_random_workers_repeatedly() -> None:
                     figures.max_recovery_seconds = max(
                         figures.max_recovery_seconds, time_to_progress(cluster.dsn, figures.jobs)
                     )
-            wait_for(lambda: completed(cluster.dsn) == figures.jobs, 180, "every job to complete")
+            wait_until(lambda: completed(cluster.dsn) == figures.jobs, 180, "every job to complete")
         finally:
             fleet.stop()
         figures.seconds = round(time.monotonic() - start, 1)
@@ -64,7 +64,7 @@ def test_sigstop_past_the_lease_then_sigcont() -> None:
         start = time.monotonic()
         fleet = Fleet(cluster.dsn, 2, "--concurrency", str(CONCURRENCY), env=FAST_LEASE)
         try:
-            wait_for(lambda: completed(cluster.dsn) > 20, 60, "the fleet to start")
+            wait_until(lambda: completed(cluster.dsn) > 20, 60, "the fleet to start")
             for n in range(freezes):
                 victim = f"w{n % 2}"
                 fleet.signal_one(victim, signal.SIGSTOP)
@@ -72,7 +72,7 @@ def test_sigstop_past_the_lease_then_sigcont() -> None:
                 time.sleep(3.0)  # lease is 2 s: the other worker recovers and re-runs its jobs
                 fleet.signal_one(victim, signal.SIGCONT)
                 time.sleep(0.5)
-            wait_for(lambda: completed(cluster.dsn) == figures.jobs, 180, "every job to complete")
+            wait_until(lambda: completed(cluster.dsn) == figures.jobs, 180, "every job to complete")
             figures.max_recovery_seconds = 3.0
         finally:
             codes = fleet.stop()
@@ -92,13 +92,13 @@ def test_postgres_restart_and_crash_while_busy(mode: str) -> None:
         try:
             for n in range(restarts):
                 target = figures.jobs * (n + 1) // (restarts + 2)
-                wait_for(lambda: completed(cluster.dsn) >= target, 120, "progress before the fault")  # noqa: B023
+                wait_until(lambda: completed(cluster.dsn) >= target, 120, "progress before the fault")  # noqa: B023
                 cluster.restart(mode)
                 figures.faults += 1
                 figures.max_recovery_seconds = max(
                     figures.max_recovery_seconds, time_to_progress(cluster.dsn, figures.jobs)
                 )
-            wait_for(lambda: completed(cluster.dsn) == figures.jobs, 180, "every job to complete")
+            wait_until(lambda: completed(cluster.dsn) == figures.jobs, 180, "every job to complete")
         finally:
             codes = fleet.stop()
         figures.seconds = round(time.monotonic() - start, 1)
@@ -116,7 +116,7 @@ def test_terminate_every_jobbus_backend_repeatedly() -> None:
         start = time.monotonic()
         fleet = Fleet(cluster.dsn, 2, "--concurrency", str(CONCURRENCY))
         try:
-            wait_for(lambda: completed(cluster.dsn) > 20, 60, "the fleet to start")
+            wait_until(lambda: completed(cluster.dsn) > 20, 60, "the fleet to start")
             with psycopg.connect(cluster.dsn, autocommit=True) as admin:
                 for _ in range(rounds):
                     killed = admin.execute(
@@ -126,7 +126,7 @@ def test_terminate_every_jobbus_backend_repeatedly() -> None:
                     figures.faults += int(killed[0]) if killed else 0
                     time.sleep(0.3)
             figures.max_recovery_seconds = time_to_progress(cluster.dsn, figures.jobs)
-            wait_for(lambda: completed(cluster.dsn) == figures.jobs, 180, "every job to complete")
+            wait_until(lambda: completed(cluster.dsn) == figures.jobs, 180, "every job to complete")
         finally:
             codes = fleet.stop()
         figures.seconds = round(time.monotonic() - start, 1)
@@ -142,7 +142,7 @@ def test_connection_slots_exhausted_and_statement_timeouts() -> None:
         fleet = Fleet(cluster.dsn, 2, "--concurrency", str(CONCURRENCY))
         hogs: list[psycopg.Connection[tuple[object, ...]]] = []
         try:
-            wait_for(lambda: completed(cluster.dsn) > 20, 60, "the fleet to start")
+            wait_until(lambda: completed(cluster.dsn) > 20, 60, "the fleet to start")
             with psycopg.connect(cluster.dsn, autocommit=True) as admin:
                 # 1. Cut the workers off, then take every connection slot they could reconnect to.
                 admin.execute(
@@ -179,7 +179,7 @@ def test_connection_slots_exhausted_and_statement_timeouts() -> None:
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                     " WHERE pid <> pg_backend_pid() AND backend_type = 'client backend'"
                 )
-            wait_for(lambda: completed(cluster.dsn) == figures.jobs, 180, "every job to complete")
+            wait_until(lambda: completed(cluster.dsn) == figures.jobs, 180, "every job to complete")
         finally:
             for hog in hogs:
                 hog.close()
@@ -196,7 +196,7 @@ def test_long_transaction_holding_back_xmin_during_a_burst() -> None:
         fleet = Fleet(cluster.dsn, 1, "--concurrency", "20")
         try:
             start = time.monotonic()
-            wait_for(lambda: completed(cluster.dsn) == len(baseline_ids), 180, "the baseline burst")
+            wait_until(lambda: completed(cluster.dsn) == len(baseline_ids), 180, "the baseline burst")
             baseline_rate = len(baseline_ids) / (time.monotonic() - start)
             with psycopg.connect(cluster.dsn) as holder:
                 holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
@@ -204,7 +204,7 @@ def test_long_transaction_holding_back_xmin_during_a_burst() -> None:
                 figures.faults += 1
                 ids = schedule(cluster.dsn, figures.jobs - len(baseline_ids), sleep=0)
                 start = time.monotonic()
-                wait_for(lambda: completed(cluster.dsn) == figures.jobs, 300, "the burst under a held snapshot")
+                wait_until(lambda: completed(cluster.dsn) == figures.jobs, 300, "the burst under a held snapshot")
                 held_rate = len(ids) / (time.monotonic() - start)
                 with psycopg.connect(cluster.dsn, autocommit=True) as probe:
                     app = jobbus.App(dsn=cluster.dsn)
@@ -247,9 +247,9 @@ def test_poison_job_fails_after_max_attempts_instead_of_crash_looping_the_fleet(
         start = time.monotonic()
         fleet = Fleet(cluster.dsn, 2, "--concurrency", str(CONCURRENCY), env=FAST_LEASE)
         try:
-            wait_for(lambda: completed(cluster.dsn) == figures.jobs, 180, "every healthy job to complete")
+            wait_until(lambda: completed(cluster.dsn) == figures.jobs, 180, "every healthy job to complete")
             with app.sync:
-                wait_for(
+                wait_until(
                     lambda: (j := app.sync.find(poison)) is not None and j.status is jobbus.JobStatus.FAILED,
                     60,
                     "the poison job to fail",
