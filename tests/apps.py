@@ -7,9 +7,11 @@ exactly how often each job ran and in which process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
@@ -95,3 +97,20 @@ async def poison(job: jobbus.JobExecution) -> None:
     """Crashes its worker process every time, like a segfaulting C extension or an OOM kill."""
     await _record(job)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def make_app() -> jobbus.App:
+    """`--app tests.apps:make_app`: a callable returning the App."""
+    return app
+
+
+@contextlib.asynccontextmanager
+async def lifespan() -> AsyncIterator[jobbus.App]:
+    """`--app tests.apps:lifespan`: owns a resource for the whole run and records entering and leaving."""
+    async with await psycopg.AsyncConnection.connect(app.dsn, autocommit=True) as conn:
+        await conn.execute("CREATE TABLE IF NOT EXISTS public.lifecycle (event text, at timestamptz DEFAULT now())")
+        await conn.execute("INSERT INTO public.lifecycle (event) VALUES ('enter')")
+        try:
+            yield app
+        finally:
+            await conn.execute("INSERT INTO public.lifecycle (event) VALUES ('exit')")

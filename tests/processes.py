@@ -41,9 +41,9 @@ def start_worker(
 
 @contextmanager
 def workers(
-    dsn: str, count: int, *args: str, env: dict[str, str] | None = None
+    dsn: str, count: int, *args: str, env: dict[str, str] | None = None, app: str = "tests.apps:app"
 ) -> Iterator[list[subprocess.Popen[str]]]:
-    procs = [start_worker(dsn, *args, env=env) for _ in range(count)]
+    procs = [start_worker(dsn, *args, env=env, app=app) for _ in range(count)]
     try:
         yield procs
     finally:

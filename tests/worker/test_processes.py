@@ -169,3 +169,24 @@ def test_worker_restarted_under_the_same_id_reclaims_its_orphans_at_once(db: str
     assert code == 0, out
     job = sync_app.sync.find(job_id)
     assert job is not None and (job.status, job.attempts) == (jobbus.JobStatus.COMPLETED, 2)
+
+
+@pytest.mark.parametrize("target", ["tests.apps:make_app", "tests.apps:lifespan"])
+def test_app_factories_and_lifespans_own_the_whole_run(db: str, sync_app: jobbus.App, target: str) -> None:
+    job_id = sync_app.sync.schedule("record")
+    with workers(db, 1, "--stop-when-empty", app=target) as (worker,):
+        code, out = finish(worker)
+    assert code == 0, out
+    assert status_of(db, job_id) == "completed"
+    if target.endswith("lifespan"):
+        assert [e for (e,) in query(db, "SELECT event FROM public.lifecycle ORDER BY at")] == ["enter", "exit"]
+
+
+def test_lifespan_is_exited_on_sigterm(db: str, sync_app: jobbus.App) -> None:
+    job_id = sync_app.sync.schedule("record", {"sleep": 1})
+    with workers(db, 1, app="tests.apps:lifespan") as (worker,):
+        wait_until(lambda: executions(db, job_id), what="the job to start")
+        worker.send_signal(signal.SIGTERM)
+        code, out = finish(worker)
+    assert code == 0, out
+    assert [e for (e,) in query(db, "SELECT event FROM public.lifecycle ORDER BY at")] == ["enter", "exit"]
