@@ -60,6 +60,23 @@ class JobStore:
 
         Specs must not repeat a (type, unique_key); the caller folds repeats onto the first.
         """
+        if len(specs) == 1:
+            (spec,) = specs
+            one = {
+                "id": spec.id,
+                "type": spec.type,
+                "queue": spec.queue,
+                "name": spec.name,
+                "group_id": spec.group_id,
+                "unique_key": spec.unique_key,
+                "priority": spec.priority,
+                "configuration": spec.configuration,
+                "max_attempts": spec.max_attempts,
+                "available_at": spec.available_at,
+                "delay": float(spec.delay_seconds),
+                "channel": self.channel,
+            }
+            return Statement(self._q["insert_job"], one, _decode_inserted)
         params = {
             "ids": [s.id for s in specs],
             "types": [s.type for s in specs],
@@ -75,13 +92,7 @@ class JobStore:
             "channel": self.channel,
         }
 
-        def decode(rows: list[Row], _: int) -> dict[uuid.UUID | tuple[str, str], uuid.UUID]:
-            found: dict[uuid.UUID | tuple[str, str], uuid.UUID] = {}
-            for job_id, job_type, unique_key, _inserted, _notified in rows:
-                found[(job_type, unique_key) if unique_key is not None else job_id] = job_id
-            return found
-
-        return Statement(self._q["insert_jobs"], params, decode)
+        return Statement(self._q["insert_jobs"], params, _decode_inserted)
 
     # -- worker ------------------------------------------------------------------------------------
 
@@ -210,6 +221,14 @@ class JobStore:
 
     def schema_version(self) -> Statement[int]:
         return Statement(self._q["schema_version"], {}, lambda rows, _: int(rows[0][0]))
+
+
+def _decode_inserted(rows: list[Row], _: int) -> dict[uuid.UUID | tuple[str, str], uuid.UUID]:
+    """Per unique (type, key) the id of the active job holding it; other rows map their own id."""
+    found: dict[uuid.UUID | tuple[str, str], uuid.UUID] = {}
+    for job_id, job_type, unique_key, _inserted, _notified in rows:
+        found[(job_type, unique_key) if unique_key is not None else job_id] = job_id
+    return found
 
 
 def _flag(rows: list[Row], _: int) -> bool | None:
