@@ -7,6 +7,7 @@ import sys
 import click
 
 from jobbus.cli import exit_codes
+from jobbus.cli.bench import bench_command
 from jobbus.cli.control import drain_command, pause_command, restart_command, resume_command, stop_command
 from jobbus.cli.demo import demo_command
 from jobbus.cli.jobs import jobs_group
@@ -45,6 +46,7 @@ for command in (
     schedule_command,
     prune_command,
     demo_command,
+    bench_command,
 ):
     cli.add_command(command)
 

@@ -1,0 +1,48 @@
+"""The jobbus app every benchmark runs: one no-op handler that notes when it started.
+
+    JOBBUS_DSN=postgresql://... python -m jobbus worker --app bench.apps:app --stop-when-empty
+
+With `BENCH_STAMPS_FILE` set, the process writes the count and the first/last handler start
+(`time.time()`) to that file when it exits, so `bench/run.py` can compute the steady drain rate of
+several worker processes started through the real CLI.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import time
+import uuid
+
+import jobbus
+from bench.harness import NOOP, dump_stamps
+
+#: time.time() at each handler start (drain runs).
+STARTS: list[float] = []
+#: job id -> time.perf_counter() at handler start (latency runs).
+STARTED_AT: dict[uuid.UUID, float] = {}
+
+
+async def noop(job: jobbus.JobExecution) -> None:
+    STARTED_AT[job.id] = time.perf_counter()
+    STARTS.append(time.time())
+
+
+def make_app(dsn: str | None = None) -> jobbus.App:
+    """The benchmark app; without `dsn`, JOBBUS_DSN (and the other JOBBUS_* settings) apply."""
+    app = jobbus.App(dsn=dsn)
+    app.job(NOOP)(noop)
+    return app
+
+
+app = make_app()
+
+
+def _dump_at_exit() -> None:
+    path = os.environ.get("BENCH_STAMPS_FILE")
+    if path:
+        dump_stamps(path, STARTS)
+
+
+if os.environ.get("BENCH_STAMPS_FILE"):
+    atexit.register(_dump_at_exit)

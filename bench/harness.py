@@ -1,0 +1,108 @@
+"""What every benchmark driver shares: its command line, its clock and how it reports.
+
+Pure standard library, so the peers' drivers (which run in `bench/.venv-peers`, without jobbus) can
+import it too. A driver runs one operation per invocation and prints one line `RESULT {json}` on
+stdout; `bench/run.py` starts the drivers as subprocesses and reads that line.
+
+Clocks: drain stamps use `time.time()` so that stamps of two worker processes can be compared;
+latency uses `time.perf_counter()` inside one process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+RESULT_PREFIX = "RESULT "
+#: Every driver registers its no-op handler under this job type / entrypoint / task name.
+NOOP = "bench.noop"
+#: Idle time after a worker starts and before the latency producer sends its first job.
+IDLE_SECONDS = 1.0
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The operations a driver offers, and their knobs."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument(
+        "op",
+        choices=["setup", "enqueue_single", "enqueue_bulk", "fill", "drain", "latency", "seed_finished"],
+    )
+    parser.add_argument("--dsn", required=True)
+    parser.add_argument("--jobs", type=int, default=1000)
+    parser.add_argument("--concurrency", type=int, default=10)
+    parser.add_argument("--batch", type=int, default=0, help="claim batch size, for queues that have one")
+    parser.add_argument("--interval", type=float, default=0.02, help="latency: seconds between two jobs")
+    return parser.parse_args(argv)
+
+
+def emit(**values: Any) -> None:
+    """Print the single result line the orchestrator reads."""
+    print(RESULT_PREFIX + json.dumps(values), flush=True)
+
+
+def drain_result(stamps: Sequence[float], started: float, ended: float) -> dict[str, Any]:
+    """A drain's figures from the handler start stamps (time.time()) and the worker's run time.
+
+    `steady` is the rate between the first and the last handler start: startup (schema checks,
+    registration, first claim) and the final flush/shutdown are outside it. `wall` includes both.
+    """
+    count = len(stamps)
+    first = min(stamps) if stamps else math.nan
+    last = max(stamps) if stamps else math.nan
+    steady = (count - 1) / (last - first) if count > 1 and last > first else math.nan
+    return {
+        "count": count,
+        "first": first,
+        "last": last,
+        "steady": steady,
+        "wall": count / (ended - started) if ended > started else math.nan,
+        "started": started,
+        "ended": ended,
+    }
+
+
+def percentile(values: Sequence[float], fraction: float) -> float:
+    """Nearest-rank percentile (no interpolation): the value a reader can find in the sample."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = max(1, math.ceil(fraction * len(ordered)))
+    return ordered[rank - 1]
+
+
+def latency_result(latencies_seconds: Sequence[float], expected: int) -> dict[str, Any]:
+    ms = [value * 1000.0 for value in latencies_seconds]
+    return {
+        "count": len(ms),
+        "expected": expected,
+        "p50": percentile(ms, 0.50),
+        "p95": percentile(ms, 0.95),
+        "p99": percentile(ms, 0.99),
+        "max": max(ms) if ms else math.nan,
+    }
+
+
+def dump_stamps(path: str, stamps: Sequence[float]) -> None:
+    """Used by worker processes that are not drivers (the jobbus CLI): first/last/count to a file."""
+    summary = {"count": len(stamps), "first": min(stamps, default=math.nan), "last": max(stamps, default=math.nan)}
+    Path(path).write_text(json.dumps(summary), encoding="utf-8")
+
+
+def now() -> float:
+    return time.time()
+
+
+def paced(start: float, index: int, interval: float) -> float:
+    """Seconds to sleep so that job `index` goes out at `start + index * interval` (no drift)."""
+    return max(0.0, start + index * interval - time.perf_counter())
+
+
+def getenv_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return int(value) if value else default

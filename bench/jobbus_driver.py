@@ -1,0 +1,143 @@
+"""The jobbus driver: one benchmark operation per invocation, through jobbus's public API.
+
+    python -m bench.jobbus_driver drain --dsn postgresql://.../db --concurrency 200
+
+Run from the repository root with the project's venv; prints one `RESULT {json}` line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from argparse import Namespace
+from typing import Any
+
+import psycopg
+
+from bench import apps, harness
+from jobbus import App
+from jobbus import schema as schema_module
+
+SCHEMA = "jobbus"
+FILL_CHUNK = 10_000
+WARM_UP = 20
+
+
+def _app(dsn: str) -> App:
+    return apps.make_app(dsn)
+
+
+def setup(args: Namespace) -> dict[str, Any]:
+    with psycopg.connect(args.dsn, autocommit=True) as conn:
+        applied = schema_module.migrate(conn, SCHEMA)
+    return {"migrations": len(applied)}
+
+
+async def enqueue_single(args: Namespace) -> dict[str, Any]:
+    app = _app(args.dsn)
+    async with app:
+        for _ in range(WARM_UP):  # the pool's connections and prepared plans are warm
+            await app.schedule(harness.NOOP, {})
+        started = time.perf_counter()
+        for _ in range(args.jobs):
+            await app.schedule(harness.NOOP, {})
+        elapsed = time.perf_counter() - started
+    return {"rate": args.jobs / elapsed, "seconds": elapsed}
+
+
+async def enqueue_bulk(args: Namespace) -> dict[str, Any]:
+    app = _app(args.dsn)
+    async with app:
+        await app.schedule_many(harness.NOOP, [{}] * WARM_UP)
+        started = time.perf_counter()
+        ids = await app.schedule_many(harness.NOOP, [{}] * args.jobs)
+        elapsed = time.perf_counter() - started
+    assert len(ids) == args.jobs
+    return {"rate": args.jobs / elapsed, "seconds": elapsed}
+
+
+async def fill(args: Namespace) -> dict[str, Any]:
+    app = _app(args.dsn)
+    async with app:
+        left = args.jobs
+        while left > 0:
+            chunk = min(left, FILL_CHUNK)
+            await app.schedule_many(harness.NOOP, [{}] * chunk)
+            left -= chunk
+    return {"jobs": args.jobs}
+
+
+async def drain(args: Namespace) -> dict[str, Any]:
+    app = _app(args.dsn)
+    apps.STARTS.clear()
+    started = time.time()
+    await app.run_worker(concurrency=args.concurrency, stop_when_empty=True, install_signal_handlers=False)
+    ended = time.time()
+    return harness.drain_result(apps.STARTS, started, ended)
+
+
+async def latency(args: Namespace) -> dict[str, Any]:
+    """An idle worker; jobs scheduled one at a time, `interval` apart; schedule call → handler start."""
+    app = _app(args.dsn)
+    apps.STARTED_AT.clear()
+    sent: dict[uuid.UUID, float] = {}
+    async with app:
+        worker = asyncio.create_task(
+            app.run_worker(concurrency=args.concurrency, limit=args.jobs, install_signal_handlers=False)
+        )
+        await asyncio.sleep(harness.IDLE_SECONDS)
+        start = time.perf_counter()
+        for index in range(args.jobs):
+            await asyncio.sleep(harness.paced(start, index, args.interval))
+            before = time.perf_counter()
+            job_id = await app.schedule(harness.NOOP, {})
+            sent[job_id] = before
+        await asyncio.wait_for(worker, timeout=60)
+    latencies = [apps.STARTED_AT[job_id] - at for job_id, at in sent.items() if job_id in apps.STARTED_AT]
+    return harness.latency_result(latencies, args.jobs)
+
+
+SEED_FINISHED = """
+INSERT INTO jobbus.job (id, type, queue, status, configuration_data, result, attempts, max_attempts,
+                        available_at, created_at, started_at, finished_at)
+SELECT jobbus.uuid_generate_v7(), %(type)s, 'default', 'completed', '{}', NULL, 1, 3,
+       now() - make_interval(secs => n), now() - make_interval(secs => n), now() - make_interval(secs => n),
+       now() - make_interval(secs => n)
+FROM generate_series(1, %(jobs)s) AS n
+"""
+
+
+def seed_finished(args: Namespace) -> dict[str, Any]:
+    """`jobs` completed rows in one INSERT ... SELECT generate_series, then VACUUM ANALYZE.
+
+    The vacuum stands in for autovacuum, which a production table of that size has long had.
+    """
+    started = time.perf_counter()
+    with psycopg.connect(args.dsn, autocommit=True) as conn:
+        conn.execute(SEED_FINISHED, {"type": harness.NOOP, "jobs": args.jobs})
+        conn.execute("VACUUM ANALYZE jobbus.job")
+    return {"jobs": args.jobs, "seconds": time.perf_counter() - started}
+
+
+def main() -> None:
+    args = harness.parse_args()
+    result: dict[str, Any]
+    if args.op == "setup":
+        result = setup(args)
+    elif args.op == "seed_finished":
+        result = seed_finished(args)
+    else:
+        operations = {
+            "enqueue_single": enqueue_single,
+            "enqueue_bulk": enqueue_bulk,
+            "fill": fill,
+            "drain": drain,
+            "latency": latency,
+        }
+        result = asyncio.run(operations[args.op](args))
+    harness.emit(**result)
+
+
+if __name__ == "__main__":
+    main()
