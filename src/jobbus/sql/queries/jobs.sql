@@ -42,31 +42,13 @@ RETURNING j.id, j.type, j.unique_key, (j.xmax = 0) AS inserted, pg_notify(%(chan
 
 -- name: claim_jobs
 -- The one claim statement: lock up to %(limit)s available rows in claim order, skipping rows other
--- workers hold, and lease them in the same statement. Walks job_claim_idx (a partial index of queued
--- rows), so the cost does not grow with finished rows.
-WITH next AS (
-    SELECT id
-    FROM {schema}.job
-    WHERE status = 'queued'
-      AND available_at <= now()
-      AND type = ANY(%(types)s::text[])
-      AND (%(all_queues)s OR queue = ANY(%(queues)s::text[]))
-      AND NOT (queue = ANY(%(paused_queues)s::text[]))
-    ORDER BY priority DESC, available_at, id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE {schema}.job AS j
-SET status = 'running',
-    attempts = j.attempts + 1,
-    lease_token = {schema}.uuid_generate_v7(),
-    lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
-    worker_id = %(worker_id)s,
-    started_at = now()
-FROM next
-WHERE j.id = next.id
-RETURNING j.id, j.type, j.queue, j.name, j.group_id, j.priority, j.configuration_data, j.execution_data,
-          j.attempts, j.max_attempts, j.lease_token, j.cancellation_requested_at IS NOT NULL;
+-- workers hold, and lease them in the same statement. The body is the function claim_jobs of
+-- migration 0003 (FOR UPDATE SKIP LOCKED + UPDATE ... RETURNING, walking job_claim_idx), kept in a
+-- function so the planner settings that keep it on the index travel with it.
+SELECT * FROM {schema}.claim_jobs(
+    %(worker_id)s, %(limit)s, %(types)s::text[], %(all_queues)s, %(queues)s::text[],
+    %(paused_queues)s::text[], %(lease_seconds)s::float8
+);
 
 -- name: recover_expired_leases
 -- Jobs whose worker died (or lost its lease) go back to the queue, the attempt already counted at
