@@ -51,16 +51,11 @@ class JobLifecycle(RuleBasedStateMachine):
 
     @rule(target=jobs, max_attempts=st.integers(min_value=1, max_value=3))
     def schedule(self, max_attempts: int) -> uuid.UUID:
-        (job_id,) = run_sync(
-            self.conn,
-            self.app.store.insert_jobs(
-                [
-                    jobbus.requests.build_spec(
-                        jobbus.JobRequest("t", max_attempts=max_attempts), jobbus.requests.JobDefaults(), 3
-                    )
-                ]
-            ),
-        ).values()
+        spec = jobbus.requests.build_spec(
+            jobbus.JobRequest("t", max_attempts=max_attempts), jobbus.requests.JobDefaults(), 3
+        )
+        assert run_sync(self.conn, self.app.store.insert_jobs([spec])) == {}
+        job_id = spec.id
         self.model[job_id] = ModelJob(JobStatus.QUEUED, max_attempts)
         return job_id
 

@@ -224,11 +224,8 @@ class JobStore:
 
 
 def _decode_inserted(rows: list[Row], _: int) -> dict[uuid.UUID | tuple[str, str], uuid.UUID]:
-    """Per unique (type, key) the id of the active job holding it; other rows map their own id."""
-    found: dict[uuid.UUID | tuple[str, str], uuid.UUID] = {}
-    for job_id, job_type, unique_key, _inserted, _notified in rows:
-        found[(job_type, unique_key) if unique_key is not None else job_id] = job_id
-    return found
+    """Per unique (type, key) the id of the active job holding it (jobs without a key keep their id)."""
+    return {(job_type, unique_key): job_id for job_id, job_type, unique_key, _ in rows if unique_key is not None}
 
 
 def _flag(rows: list[Row], _: int) -> bool | None:
