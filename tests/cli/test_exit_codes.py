@@ -110,3 +110,11 @@ def test_invalid_state_exits_1_with_its_message(dsn: str) -> None:
         result = jobbus(dsn, "jobs", command, unknown)
         assert result.returncode == 1, (command, result.stderr)
         assert f"job {unknown} does not exist" in result.stderr
+
+
+@pytest.mark.parametrize("command", [["status"], ["worker", "--app", "tests.cli.apps:app"], ["migrate"]])
+def test_passwords_in_the_dsn_never_reach_the_output(command: list[str]) -> None:
+    secret_dsn = "postgresql://jobbus:hunter2-s3cret@127.0.0.1:1/app"
+    result = jobbus(None, *command, "--dsn", secret_dsn)
+    assert result.returncode == 69
+    assert "hunter2-s3cret" not in result.stdout + result.stderr
