@@ -92,7 +92,7 @@ class JobStore:
             "channel": self.channel,
         }
 
-        return Statement(self._q["insert_jobs"], params, _decode_inserted)
+        return Statement(self._q["insert_jobs"], params, _decode_inserted, prepare=False)
 
     # -- worker ------------------------------------------------------------------------------------
 
@@ -132,7 +132,7 @@ class JobStore:
     ) -> Statement[dict[uuid.UUID, bool]]:
         """Renew many leases at once; the result maps each live job id to its cancellation flag."""
         params = {"ids": list(leases), "tokens": list(leases.values()), "lease_seconds": lease_seconds}
-        return Statement(self._q["heartbeat_leases"], params, lambda rows, _: {r[0]: r[1] for r in rows})
+        return Statement(self._q["heartbeat_leases"], params, lambda rows, _: {r[0]: r[1] for r in rows}, prepare=False)
 
     def checkpoint_job(self, job_id: uuid.UUID, token: uuid.UUID, data_json: str) -> Statement[bool | None]:
         """Replace the checkpoint; returns the cancellation flag, or None when the lease is lost."""
@@ -159,7 +159,7 @@ class JobStore:
             "delays": [float(o.delay_seconds) for o in outcomes],
             "released": [o.released for o in outcomes],
         }
-        return Statement(self._q["record_outcomes"], params, lambda rows, _: {r[0] for r in rows})
+        return Statement(self._q["record_outcomes"], params, lambda rows, _: {r[0] for r in rows}, prepare=False)
 
     # -- admin -------------------------------------------------------------------------------------
 
@@ -206,7 +206,7 @@ class JobStore:
             "after": after,
             "limit": limit,
         }
-        return Statement(self._q["list_jobs"], params, lambda rows, _: [_job(r) for r in rows])
+        return Statement(self._q["list_jobs"], params, lambda rows, _: [_job(r) for r in rows], prepare=False)
 
     def group_progress(self, group_id: uuid.UUID) -> Statement[GroupProgress]:
         def decode(rows: list[Row], _: int) -> GroupProgress:

@@ -50,21 +50,28 @@ def queries(schema: str) -> dict[str, str]:
 
 @dataclass(frozen=True, slots=True)
 class Statement(Generic[T]):
-    """One round trip: the query, its parameters and how to read its result."""
+    """One round trip: the query, its parameters and how to read its result.
+
+    `prepare=False` keeps a statement from becoming a server-side prepared statement. That matters
+    for statements driven by arrays: after a few executions PostgreSQL may switch a prepared
+    statement to a generic plan that cannot see the array sizes, and for `record_outcomes` on a table
+    with 1M finished rows that plan took 66 ms per 500 outcomes against 7.5 ms planned per call.
+    """
 
     query: str
     params: Mapping[str, Any]
     decode: Callable[[list[Row], int], T]
+    prepare: bool | None = None
 
 
 async def run_async(conn: psycopg.AsyncConnection[Any], statement: Statement[T]) -> T:
-    cursor = await conn.execute(statement.query.encode(), statement.params)
+    cursor = await conn.execute(statement.query.encode(), statement.params, prepare=statement.prepare)
     rows = await cursor.fetchall() if cursor.description else []
     return statement.decode(rows, cursor.rowcount)
 
 
 def run_sync(conn: psycopg.Connection[Any], statement: Statement[T]) -> T:
-    cursor = conn.execute(statement.query.encode(), statement.params)
+    cursor = conn.execute(statement.query.encode(), statement.params, prepare=statement.prepare)
     rows = cursor.fetchall() if cursor.description else []
     return statement.decode(rows, cursor.rowcount)
 
