@@ -19,7 +19,7 @@ from jobbus import schema as schema_module
 from jobbus.errors import InvalidJobError, InvalidStateError
 from jobbus.events import EventHub, JobCancelled, JobEvent, JobScheduled
 from jobbus.models import GroupProgress, Job, JobSpec, JobStatus
-from jobbus.requests import JobDefaults, JobRequest, build_spec, configuration_json, new_job_id
+from jobbus.requests import JobDefaults, JobRequest, build_spec, specs_sharing
 from jobbus.settings import Settings
 from jobbus.store import JobStore, Statement, run_async, run_sync
 
@@ -204,24 +204,8 @@ class App:
         if isinstance(jobs, str) and configurations is not None and common.get("unique_key") is None:
             # One type, shared options: validate the options once, then only each configuration.
             template = build_spec(_request({**common, "type": jobs}), self.job_defaults(jobs), settings_default, limit)
-            t = template
-            specs = [
-                JobSpec(
-                    new_job_id(),
-                    t.type,
-                    t.queue,
-                    configuration_json(c, limit),
-                    t.name,
-                    t.group_id,
-                    None,
-                    t.priority,
-                    t.max_attempts,
-                    t.available_at,
-                    t.delay_seconds,
-                )
-                for c in configurations
-            ]
-            return specs, list(range(len(specs)))
+            shared = specs_sharing(template, configurations, limit)
+            return shared, list(range(len(shared)))
         requests = list(_requests(jobs, configurations, common))
         specs: list[JobSpec] = []
         order: list[int] = []
