@@ -7,6 +7,7 @@ appends it to .jobbus/fault-figures.jsonl; docs/reliability.md tabulates a full 
 
 from __future__ import annotations
 
+import contextlib
 import random
 import signal
 import time
@@ -207,22 +208,7 @@ def test_long_transaction_holding_back_xmin_during_a_burst() -> None:
                 wait_until(lambda: completed(cluster.dsn) == figures.jobs, 300, "the burst under a held snapshot")
                 held_rate = len(ids) / (time.monotonic() - start)
                 with psycopg.connect(cluster.dsn, autocommit=True) as probe:
-                    app = jobbus.App(dsn=cluster.dsn)
-                    plan = "\n".join(
-                        r[0]
-                        for r in probe.execute(
-                            b"EXPLAIN " + app.store.query("claim_jobs").encode(),
-                            {
-                                "worker_id": "x",
-                                "limit": 10,
-                                "types": ["record"],
-                                "all_queues": True,
-                                "queues": [],
-                                "paused_queues": [],
-                                "lease_seconds": 1.0,
-                            },
-                        ).fetchall()
-                    )
+                    plan = _claim_plan(probe, jobbus.App(dsn=cluster.dsn))
                     dead = probe.execute("SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'job'").fetchone()
         finally:
             fleet.stop()
@@ -262,3 +248,31 @@ def test_poison_job_fails_after_max_attempts_instead_of_crash_looping_the_fleet(
         assert job is not None and job.attempts == 3
         assert "died" in (job.last_error or ""), job.last_error
         books(cluster.dsn, ids, figures, max_duplicates=3 * CONCURRENCY)
+
+
+def _claim_plan(conn: psycopg.Connection[tuple[object, ...]], app: jobbus.App) -> str:
+    """The plan the claim function's inner statement runs with, through auto_explain notices."""
+    notices: list[str] = []
+    conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+    conn.execute("LOAD 'auto_explain'")
+    conn.execute("SET auto_explain.log_min_duration = 0")
+    conn.execute("SET auto_explain.log_nested_statements = on")
+    conn.execute("SET auto_explain.log_level = 'notice'")
+    params = {
+        "worker_id": "x",
+        "limit": 10,
+        "types": ["record"],
+        "all_queues": True,
+        "queues": [],
+        "paused_queues": [],
+        "lease_seconds": 1.0,
+    }
+    with contextlib.suppress(_Rollback), conn.transaction():
+        conn.execute(app.store.query("claim_jobs").encode(), params)
+        raise _Rollback
+    conn.execute("SET auto_explain.log_min_duration = -1")
+    return "\n".join(notices)
+
+
+class _Rollback(Exception):
+    pass
