@@ -314,3 +314,27 @@ async def test_checkpoints_and_results_over_the_payload_limit_fail_clearly(dsn: 
     assert job_a is not None and (job_a.status, job_a.execution_data) == (JobStatus.COMPLETED, {})
     assert job_b is not None and (job_b.status, job_b.attempts) == (JobStatus.FAILED, 1)
     assert "max_payload_bytes" in (job_b.last_error or "")
+
+
+async def test_heartbeats_after_the_outcome_is_written_report_no_lost_lease(
+    dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Between the outcome write and the end of the job (here a slow scope exit) the lease is gone on
+    purpose: the monitor must not call that a lost lease."""
+
+    @contextlib.asynccontextmanager
+    async def slow_exit(job: jobbus.JobExecution) -> AsyncIterator[None]:
+        yield
+        await asyncio.sleep(0.05)
+
+    app = jobbus.App(dsn=dsn, heartbeat_interval_seconds=0.01, job_scope=slow_exit)
+
+    @app.job("quick")
+    async def quick(job: jobbus.JobExecution) -> None:
+        await asyncio.sleep(0.001)
+
+    async with app:
+        await app.schedule_many("quick", [{} for _ in range(300)])
+        assert await drain(app, concurrency=50) == 0
+        assert len(await app.list_jobs(status="completed", limit=5000)) == 300
+    assert "lease lost" not in caplog.text

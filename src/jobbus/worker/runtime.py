@@ -444,7 +444,9 @@ class Worker:
             if job_id in live:
                 attempt.lease_deadline = sent + self.settings.lease_seconds
                 attempt.execution._note_cancellation(live[job_id])
-            elif job_id in self._in_flight:
+            elif job_id in self._running:
+                # Only a running handler has lost anything: once it returned, a missing lease means its
+                # outcome was written meanwhile (or the write will report the loss itself).
                 attempt.execution._mark_lease_lost()
                 logger.warning(
                     "job %s: lease lost during attempt %d (expired or taken over); its result will not be written",
