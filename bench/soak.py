@@ -3,7 +3,9 @@
     .venv/bin/python bench/soak.py --minutes 30 --rate 200
 
 A producer schedules `--rate` jobs/s; one worker process (the real CLI) runs them; every `--prune-every`
-seconds finished jobs older than a minute are pruned. Every sample prints the worker's RSS, the job
+seconds finished jobs older than a minute are pruned. Pruning bounds the table only together with
+vacuum: when the server runs without autovacuum (some test servers do), the soak runs `VACUUM` on the
+job table after each prune itself and says so. Every sample prints the worker's RSS, the job
 table and index sizes, the queue depth and the connections the database holds; the summary compares
 the first and the last samples. Runs against `BENCH_DSN` in a database of its own, dropped at the end.
 """
@@ -127,6 +129,9 @@ def _soak(dsn: str, args: argparse.Namespace) -> None:
     print(f"soak on {conninfo_to_dict(dsn).get('dbname')}: {args.minutes} min at {args.rate:g} jobs/s")
     try:
         with producer.sync, psycopg.connect(dsn, autocommit=True) as probe:
+            autovacuum = probe.execute("SHOW autovacuum").fetchone() == ("on",)
+            if not autovacuum:
+                print("the server runs without autovacuum: VACUUM jobbus.job after each prune stands in for it")
             while (now := time.monotonic()) - start < args.minutes * 60:
                 due = int((now - start) * args.rate) - scheduled
                 if due > 0:
@@ -134,6 +139,8 @@ def _soak(dsn: str, args: argparse.Namespace) -> None:
                     scheduled += due
                 if now >= next_prune:
                     pruned += producer.sync.prune(timedelta(minutes=1))
+                    if not autovacuum:
+                        probe.execute("VACUUM jobbus.job")
                     next_prune = now + args.prune_every
                 if now >= next_sample:
                     samples.append(_sample(probe, worker.pid, start))
