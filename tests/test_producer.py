@@ -77,10 +77,11 @@ async def test_schedule_many_returns_ids_in_input_order(app: jobbus.App) -> None
             JobRequest("a", {"i": 0}),
             {"type": "b", "configuration": {"i": 1}, "queue": "q"},
             JobRequest("c", {"i": 2}, priority=4),
+            ("d", {"i": 3}),
         ]
     )
     jobs = [await app.find(i) for i in ids]
-    assert [(j.type, j.configuration_data["i"]) for j in jobs if j] == [("a", 0), ("b", 1), ("c", 2)]
+    assert [(j.type, j.configuration_data["i"]) for j in jobs if j] == [("a", 0), ("b", 1), ("c", 2), ("d", 3)]
     bulk = await app.schedule_many("bulk", [{"n": n} for n in range(3000)], queue="bulk")
     assert len(bulk) == len(set(bulk)) == 3000
     listed = await app.list_jobs(queue="bulk", limit=10_000)

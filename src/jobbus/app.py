@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
 JobScope = Callable[[Any], AbstractAsyncContextManager[Any]]
+#: One job for `schedule_many`: a JobRequest, a mapping of its fields, or a (type, configuration) pair.
+JobItem = JobRequest | Mapping[str, Any] | tuple[str, Mapping[str, Any] | None]
 TERMINAL = ("completed", "failed", "cancelled")
 
 
@@ -171,7 +173,7 @@ class App:
 
     async def schedule_many(
         self,
-        jobs: Iterable[JobRequest | Mapping[str, Any]] | str,
+        jobs: Iterable[JobItem] | str,
         configurations: Iterable[Mapping[str, Any] | None] | None = None,
         *,
         connection: psycopg.AsyncConnection[Any] | None = None,
@@ -179,8 +181,9 @@ class App:
     ) -> list[uuid.UUID]:
         """Enqueue many jobs in one round trip; ids come back in input order.
 
-        Either ``schedule_many([JobRequest(...), {"type": ..., "configuration": ...}, ...])`` or
-        ``schedule_many("type", [config, ...], queue=..., ...)`` with options shared by every job.
+        Either a list of ``JobRequest(...)``, ``{"type": ..., "configuration": ..., ...}`` or
+        ``("type", configuration)`` items, or ``schedule_many("type", [config, ...], queue=..., ...)``;
+        keyword options apply to every job.
         """
         specs, order = self._specs(jobs, configurations, common)
         if not specs:
@@ -195,7 +198,7 @@ class App:
 
     def _specs(
         self,
-        jobs: Iterable[JobRequest | Mapping[str, Any]] | str,
+        jobs: Iterable[JobItem] | str,
         configurations: Iterable[Mapping[str, Any] | None] | None,
         common: Mapping[str, Any],
     ) -> tuple[list[JobSpec], list[int]]:
@@ -368,7 +371,7 @@ class SyncApp:
 
     def schedule_many(
         self,
-        jobs: Iterable[JobRequest | Mapping[str, Any]] | str,
+        jobs: Iterable[JobItem] | str,
         configurations: Iterable[Mapping[str, Any] | None] | None = None,
         *,
         connection: psycopg.Connection[Any] | None = None,
@@ -446,7 +449,7 @@ class SyncApp:
 
 
 def _requests(
-    jobs: Iterable[JobRequest | Mapping[str, Any]] | str,
+    jobs: Iterable[JobItem] | str,
     configurations: Iterable[Mapping[str, Any] | None] | None,
     common: Mapping[str, Any],
 ) -> Iterable[JobRequest]:
@@ -463,8 +466,13 @@ def _requests(
             yield job if not common else _request({**common, **_fields(job)})
         elif isinstance(job, Mapping):
             yield _request({**common, **job})
+        elif isinstance(job, tuple) and 1 <= len(job) <= 2:  # ("type", configuration)
+            yield _request({**common, **dict(zip(("type", "configuration"), job, strict=False))})
         else:
-            raise InvalidJobError(f"schedule_many: each job must be a JobRequest or a mapping, got {job!r:.80}")
+            raise InvalidJobError(
+                f"schedule_many: each job must be a JobRequest, a mapping or a (type, configuration) tuple, "
+                f"got {job!r:.80}"
+            )
 
 
 def _fields(request: JobRequest) -> dict[str, Any]:
