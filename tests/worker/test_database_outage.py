@@ -75,3 +75,22 @@ def test_worker_survives_terminated_backends(cluster: Cluster) -> None:
         for p in procs:
             p.send_signal(signal.SIGTERM)
         assert [finish(p)[0] for p in procs] == [0, 0]
+
+
+def test_worker_starting_while_its_connections_are_killed_keeps_starting(cluster: Cluster) -> None:
+    app = jobbus.App(dsn=cluster.dsn)
+    with app.sync:
+        app.sync.schedule_many("record", [{} for _ in range(20)], max_attempts=25)
+    with (
+        workers(cluster.dsn, 1, "--stop-when-empty") as (worker,),
+        psycopg.connect(cluster.dsn, autocommit=True) as admin,
+    ):
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and worker.poll() is None:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE pid <> pg_backend_pid() AND datname = current_database() AND backend_type = 'client backend'"
+            )
+        code, out = finish(worker, timeout=120)
+    assert code == 0, out[-3000:]
+    assert _completed(cluster.dsn) == 20

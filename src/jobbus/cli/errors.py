@@ -64,14 +64,20 @@ def run(coroutine_factory: Callable[[], Coroutine[Any, Any, int]]) -> int:
         return fail("internal error (traceback above)", exit_codes.SOFTWARE)
 
 
-async def probe_database(dsn: str, timeout: float = 10.0) -> None:
-    """Fail fast with exit 69 when the server cannot be reached at start."""
-    try:
-        conn = await psycopg.AsyncConnection.connect(dsn, connect_timeout=max(1, int(timeout)))
-    except psycopg.OperationalError as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise DatabaseUnavailable(f"cannot reach the database: {_redact(first_line)}") from None
-    await conn.close()
+async def probe_database(dsn: str, timeout: float = 10.0, attempts: int = 3) -> None:
+    """Fail fast with exit 69 when the server cannot be reached at start (after a few quick tries, so
+    one dropped connection is not mistaken for an unreachable server)."""
+    for attempt in range(1, attempts + 1):
+        try:
+            conn = await psycopg.AsyncConnection.connect(dsn, connect_timeout=max(1, int(timeout)))
+        except psycopg.OperationalError as exc:
+            if attempt < attempts:
+                await asyncio.sleep(0.2 * attempt)
+                continue
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise DatabaseUnavailable(f"cannot reach the database: {_redact(first_line)}") from None
+        await conn.close()
+        return
 
 
 def _redact(text: str) -> str:
