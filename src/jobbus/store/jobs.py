@@ -131,7 +131,12 @@ class JobStore:
         self, leases: Mapping[uuid.UUID, uuid.UUID], lease_seconds: float
     ) -> Statement[dict[uuid.UUID, bool]]:
         """Renew many leases at once; the result maps each live job id to its cancellation flag."""
-        params = {"ids": list(leases), "tokens": list(leases.values()), "lease_seconds": lease_seconds}
+        ordered = sorted(leases.items())
+        params = {
+            "ids": [job_id for job_id, _ in ordered],
+            "tokens": [token for _, token in ordered],
+            "lease_seconds": lease_seconds,
+        }
         return Statement(self._q["heartbeat_leases"], params, lambda rows, _: {r[0]: r[1] for r in rows}, prepare=False)
 
     def checkpoint_job(self, job_id: uuid.UUID, token: uuid.UUID, data_json: str) -> Statement[bool | None]:
@@ -149,7 +154,12 @@ class JobStore:
         return Statement(self._q["heartbeat_job"], params, _flag)
 
     def record_outcomes(self, outcomes: Sequence[Outcome]) -> Statement[set[uuid.UUID]]:
-        """Fenced outcome writes for many jobs; returns the ids whose write applied."""
+        """Fenced outcome writes for many jobs; returns the ids whose write applied.
+
+        Rows are sent in id order, like `heartbeat_leases`, so that two multi-row updates of one worker
+        lock their rows in the same order and cannot deadlock each other.
+        """
+        outcomes = sorted(outcomes, key=lambda o: o.job_id)
         params = {
             "ids": [o.job_id for o in outcomes],
             "tokens": [o.lease_token for o in outcomes],
