@@ -29,6 +29,10 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+#: Transient errors of one statement (deadlock, serialization, cancelled), not of the connection.
+_STATEMENT_ERRORS = (psycopg.errors.TransactionRollback, psycopg.errors.QueryCanceled)
+
+
 class Backoff:
     """Capped exponential delays: 0.1 s doubling to `cap`."""
 
@@ -56,9 +60,11 @@ class Outage:
     def failed(self, exc: BaseException) -> None:
         if self.since is None:
             self.since = time.monotonic()
+            what = "hit a transient database error" if isinstance(exc, _STATEMENT_ERRORS) else "lost the database"
             logger.warning(
-                "%s lost the database (%s: %s); retrying with backoff",
+                "%s %s (%s: %s); retrying with backoff",
                 self.component,
+                what,
                 type(exc).__name__,
                 str(exc).strip().splitlines()[0] if str(exc).strip() else "",
                 extra={"component": self.component},
@@ -67,7 +73,7 @@ class Outage:
     def recovered(self) -> None:
         if self.since is not None:
             logger.warning(
-                "%s reconnected after %.1f s",
+                "%s recovered after %.1f s",
                 self.component,
                 time.monotonic() - self.since,
                 extra={"component": self.component},
