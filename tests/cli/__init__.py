@@ -107,8 +107,12 @@ def wait_exit(proc: subprocess.Popen[str], timeout: float = 30) -> int:
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        output = proc.communicate()[0]
+        proc.send_signal(signal.SIGUSR1)  # the worker prints where its tasks wait
+        try:
+            output = proc.communicate(timeout=2)[0]
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            output = proc.communicate()[0]
         raise AssertionError(f"process did not exit within {timeout} s:\n{output}") from None
 
 
