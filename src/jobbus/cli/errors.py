@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 import traceback
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -85,7 +84,3 @@ def _redact(text: str) -> str:
     import re
 
     return re.sub(r"(password=|://[^:/@\s]+:)[^@\s]+", r"\1***", text)
-
-
-def print_error(message: str) -> None:
-    print(f"error: {message}", file=sys.stderr)

@@ -40,7 +40,6 @@ class Completer:
         self._closing = False
         self._outage = Outage("completer")
         self._task: asyncio.Task[None] | None = None
-        self.batches = 0
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="jobbus-completer")
@@ -101,6 +100,5 @@ class Completer:
                 return
             self._outage.recovered()
             break
-        self.batches += 1
         if not done.done():
             done.set_result(applied)

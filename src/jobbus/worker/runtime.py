@@ -127,7 +127,6 @@ class Worker:
         self._acked_generation = 0
         self._control_due = True
         self._claimed_total = 0
-        self._finished_total = 0
         self.completed = 0
         self.failed = 0
         self._executor = ThreadPoolExecutor(max_workers=options.concurrency, thread_name_prefix="jobbus-job")
@@ -522,7 +521,6 @@ class Worker:
         finally:
             self._running.discard(claimed.id)
             self._in_flight.pop(claimed.id, None)
-            self._finished_total += 1
             self._after_job()
             self._wake.set()
 
