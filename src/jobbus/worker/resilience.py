@@ -30,7 +30,12 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
 
 
 #: Transient errors of one statement (deadlock, serialization, cancelled), not of the connection.
-_STATEMENT_ERRORS = (psycopg.errors.TransactionRollback, psycopg.errors.QueryCanceled)
+_STATEMENT_ERRORS = (
+    psycopg.errors.DeadlockDetected,
+    psycopg.errors.SerializationFailure,
+    psycopg.errors.TransactionRollback,
+    psycopg.errors.QueryCanceled,
+)
 
 
 class Backoff:

@@ -443,7 +443,13 @@ class Worker:
                 outage.failed(exc)
 
     async def _heartbeat(self) -> None:
-        attempts = {job_id: a for job_id, a in self._in_flight.items() if not a.execution.lease_lost}
+        # Only running handlers: a finished job's outcome is being written by the completer, and
+        # renewing its lease meanwhile would make the two batched updates contend for its row.
+        attempts = {
+            job_id: a
+            for job_id, a in self._in_flight.items()
+            if job_id in self._running and not a.execution.lease_lost
+        }
         if not attempts:
             return
         sent = time.monotonic()
