@@ -446,9 +446,7 @@ class Worker:
         # Only running handlers: a finished job's outcome is being written by the completer, and
         # renewing its lease meanwhile would make the two batched updates contend for its row.
         attempts = {
-            job_id: a
-            for job_id, a in self._in_flight.items()
-            if job_id in self._running and not a.execution.lease_lost
+            job_id: a for job_id, a in self._in_flight.items() if job_id in self._running and not a.execution.lease_lost
         }
         if not attempts:
             return
