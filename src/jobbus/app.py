@@ -19,9 +19,9 @@ from jobbus import schema as schema_module
 from jobbus.errors import InvalidJobError, InvalidStateError
 from jobbus.events import EventHub, JobCancelled, JobEvent, JobScheduled
 from jobbus.models import GroupProgress, Job, JobSpec, JobStatus
-from jobbus.requests import JobDefaults, JobRequest, build_spec, specs_sharing
+from jobbus.requests import JobDefaults, JobRequest, build_spec, resolve_available_at, specs_sharing
 from jobbus.settings import Settings
-from jobbus.store import JobStore, Statement, run_async, run_sync
+from jobbus.store import CancelResult, JobStore, Statement, run_async, run_sync
 
 if TYPE_CHECKING:
     from jobbus.worker.runtime import WorkerOptions
@@ -189,12 +189,10 @@ class App:
         if not specs:
             return []
         found = await self._run(self.store.insert_jobs(specs), connection)
-        ids = _resolve_ids(specs, order, found)
         if self.events:
-            for spec, job_id in zip(specs, (found.get(_spec_key(s), s.id) for s in specs), strict=True):
-                if job_id == spec.id:
-                    await self.events.emit(JobScheduled(job_id, spec.type, spec.queue))
-        return ids
+            for spec in _inserted(specs, found):
+                await self.events.emit(JobScheduled(spec.id, spec.type, spec.queue))
+        return _resolve_ids(specs, order, found)
 
     def _specs(
         self,
@@ -256,7 +254,7 @@ class App:
 
     async def retry(self, job_id: uuid.UUID, available_at: datetime | timedelta | None = None) -> None:
         """Requeue a failed job with its attempts reset; anything else raises `InvalidStateError`."""
-        at, delay = _retry_when(available_at)
+        at, delay = resolve_available_at(available_at)
         try:
             before, done = await self._run(self.store.retry_job(_uuid(job_id), at, delay))
         except psycopg.errors.UniqueViolation:
@@ -383,9 +381,8 @@ class SyncApp:
             return []
         found = self._run(app.store.insert_jobs(specs), connection)
         if app.events:
-            for spec in specs:
-                if found.get(_spec_key(spec), spec.id) == spec.id:
-                    app.events.emit_sync(JobScheduled(spec.id, spec.type, spec.queue))
+            for spec in _inserted(specs, found):
+                app.events.emit_sync(JobScheduled(spec.id, spec.type, spec.queue))
         return _resolve_ids(specs, order, found)
 
     def find(self, job_id: uuid.UUID) -> Job | None:
@@ -414,7 +411,7 @@ class SyncApp:
         return status
 
     def retry(self, job_id: uuid.UUID, available_at: datetime | timedelta | None = None) -> None:
-        at, delay = _retry_when(available_at)
+        at, delay = resolve_available_at(available_at)
         try:
             before, done = self._run(self._app.store.retry_job(_uuid(job_id), at, delay))
         except psycopg.errors.UniqueViolation:
@@ -497,6 +494,11 @@ def _resolve_ids(
     return [ids[index] for index in order]
 
 
+def _inserted(specs: Sequence[JobSpec], found: Mapping[uuid.UUID | tuple[str, str], uuid.UUID]) -> list[JobSpec]:
+    """The specs that became new rows (a deduplicated one maps to another job's id)."""
+    return [spec for spec in specs if found.get(_spec_key(spec), spec.id) == spec.id]
+
+
 def _uuid(value: uuid.UUID | str) -> uuid.UUID:
     if isinstance(value, uuid.UUID):
         return value
@@ -506,16 +508,10 @@ def _uuid(value: uuid.UUID | str) -> uuid.UUID:
         raise InvalidJobError(f"not a job id (UUID): {value!r}") from None
 
 
-def _cancel_status(job_id: uuid.UUID, result: Any) -> JobStatus:
+def _cancel_status(job_id: uuid.UUID, result: CancelResult) -> JobStatus:
     if result.after is None:
         raise InvalidStateError(f"job {job_id} does not exist")
-    return result.after  # type: ignore[no-any-return]
-
-
-def _retry_when(available_at: datetime | timedelta | None) -> tuple[datetime | None, float]:
-    from jobbus.requests import _when
-
-    return _when(available_at)
+    return result.after
 
 
 def _check_retry(job_id: uuid.UUID, before: JobStatus | None, done: bool) -> None:
@@ -533,12 +529,10 @@ def _list_filters(
     after: uuid.UUID | None,
     limit: int,
 ) -> dict[str, Any]:
-    def many(value: Any) -> list[str] | None:
+    def many(value: Any) -> list[str] | None:  # JobStatus is a StrEnum: str() gives its value
         if value is None:
             return None
-        if isinstance(value, str):
-            return [str(value.value if isinstance(value, JobStatus) else value)]
-        return [str(v.value if isinstance(v, JobStatus) else v) for v in value]
+        return [str(value)] if isinstance(value, str) else [str(v) for v in value]
 
     statuses = many(status)
     for s in statuses or []:

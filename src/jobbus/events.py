@@ -100,12 +100,7 @@ class EventHub:
             except asyncio.CancelledError:
                 raise
             except Exception:
-                logger.exception(
-                    "event listener %r failed for %s",
-                    listener,
-                    type(event).__name__,
-                    extra={"job_id": str(event.job_id)},
-                )
+                _log_failure(listener, event)
 
     def emit_sync(self, event: JobEvent) -> None:
         """From blocking code: async listeners run to completion on a private loop."""
@@ -115,12 +110,13 @@ class EventHub:
                 if inspect.isawaitable(outcome):
                     asyncio.run(_await(outcome))
             except Exception:
-                logger.exception(
-                    "event listener %r failed for %s",
-                    listener,
-                    type(event).__name__,
-                    extra={"job_id": str(event.job_id)},
-                )
+                _log_failure(listener, event)
+
+
+def _log_failure(listener: Listener, event: JobEvent) -> None:
+    logger.exception(
+        "event listener %r failed for %s", listener, type(event).__name__, extra={"job_id": str(event.job_id)}
+    )
 
 
 async def _await(awaitable: Awaitable[None]) -> None:

@@ -150,8 +150,33 @@ class SyncJobExecution:
         self._execution = execution
         self._loop = loop
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._execution, name)
+    @property
+    def id(self) -> uuid.UUID:
+        return self._execution.id
+
+    @property
+    def type(self) -> str:
+        return self._execution.type
+
+    @property
+    def queue(self) -> str:
+        return self._execution.queue
+
+    @property
+    def name(self) -> str | None:
+        return self._execution.name
+
+    @property
+    def group_id(self) -> uuid.UUID | None:
+        return self._execution.group_id
+
+    @property
+    def attempt(self) -> int:
+        return self._execution.attempt
+
+    @property
+    def max_attempts(self) -> int:
+        return self._execution.max_attempts
 
     @property
     def scope(self) -> Any:

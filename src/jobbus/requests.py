@@ -69,7 +69,7 @@ def build_spec(
     group_id = request.group_id
     if group_id is not None and not isinstance(group_id, uuid.UUID):
         raise InvalidJobError(f"group_id must be a uuid.UUID, got {group_id!r}")
-    available_at, delay = _when(request.available_at)
+    available_at, delay = resolve_available_at(request.available_at)
     return JobSpec(
         id=new_job_id(),
         type=job_type,
@@ -159,7 +159,7 @@ def _int(what: str, value: object) -> int:
     return value
 
 
-def _when(value: datetime | timedelta | None) -> tuple[datetime | None, float]:
+def resolve_available_at(value: datetime | timedelta | None) -> tuple[datetime | None, float]:
     """An aware datetime is absolute; a timedelta counts from the database clock at insert."""
     if value is None:
         return None, 0.0

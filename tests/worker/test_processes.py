@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import time
+import uuid
 from collections import Counter
 
 import pytest
@@ -33,6 +34,18 @@ def test_three_workers_run_300_jobs_each_exactly_once_and_exit_0_when_empty(db: 
     assert set(runs.values()) == {1}
 
 
+def _take_over(db: str, job_id: uuid.UUID) -> tuple[int, int, str]:
+    """A second worker that runs until the job is completed, then stops: (its pid, exit code, output)."""
+    worker = start_worker(db, env=SHORT_LEASE)
+    try:
+        wait_until(lambda: status_of(db, job_id) == "completed", timeout=30, what="the job to complete")
+        worker.send_signal(signal.SIGTERM)
+        code, out = finish(worker)
+    finally:
+        worker.kill()
+    return worker.pid, code, out
+
+
 def test_killed_worker_job_is_completed_by_another_after_lease_expiry(db: str, sync_app: jobbus.App) -> None:
     job_id = sync_app.sync.schedule("record", {"sleep": 60, "first_only": True})
     with workers(db, 1, env=SHORT_LEASE) as (first,):
@@ -40,18 +53,12 @@ def test_killed_worker_job_is_completed_by_another_after_lease_expiry(db: str, s
         first.send_signal(signal.SIGKILL)
         first.wait()
         assert status_of(db, job_id) == "running"  # left behind with a lease that will expire
-        second = start_worker(db, env=SHORT_LEASE)
-        try:
-            wait_until(lambda: status_of(db, job_id) == "completed", timeout=30, what="the job to complete")
-            second.send_signal(signal.SIGTERM)
-            code, out = finish(second)
-        finally:
-            second.kill()
+        second_pid, code, out = _take_over(db, job_id)
     assert code == 0, out
     job = sync_app.sync.find(job_id)
     assert job is not None
     assert (job.status, job.attempts) == (jobbus.JobStatus.COMPLETED, 2)
-    assert job.result == {"pid": second.pid, "attempt": 2}
+    assert job.result == {"pid": second_pid, "attempt": 2}
     assert [attempt for _, attempt, _ in executions(db, job_id)] == [1, 2]
 
 
@@ -60,13 +67,7 @@ def test_stopped_worker_past_its_lease_cannot_overwrite_the_new_attempt(db: str,
     with workers(db, 1, env=SHORT_LEASE) as (stale,):
         wait_until(lambda: executions(db, job_id), what="the first attempt to start")
         stale.send_signal(signal.SIGSTOP)
-        fresh = start_worker(db, env=SHORT_LEASE)
-        try:
-            wait_until(lambda: status_of(db, job_id) == "completed", timeout=30, what="the new attempt to complete")
-            fresh.send_signal(signal.SIGTERM)
-            code, _ = finish(fresh)
-        finally:
-            fresh.kill()
+        fresh_pid, code, _ = _take_over(db, job_id)
         assert code == 0
         stale.send_signal(signal.SIGCONT)
         time.sleep(4)  # the stale handler finishes its sleep and tries to complete
@@ -77,7 +78,7 @@ def test_stopped_worker_past_its_lease_cannot_overwrite_the_new_attempt(db: str,
     assert "lease" in out
     job = sync_app.sync.find(job_id)
     assert job is not None
-    assert (job.status, job.attempts, job.result) == (jobbus.JobStatus.COMPLETED, 2, {"pid": fresh.pid, "attempt": 2})
+    assert (job.status, job.attempts, job.result) == (jobbus.JobStatus.COMPLETED, 2, {"pid": fresh_pid, "attempt": 2})
 
 
 @pytest.mark.smoke

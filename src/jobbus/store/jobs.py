@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from jobbus.models import JOB_COLUMNS, ClaimedJob, GroupProgress, Job, JobSpec, JobStatus
+from jobbus.schema import VERSION_QUERY, render
 from jobbus.store.statements import Row, Statement, queries
 
 
@@ -230,7 +231,7 @@ class JobStore:
         return Statement(self._q["prune_jobs"], params, lambda _, rowcount: rowcount)
 
     def schema_version(self) -> Statement[int]:
-        return Statement(self._q["schema_version"], {}, lambda rows, _: int(rows[0][0]))
+        return Statement(render(VERSION_QUERY, self.schema), {}, lambda rows, _: int(rows[0][0]))
 
 
 def _decode_inserted(rows: list[Row], _: int) -> dict[uuid.UUID | tuple[str, str], uuid.UUID]:

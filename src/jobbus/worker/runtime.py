@@ -125,7 +125,6 @@ class Worker:
         self._paused = False
         self._paused_queues: frozenset[str] = frozenset()
         self._acked_generation = 0
-        self._control_due = True
         self._claimed_total = 0
         self.completed = 0
         self.failed = 0
@@ -136,9 +135,8 @@ class Worker:
         self._listener = (
             Listener(listen_dsn, self.store.channel, self.workers.control_channel, self._wake) if listen_dsn else None
         )
-        self._limit = self.settings.max_payload_bytes
-        self._last_recovery = 0.0
-        self._last_control = 0.0
+        self._last_recovery = float("-inf")  # both due at the first iteration
+        self._last_control = float("-inf")
         self._last_claim = 0.0
         self._backlog = False
         #: With a backlog, claim when this many slots are free (or CLAIM_BATCH_WAIT_SECONDS passed).
@@ -333,7 +331,7 @@ class Worker:
 
     async def _housekeeping(self) -> None:
         now = time.monotonic()
-        if self._control_due or now - self._last_control >= self.poll_interval or self._listener_control():
+        if now - self._last_control >= self.poll_interval or self._listener_control():
             await self._read_control()
             self._last_control = now
         if now - self._last_recovery >= self.poll_interval:
@@ -384,7 +382,6 @@ class Worker:
     # -- control -----------------------------------------------------------------------------------
 
     async def _read_control(self) -> None:
-        self._control_due = False
         state: ControlState = await self._run(self.workers.read_control(self.worker_id, self._acked_generation))
         queues = self.options.queues
         self._paused_queues = state.paused_queues
@@ -468,23 +465,13 @@ class Worker:
                     "job %s: lease lost during attempt %d (expired or taken over); its result will not be written",
                     job_id,
                     attempt.claimed.attempts,
-                    extra={
-                        "job_id": str(job_id),
-                        "job_type": attempt.claimed.type,
-                        "worker_id": self.worker_id,
-                    },
+                    extra=self._log_extra(attempt.claimed),
                 )
 
     # -- one job -----------------------------------------------------------------------------------
 
     async def _execute(self, attempt: _Attempt) -> None:
         claimed = attempt.claimed
-        log_extra = {
-            "job_id": str(claimed.id),
-            "job_type": claimed.type,
-            "attempt": claimed.attempts,
-            "worker_id": self.worker_id,
-        }
         events = self.app.events
         try:
             scope: AbstractAsyncContextManager[Any] | None = None
@@ -510,18 +497,18 @@ class Worker:
             self._wake.set()
             applied = False
             if outcome is not None:
-                applied = await self._write_outcome(attempt, outcome, log_extra)
+                applied = await self._write_outcome(attempt, outcome)
             if scope is not None:
                 try:
                     await scope.__aexit__(type(error) if error else None, error, error.__traceback__ if error else None)
                 except Exception:
-                    logger.exception("job %s: exiting the job scope failed", claimed.id, extra=log_extra)
+                    logger.exception("job %s: exiting the job scope failed", claimed.id, extra=self._log_extra(claimed))
             if applied and outcome is not None:
                 self._count(outcome)
                 if event is not None and events:
                     await events.emit(event)
         except Exception:
-            logger.exception("job %s: internal error in the worker", claimed.id, extra=log_extra)
+            logger.exception("job %s: internal error in the worker", claimed.id, extra=self._log_extra(claimed))
         finally:
             self._running.discard(claimed.id)
             self._in_flight.pop(claimed.id, None)
@@ -562,7 +549,7 @@ class Worker:
             _uncancel()
             return self._release(attempt), None, exc
         except LeaseLostError as exc:
-            logger.warning("job %s: %s", claimed.id, exc, extra={"job_id": str(claimed.id)})
+            logger.warning("job %s: %s", claimed.id, exc, extra=self._log_extra(claimed))
             return None, None, exc
         except Exception as exc:
             outcome, event = self._failure(attempt, exc)
@@ -575,7 +562,11 @@ class Worker:
         if execution.cancellation_requested:  # returned early because the worker is shutting down
             return self._release(attempt), None, None
         try:
-            result_json = None if result is None else json_text("the handler's return value", result, self._limit)
+            result_json = (
+                None
+                if result is None
+                else json_text("the handler's return value", result, self.settings.max_payload_bytes)
+            )
         except InvalidJobError as exc:
             message = str(exc)
             outcome = Outcome(claimed.id, claimed.lease_token, JobStatus.FAILED, error=message)
@@ -595,7 +586,7 @@ class Worker:
     def _failure(self, attempt: _Attempt, exc: BaseException, prefix: str = "") -> tuple[Outcome, JobEvent]:
         claimed = attempt.claimed
         message = prefix + traceback.format_exception_only(exc)[-1].strip()
-        extra = {"job_id": str(claimed.id), "job_type": claimed.type, "attempt": claimed.attempts}
+        extra = self._log_extra(claimed)
         if isinstance(exc, NonRetryableError):
             logger.warning("job %s failed (not retryable): %s", claimed.id, message, extra=extra)
             return (
@@ -637,7 +628,17 @@ class Worker:
             JobRetried(claimed.id, claimed.type, claimed.queue, claimed.attempts, message, delay),
         )
 
-    async def _write_outcome(self, attempt: _Attempt, outcome: Outcome, extra: dict[str, Any]) -> bool:
+    def _log_extra(self, claimed: ClaimedJob) -> dict[str, Any]:
+        """Structured fields of a log line about a job; built only when a line is written."""
+        return {
+            "job_id": str(claimed.id),
+            "job_type": claimed.type,
+            "attempt": claimed.attempts,
+            "worker_id": self.worker_id,
+        }
+
+    async def _write_outcome(self, attempt: _Attempt, outcome: Outcome) -> bool:
+        extra = self._log_extra(attempt.claimed)
         try:
             applied = await self._completer.write(outcome, attempt.lease_deadline)
         except Exception:

@@ -190,6 +190,3 @@ WHERE id IN (
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 );
-
--- name: schema_version
-SELECT coalesce(max(version), 0) FROM {schema}.migration;
