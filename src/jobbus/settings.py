@@ -52,6 +52,13 @@ class Settings:
     transaction_pooling: bool = False
     #: DSN for the worker's LISTEN connection; defaults to `dsn` (unless `transaction_pooling`).
     listen_dsn: str | None = None
+    #: A worker whose registry row stays silent this long is declared dead and its jobs are recovered,
+    #: long before their leases expire. A worker that cannot refresh its row stops its handlers'
+    #: outcomes after two thirds of this, before anyone can declare it dead.
+    worker_dead_after_seconds: float = 15.0
+    #: How long a producer or admin call waits for an unreachable database (a connection from the pool,
+    #: repeats of statements that are safe to repeat) before raising `DatabaseUnavailableError`.
+    database_wait_seconds: float = 10.0
 
     def __post_init__(self) -> None:
         validate_schema_name(self.schema)
@@ -78,6 +85,13 @@ class Settings:
                 "must be > 0 and < lease_seconds",
                 self.heartbeat_interval_seconds,
             )
+        _require(
+            self.worker_dead_after_seconds >= 3 * self.heartbeat_seconds,
+            "worker_dead_after_seconds",
+            f"must be at least 3 heartbeat intervals ({3 * self.heartbeat_seconds:g} s)",
+            self.worker_dead_after_seconds,
+        )
+        _require(self.database_wait_seconds >= 0, "database_wait_seconds", "must be >= 0", self.database_wait_seconds)
         _require(self.pool_max_size >= 2, "pool_max_size", "must be >= 2", self.pool_max_size)
         _require(self.max_payload_bytes >= 1024, "max_payload_bytes", "must be >= 1024", self.max_payload_bytes)
 
@@ -92,6 +106,11 @@ class Settings:
         if self.listen_dsn:
             return self.listen_dsn
         return None if self.transaction_pooling else self.dsn
+
+    @property
+    def fence_after_seconds(self) -> float:
+        """A worker that could not refresh its registry row this long stops its handlers' outcomes."""
+        return self.worker_dead_after_seconds * 2.0 / 3.0
 
     @property
     def heartbeat_seconds(self) -> float:

@@ -15,6 +15,7 @@ import psycopg_pool
 from jobbus.cli import exit_codes
 from jobbus.cli.loading import AppLoadError
 from jobbus.errors import InvalidJobError, InvalidStateError, SchemaError
+from jobbus.worker import WorkerIdInUseError
 
 T = TypeVar("T")
 
@@ -40,7 +41,7 @@ def run(coroutine_factory: Callable[[], Coroutine[Any, Any, int]]) -> int:
         raise
     except AppLoadError as exc:
         return fail(str(exc), exit_codes.CONFIG)
-    except SchemaError as exc:
+    except (SchemaError, WorkerIdInUseError) as exc:
         return fail(str(exc), exit_codes.CONFIG)
     except DatabaseUnavailable as exc:
         return fail(str(exc), exit_codes.UNAVAILABLE)
