@@ -1,0 +1,233 @@
+"""The examples of README.md and docs/*.md as tests, collected by Sybil (see the root conftest.py).
+
+- ```python blocks run in order, one namespace per document, as a reader would run them: `__name__`
+  is `"__main__"`, `JOBBUS_DSN` (and `dsn` in the namespace) point at a fresh migrated database of
+  the test server, top-level `await` runs on one event loop per document. A block whose first line
+  is a comment naming a file (`# shop/messaging.py`) is written to that path in a directory on
+  `sys.path` and imported, so later blocks can import it as the reader's project would.
+- ```bash and ```sh blocks are not run, but every `jobbus ...` command in them is parsed by the real
+  CLI (click, without running anything): an unknown command, a renamed option or a stray argument
+  fails the document.
+- `<!-- skip: next "why" -->` before a block skips it, with the reason shown by pytest;
+  `<!-- invisible-code-block: python ... -->` runs setup or checks that a reader need not see.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import contextlib
+import importlib
+import inspect
+import os
+import re
+import shlex
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+from sybil import Example, Sybil
+from sybil.evaluators.python import pad
+from sybil.parsers.markdown import CodeBlockParser, SkipParser
+
+import jobbus
+from jobbus.cli import cli
+from tests.dbserver import ensure_template, fresh_database, server_dsn
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+#: The documents whose examples are tests, relative to the repository root.
+DOCUMENTS = ("README.md", "docs/*.md")
+
+_STATE = "__docs_state__"
+_MODULE_FILE = re.compile(r"#\s*(?P<path>[\w./-]+\.py)(?:\s|$)")
+_SHELL_OPERATORS = frozenset("|&;()<>")
+_COMMAND_PREFIXES = frozenset({"xargs", "exec", "sudo", "time", "watch", "nohup"})
+
+
+class _DocumentState:
+    """What one document's examples share, and everything to undo after its last example."""
+
+    def __init__(self) -> None:
+        self.exit = contextlib.ExitStack()
+        self.loop = asyncio.new_event_loop()
+        self.exit.callback(self.loop.close)
+        self.directory = Path(self.exit.enter_context(tempfile.TemporaryDirectory(prefix="jobbus-docs-")))
+        self.modules: list[str] = []
+
+    def close(self, namespace: dict[str, Any]) -> None:
+        values = list(namespace.values())
+        for name in self.modules:
+            module = sys.modules.pop(name, None)
+            if module is not None:
+                values.extend(vars(module).values())
+        for app in {id(v): v for v in values if isinstance(v, jobbus.App)}.values():
+            app.sync.close()
+            while app._pool is not None:  # opened by a top-level `await app.open()` / `async with`
+                self.loop.run_until_complete(app.close())
+        self.exit.close()
+
+
+def setup_document(namespace: dict[str, Any]) -> None:
+    state = _DocumentState()
+    try:
+        dsn = state.exit.enter_context(fresh_database(server_dsn(), ensure_template(server_dsn())))
+        patch = state.exit.enter_context(pytest.MonkeyPatch.context())
+        for name in [name for name in os.environ if name.startswith("JOBBUS_")]:
+            patch.delenv(name)
+        patch.setenv("JOBBUS_DSN", dsn)
+        patch.syspath_prepend(str(state.directory))
+    except BaseException:
+        state.exit.close()
+        raise
+    namespace.update({_STATE: state, "__name__": "__main__", "dsn": dsn})
+
+
+def teardown_document(namespace: dict[str, Any]) -> None:
+    state = namespace.pop(_STATE, None)
+    if isinstance(state, _DocumentState):
+        state.close(namespace)
+
+
+def run_python(example: Example) -> None:
+    """Run a block like a script in the document's namespace, or save and import it as a module."""
+    __tracebackhide__ = True
+    namespace = example.namespace
+    state: _DocumentState = namespace[_STATE]
+    source = str(example.parsed)
+    line = example.line + example.parsed.line_offset
+    module_file = _MODULE_FILE.match(source.split("\n", 1)[0])
+    if module_file is not None:
+        _import_module_file(state, module_file["path"], pad(source, line))
+        return
+    code = compile(
+        pad(source, line), example.path, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True
+    )
+    result = eval(code, namespace)
+    if code.co_flags & inspect.CO_COROUTINE:
+        state.loop.run_until_complete(result)
+    namespace.pop("__builtins__", None)
+
+
+def _import_module_file(state: _DocumentState, relative: str, source: str) -> None:
+    path = state.directory / relative
+    for package in reversed(path.relative_to(state.directory).parents[:-1]):
+        (state.directory / package).mkdir(exist_ok=True)
+        (state.directory / package / "__init__.py").touch()
+    path.write_text(source)
+    name = ".".join(Path(relative).with_suffix("").parts)
+    importlib.invalidate_caches()
+    state.modules.extend(_parents_and_self(name))
+    importlib.import_module(name)
+
+
+def _parents_and_self(name: str) -> Iterator[str]:
+    parts = name.split(".")
+    for end in range(len(parts), 0, -1):
+        yield ".".join(parts[:end])
+
+
+def check_commands(example: Example) -> str | None:
+    """Every `jobbus ...` command line of a shell block must parse against the real CLI."""
+    problems = [
+        f"line {example.line + offset}: `{' '.join(args)}`: {problem}"
+        for offset, args in jobbus_commands(str(example.parsed))
+        if (problem := parse_problem(args[1:])) is not None
+    ]
+    return "\n".join(problems) or None
+
+
+def jobbus_commands(script: str) -> Iterator[tuple[int, list[str]]]:
+    """(line offset, argv) of each `jobbus` command in a shell script, pipes and `$(...)` included."""
+    start, pending = 0, ""
+    for offset, line in enumerate(script.splitlines()):
+        if not pending:
+            start = offset
+        pending += line + "\n"
+        if line.endswith("\\"):
+            continue
+        try:
+            commands = list(_commands_in(pending.replace("\\\n", " ")))
+        except ValueError:  # a quotation still open: the command goes on on the next line
+            continue
+        yield from ((start, argv) for argv in commands)
+        pending = ""
+    if pending:
+        raise ValueError(f"unterminated shell command: {pending!r}")
+
+
+def _commands_in(text: str) -> Iterator[list[str]]:
+    lexer = shlex.shlex(text, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    lexer.commenters = "#"
+    tokens = list(lexer)
+    simple: list[str] = []  # the current simple command, up to the next operator
+    command: list[str] | None = None
+    for token in [*tokens, ";"]:
+        if "$(" in token:
+            yield from _commands_in(token.split("$(", 1)[1])
+        if set(token) <= _SHELL_OPERATORS:
+            if command is not None:
+                yield command
+            simple, command = [], None
+            continue
+        if command is not None:
+            command.append(token)
+        elif Path(token).name == "jobbus" and all(
+            "=" in word or word in _COMMAND_PREFIXES or (simple[0] in _COMMAND_PREFIXES and word.startswith("-"))
+            for word in simple
+        ):
+            command = ["jobbus"]
+        simple.append(token)
+
+
+def parse_problem(args: Sequence[str]) -> str | None:
+    """Parse `jobbus ARGS` as the CLI would, without running it; what is wrong, or None."""
+    command: click.Command = cli
+    name = "jobbus"
+    rest = list(args)
+    parent: click.Context | None = None
+    while True:
+        try:
+            ctx = command.make_context(name, rest, parent=parent, resilient_parsing=True)
+        except click.UsageError as exc:
+            return exc.format_message()
+        if not isinstance(command, click.Group):
+            return f"unexpected argument(s): {' '.join(ctx.args)}" if ctx.args else None
+        rest = [*ctx._protected_args, *ctx.args]
+        if not rest:
+            return None
+        sub_name, sub, rest = command.resolve_command(ctx, rest)
+        if sub is None or sub_name is None:
+            return f"no such command {rest[0] if rest else ''!r} in `{ctx.command_path}`"
+        command, name, parent = sub, sub_name, ctx
+
+
+def docs_sybil() -> Sybil:
+    return Sybil(
+        parsers=[
+            SkipParser(),
+            CodeBlockParser("python", run_python),
+            CodeBlockParser("bash", check_commands),
+            CodeBlockParser("sh", check_commands),
+        ],
+        path=str(ROOT),
+        patterns=DOCUMENTS,
+        setup=setup_document,
+        teardown=teardown_document,
+        name="docs",
+    )
+
+
+def collect_documents(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    """`pytest_collect_file`: one Sybil file per document, all of its examples on one xdist worker."""
+    collected: pytest.Collector | None = _COLLECT(file_path, parent)
+    if collected is not None:
+        collected.add_marker(pytest.mark.xdist_group(f"docs:{file_path.name}"))
+    return collected
+
+
+_COLLECT = docs_sybil().pytest()
