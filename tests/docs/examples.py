@@ -6,8 +6,8 @@
   is a comment naming a file (`# shop/messaging.py`) is written to that path in a directory on
   `sys.path` and imported, so later blocks can import it as the reader's project would.
 - ```bash and ```sh blocks are not run, but every `jobbus ...` command in them is parsed by the real
-  CLI (click, without running anything): an unknown command, a renamed option or a stray argument
-  fails the document.
+  CLI's parser (click, without running anything): an unknown command, a renamed option or a stray
+  argument fails the document.
 - `<!-- skip: next "why" -->` before a block skips it, with the reason shown by pytest;
   `<!-- invisible-code-block: python ... -->` runs setup or checks that a reader need not see.
 """
@@ -103,9 +103,7 @@ def run_python(example: Example) -> None:
     if module_file is not None:
         _import_module_file(state, module_file["path"], pad(source, line))
         return
-    code = compile(
-        pad(source, line), example.path, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True
-    )
+    code = compile(pad(source, line), example.path, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
     result = eval(code, namespace)
     if code.co_flags & inspect.CO_COROUTINE:
         state.loop.run_until_complete(result)
@@ -185,25 +183,28 @@ def _commands_in(text: str) -> Iterator[list[str]]:
 
 
 def parse_problem(args: Sequence[str]) -> str | None:
-    """Parse `jobbus ARGS` as the CLI would, without running it; what is wrong, or None."""
+    """Parse `jobbus ARGS` as the CLI would, without running it; what is wrong, or None.
+
+    Only click's parser runs (option names, option arity, positional arguments, subcommands): no
+    callback, no type conversion, so placeholders such as `$POD_NAME` pass and `--help` prints nothing.
+    """
     command: click.Command = cli
-    name = "jobbus"
+    ctx = click.Context(cli, info_name="jobbus")
     rest = list(args)
-    parent: click.Context | None = None
     while True:
         try:
-            ctx = command.make_context(name, rest, parent=parent, resilient_parsing=True)
+            _, leftover, _ = command.make_parser(ctx).parse_args(args=rest)
         except click.UsageError as exc:
             return exc.format_message()
         if not isinstance(command, click.Group):
-            return f"unexpected argument(s): {' '.join(ctx.args)}" if ctx.args else None
-        rest = [*ctx._protected_args, *ctx.args]
-        if not rest:
+            return f"unexpected argument(s): {' '.join(leftover)}" if leftover else None
+        if not leftover:
             return None
-        sub_name, sub, rest = command.resolve_command(ctx, rest)
-        if sub is None or sub_name is None:
-            return f"no such command {rest[0] if rest else ''!r} in `{ctx.command_path}`"
-        command, name, parent = sub, sub_name, ctx
+        name, rest = leftover[0], leftover[1:]
+        sub = command.get_command(ctx, name)
+        if sub is None:
+            return f"no such command {name!r} in `{ctx.command_path}`"
+        command, ctx = sub, click.Context(sub, info_name=name, parent=ctx)
 
 
 def docs_sybil() -> Sybil:
@@ -222,12 +223,23 @@ def docs_sybil() -> Sybil:
     )
 
 
-def collect_documents(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
-    """`pytest_collect_file`: one Sybil file per document, all of its examples on one xdist worker."""
-    collected: pytest.Collector | None = _COLLECT(file_path, parent)
-    if collected is not None:
-        collected.add_marker(pytest.mark.xdist_group(f"docs:{file_path.name}"))
-    return collected
+pytest_collect_file = docs_sybil().pytest()
 
 
-_COLLECT = docs_sybil().pytest()
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under `-n N`: each document's examples on one worker, in order; every other test as `--dist load`.
+
+    (An `xdist_group` mark with `--dist loadgroup` would say the same, but pytest-xdist 3.8 cannot
+    apply it to the node ids of pytest 9.2.)
+    """
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
+
+    class DocumentScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return path if path.endswith(".md") else nodeid
+
+    return DocumentScheduling(config, log)
