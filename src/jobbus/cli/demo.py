@@ -352,7 +352,7 @@ def _next_steps(embedded: bool, jobbus: str) -> Text:
     text.append(":\n", style="bold")
     activate = Path(sys.executable).parent / "activate"
     if jobbus != "jobbus" and activate.exists():
-        text.append(f"  (or `source {_relative(activate)}` first, then plain `jobbus`)\n", style="dim")
+        text.append(f"  (after `source {_relative(activate)}`, plain `jobbus` works too)\n", style="dim")
     emails = "--queue emails --config"
     for command, why in (
         ("createdb app", "an empty database for jobbus (skip if you have one)"),
