@@ -7,7 +7,8 @@
   `sys.path` and imported, so later blocks can import it as the reader's project would.
 - ```bash and ```sh blocks are not run, but every `jobbus ...` command in them is parsed by the real
   CLI's parser (click, without running anything): an unknown command, a renamed option or a stray
-  argument fails the document.
+  argument fails the document. So are the `jobbus` commands of ```ini, ```yaml and ```dockerfile
+  blocks (`ExecStart=`, `command=`, exec-form arrays).
 - `<!-- skip: next "why" -->` before a block skips it, with the reason shown by pytest;
   `<!-- invisible-code-block: python ... -->` runs setup or checks that a reader need not see.
 """
@@ -19,6 +20,7 @@ import asyncio
 import contextlib
 import importlib
 import inspect
+import json
 import os
 import re
 import shlex
@@ -138,6 +140,33 @@ def check_commands(example: Example) -> str | None:
     return "\n".join(problems) or None
 
 
+def check_config_commands(example: Example) -> str | None:
+    """Every `jobbus` command of a supervisor configuration must parse against the real CLI."""
+    problems = [
+        f"line {example.line + offset}: `{' '.join(argv)}`: {problem}"
+        for offset, argv in config_commands(str(example.parsed))
+        if (problem := parse_problem(argv[1:])) is not None
+    ]
+    return "\n".join(problems) or None
+
+
+def config_commands(text: str) -> Iterator[tuple[int, list[str]]]:
+    """`jobbus` commands of `ExecStart=` / `command=` lines (systemd, Supervisor) and of exec-form
+    arrays such as `CMD ["jobbus", "worker", ...]` (Docker, Compose, Kubernetes)."""
+    lines = text.splitlines()
+    shell: list[str] = []
+    for index, line in enumerate(lines):
+        key = re.match(r"(ExecStart|command)=", line)
+        continued = index > 0 and lines[index - 1].endswith("\\") and bool(shell[-1])
+        shell.append(line[key.end() :] if key else line if continued else "")
+    yield from jobbus_commands("\n".join(shell))
+    for index, line in enumerate(lines):
+        for array in re.findall(r"\[\s*\"[^\]]*\]", line):
+            argv = json.loads(array)
+            if Path(argv[0]).name == "jobbus":
+                yield index, argv
+
+
 def jobbus_commands(script: str) -> Iterator[tuple[int, list[str]]]:
     """(line offset, argv) of each `jobbus` command in a shell script, pipes and `$(...)` included."""
     start, pending = 0, ""
@@ -214,6 +243,7 @@ def docs_sybil() -> Sybil:
             CodeBlockParser("python", run_python),
             CodeBlockParser("bash", check_commands),
             CodeBlockParser("sh", check_commands),
+            *(CodeBlockParser(language, check_config_commands) for language in ("ini", "yaml", "dockerfile")),
         ],
         path=str(ROOT),
         patterns=DOCUMENTS,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.docs.examples import jobbus_commands, parse_problem
+from tests.docs.examples import config_commands, jobbus_commands, parse_problem
 
 
 def test_commands_are_found_behind_pipes_substitutions_prefixes_and_continuations() -> None:
@@ -55,3 +55,20 @@ def test_commands_of_the_real_cli_parse(args: list[str]) -> None:
 def test_renamed_options_commands_and_stray_arguments_are_reported(args: list[str], problem: str) -> None:
     found = parse_problem(args)
     assert found is not None and problem in found
+
+
+def test_commands_are_found_in_supervisor_configurations() -> None:
+    text = "\n".join(
+        [
+            "[Service]",
+            "ExecStart=/srv/app/.venv/bin/jobbus worker --app a:app \\",
+            "    --worker-id %H-%i --concurrency 20",
+            "Restart=on-failure",
+            'CMD ["jobbus", "worker", "--app", "a:app"]',
+            '    command: ["sh", "-c", "echo"]',
+        ]
+    )
+    assert list(config_commands(text)) == [
+        (1, ["jobbus", "worker", "--app", "a:app", "--worker-id", "%H-%i", "--concurrency", "20"]),
+        (4, ["jobbus", "worker", "--app", "a:app"]),
+    ]
