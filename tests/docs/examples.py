@@ -26,7 +26,7 @@ import re
 import shlex
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -132,19 +132,18 @@ def _parents_and_self(name: str) -> Iterator[str]:
 
 def check_commands(example: Example) -> str | None:
     """Every `jobbus ...` command line of a shell block must parse against the real CLI."""
-    problems = [
-        f"line {example.line + offset}: `{' '.join(args)}`: {problem}"
-        for offset, args in jobbus_commands(str(example.parsed))
-        if (problem := parse_problem(args[1:])) is not None
-    ]
-    return "\n".join(problems) or None
+    return _problems(example, jobbus_commands(str(example.parsed)))
 
 
 def check_config_commands(example: Example) -> str | None:
     """Every `jobbus` command of a supervisor configuration must parse against the real CLI."""
+    return _problems(example, config_commands(str(example.parsed)))
+
+
+def _problems(example: Example, commands: Iterable[tuple[int, list[str]]]) -> str | None:
     problems = [
         f"line {example.line + offset}: `{' '.join(argv)}`: {problem}"
-        for offset, argv in config_commands(str(example.parsed))
+        for offset, argv in commands
         if (problem := parse_problem(argv[1:])) is not None
     ]
     return "\n".join(problems) or None
