@@ -33,7 +33,6 @@ import functools
 import math
 import re
 import sys
-import threading
 from collections.abc import Mapping
 from datetime import datetime
 from decimal import Decimal
@@ -163,8 +162,7 @@ def _pydantic_adapter(cls: type[Any]) -> Any:
     pydantic = sys.modules.get("pydantic")
     if pydantic is not None and hasattr(cls, "__get_pydantic_core_schema__"):
         adapter = pydantic.TypeAdapter(cls)
-    with _ADAPTERS_LOCK:
-        return _ADAPTERS.setdefault(cls, adapter)
+    return _ADAPTERS.setdefault(cls, adapter)
 
 
 def _encode_hook(value: Any) -> Any:
@@ -173,7 +171,7 @@ def _encode_hook(value: Any) -> Any:
             return base(value)
     adapter = _pydantic_adapter(type(value))
     if adapter is not None:  # by field name, which validation accepts whatever the aliases
-        return adapter.dump_python(value, mode="json", round_trip=True)
+        return adapter.dump_python(value, mode="json", by_alias=False, round_trip=True)
     raise _Unsupported(f"cannot encode {type(value).__module__}.{type(value).__qualname__} values")
 
 
@@ -199,6 +197,12 @@ def _dict_base(cls: type[Any]) -> Any:
 
 
 def _convert(data: Any, type_: Any) -> Any:
+    adapter = _pydantic_adapter(type_) if isinstance(type_, type) else None
+    if adapter is not None:  # a pydantic model itself: msgspec would only hand it to the hook, slowly
+        try:
+            return adapter.validate_python(data, **_validation_options())
+        except ValueError as exc:
+            raise msgspec.ValidationError(str(exc)) from exc
     return msgspec.convert(data, type_, strict=True, str_keys=True, dec_hook=_decode_hook)
 
 
@@ -217,7 +221,8 @@ _ENCODER = msgspec.json.Encoder(enc_hook=_encode_hook, decimal_format="string")
 _JSON = msgspec.json.Decoder()
 _UNCHANGED: Any = object()
 _ADAPTERS: dict[type[Any], Any] = {}
-_ADAPTERS_LOCK = threading.Lock()
+#: An escaped NUL, not a backslash followed by the text "u0000".
+_NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
 
 
 # -- error messages ---------------------------------------------------------------------------------
@@ -363,8 +368,6 @@ def _show(value: Any) -> str:
 
 # -- payloads of the earlier codec -----------------------------------------------------------------------
 
-#: An escaped NUL, not a backslash followed by the text "u0000".
-_NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
 _ZONED = re.compile(r"(.+)\[([^\[\]]+)\]")
 _SECONDS_OFFSET = re.compile(r"[+-]\d\d:\d\d:\d\d(\.\d+)?$")
 _LEGACY_FLOATS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf, "-0.0": -0.0}

@@ -866,8 +866,10 @@ async def test_registration_errors_are_raised_at_decoration_time(app: jobbus.App
         bus.message(" ")
     with pytest.raises(ValueError, match="queue, priority only apply to queued bindings"):
         bus.handler(OrderPlaced, queue="q", priority=1)
-    with pytest.raises(ValueError, match="max_attempts must be an integer >= 1"):
-        bus.handler(OrderPlaced, queued=True, max_attempts=0)
+    with pytest.raises(ValueError, match="max_attempts must be >= 1, got 0"):
+        bus.handler(OrderPlaced, queued=True, name="never", max_attempts=0)(lambda message, job: None)
+    with pytest.raises(ValueError, match="queue must not be empty"):
+        bus.handler(OrderPlaced, queued=True, name="never", queue=" ")(lambda message, job: None)
 
     @bus.handler(OrderPlaced, queued=True, name="ship")
     async def ship(message: OrderPlaced, job: jobbus.JobExecution) -> None: ...

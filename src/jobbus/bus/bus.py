@@ -332,27 +332,34 @@ class MessageBus:
         specs: tuple[JobSpec, ...] = ()
         if queued:
             payload = _encode_checked(registered, message)
-            settings = self.app.settings
             specs = tuple(
-                build_spec(
-                    JobRequest(
-                        b.job_type,
-                        Envelope(
-                            registered.name, b.name, registered.codec.name, payload, header_map
-                        ).to_configuration(),
-                        name=b.name,
-                        unique_key=keys.get(b.name),
-                        available_at=available_at,
-                    ),
-                    self.app.job_defaults(b.job_type),
-                    settings.default_max_attempts,
-                    settings.max_payload_bytes,
+                self._job_spec(
+                    b, Envelope(registered.name, b.name, registered.codec.name, payload, header_map), keys, available_at
                 )
                 for b in queued
             )
         elif available_at is not None:
             resolve_available_at(available_at)  # validated even when no job is written
         return _Plan(registered, inline, queued, specs, header_map[CORRELATION_ID])
+
+    def _job_spec(
+        self,
+        binding: Binding,
+        envelope: Envelope,
+        unique_keys: Mapping[str, str],
+        available_at: datetime | timedelta | None,
+    ) -> JobSpec:
+        """One queued binding's job, validated by the App exactly as `schedule_many` validates a job."""
+        request = JobRequest(
+            binding.job_type,
+            envelope.to_configuration(),
+            name=binding.name,
+            unique_key=unique_keys.get(binding.name),
+            available_at=available_at,
+        )
+        settings = self.app.settings
+        defaults = self.app.job_defaults(binding.job_type)
+        return build_spec(request, defaults, settings.default_max_attempts, settings.max_payload_bytes)
 
     def _message_of(self, message: object, message_type: type[Any] | str | None) -> MessageType:
         if message_type is not None:
@@ -567,21 +574,13 @@ def _check_binding_name(value: object) -> str:
 def _binding_options(
     queued: bool, queue: str | None, max_attempts: int | None, priority: int | None
 ) -> tuple[str, int | None, int]:
+    """The job options of a binding; the App validates a queued binding's when it registers its job type."""
     if not queued:
         options = (("queue", queue), ("max_attempts", max_attempts), ("priority", priority))
         given = [option for option, value in options if value is not None]
         if given:
             raise ValueError(f"{', '.join(given)} only apply to queued bindings: pass queued=True or drop them")
-        return "default", None, 0
-    if max_attempts is not None and (
-        isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
-    ):
-        raise ValueError(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
-    if priority is not None and (
-        isinstance(priority, bool) or not isinstance(priority, int) or not -(2**31) <= priority < 2**31
-    ):
-        raise ValueError(f"priority must be an integer that fits 32 bits, got {priority!r}")
-    return _check_name("queue", "default" if queue is None else queue), max_attempts, priority or 0
+    return "default" if queue is None else queue, max_attempts, 0 if priority is None else priority
 
 
 def _check_signature(func: Callable[..., Any], *, queued: bool, binding_name: str) -> None:
