@@ -26,6 +26,7 @@ from pydantic.alias_generators import to_camel
 
 from jobbus import encoding
 from jobbus.encoding import EncodingError
+from tests.lossy import Account, Login, Profile, Reading, Reference
 
 # -- generated types, each with a strategy for its values ---------------------------------------------
 
@@ -232,35 +233,10 @@ def jsonb(admin_dsn: str) -> Any:
 # -- what was reported: each case round-trips exactly or is refused clearly ----------------------------
 
 
-class Login(pydantic.BaseModel):
-    user: str
-    password: pydantic.SecretStr
-
-
-class Profile(pydantic.BaseModel):
-    name: str
-    cache_key: str = pydantic.Field(default="", exclude=True)
-
-
-class Account(pydantic.BaseModel):
-    user_id: int = pydantic.Field(alias="userId")
-    display: str = pydantic.Field(validation_alias="displayIn", serialization_alias="displayOut")
-
-
 class CamelAccount(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(alias_generator=to_camel)
     user_id: int
     created_at: datetime
-
-
-@dataclass(frozen=True)
-class Reference:
-    ref: str | uuid.UUID
-
-
-@dataclass(frozen=True)
-class Reading:
-    value: float | str
 
 
 def test_a_masked_secret_is_refused_not_sent_as_stars() -> None:

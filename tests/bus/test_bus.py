@@ -32,6 +32,7 @@ from jobbus.bus import (
 )
 from tests.bus.apps import RECORD_TABLE, WIRE_NAME, AddressChanged, build
 from tests.bus.helpers import OrderPlaced, bus_jobs, execute, order_bus, run_worker
+from tests.lossy import Account, Login, Profile, Reading, Reference
 
 ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -388,31 +389,6 @@ def test_a_valid_dispatch_after_a_refused_one_writes_its_job(sync_app: jobbus.Ap
 # -- messages JSON would change are refused at dispatch ------------------------------------------------
 
 
-class Login(pydantic.BaseModel):
-    user: str
-    password: pydantic.SecretStr
-
-
-class Profile(pydantic.BaseModel):
-    name: str
-    cache_key: str = pydantic.Field(default="", exclude=True)
-
-
-class Account(pydantic.BaseModel):
-    user_id: int = pydantic.Field(alias="userId")
-    display_name: str = pydantic.Field(alias="displayName")
-
-
-@dataclass(frozen=True)
-class Reference:
-    ref: str | uuid.UUID
-
-
-@dataclass(frozen=True)
-class Reading:
-    value: float | str
-
-
 def exactness_bus(app: jobbus.App, inline_runs: list[object], received: list[object]) -> MessageBus:
     bus = MessageBus(app)
     for wire_name, cls in [
@@ -457,7 +433,7 @@ async def test_a_message_that_json_would_change_is_refused_at_dispatch(
 async def test_aliased_models_and_nan_strings_arrive_exactly_in_a_worker(app: jobbus.App) -> None:
     received: list[object] = []
     bus = exactness_bus(app, [], received)
-    sent = [Account(userId=7, displayName="Ann"), Reading("NaN"), Reading(2.5)]
+    sent = [Account.model_validate({"userId": 7, "displayIn": "Ann"}), Reading("NaN"), Reading(2.5)]
     for message in sent:
         await bus.dispatch(message)
     await run_worker(app)
