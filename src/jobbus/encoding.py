@@ -77,7 +77,8 @@ def to_json(value: object, *, what: str = "value") -> JsonValue:
     """The JSON data of `value`, driven by the value alone and not checked: see `encode`.
 
     Raises `EncodingError` for values JSON cannot hold at all (an arbitrary object, a lone surrogate,
-    a NUL character, which PostgreSQL's jsonb refuses).
+    a NUL character, which PostgreSQL's jsonb refuses). A float NaN or infinity becomes null here, as
+    in msgspec's JSON; `encode` refuses it.
     """
     try:
         text = _ENCODER.encode(value)
