@@ -6,7 +6,7 @@ import math
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import uuid_utils.compat as uuid7_source
@@ -16,6 +16,9 @@ from jobbus.models import JobSpec
 from jobbus.store import dumps
 
 MAX_NAME_LENGTH = 255
+#: How far `available_at` may lie from now: PostgreSQL accepts more, but a time after year 9999 could not
+#: be read back into a Python datetime.
+MAX_DELAY = timedelta(days=365_250)  # 1000 years
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,13 +168,17 @@ def resolve_available_at(value: datetime | timedelta | None) -> tuple[datetime |
         return None, 0.0
     if isinstance(value, timedelta):
         seconds = value.total_seconds()
-        if not math.isfinite(seconds):
-            raise InvalidJobError(f"available_at delay must be finite, got {value!r}")
+        if not math.isfinite(seconds) or abs(value) > MAX_DELAY:
+            raise InvalidJobError(f"available_at must be at most 1000 years from now, got {value!r}")
         return None, seconds
     if isinstance(value, datetime):
         if value.tzinfo is None or value.tzinfo.utcoffset(value) is None:
             raise InvalidJobError(
                 f"available_at must be an aware datetime (with a timezone), got naive {value.isoformat()}"
             )
+        try:
+            value.astimezone(UTC)
+        except OverflowError:
+            raise InvalidJobError(f"available_at {value.isoformat()} is outside the years 1 to 9999 in UTC") from None
         return value, 0.0
     raise InvalidJobError(f"available_at must be an aware datetime or a timedelta, got {value!r}")
