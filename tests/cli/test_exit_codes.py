@@ -54,7 +54,10 @@ from tests.test_producer import RANDOM_CJK
         pytest.param(["worker", "--app", "tests.cli.apps:app", "--poll-interval", "1e-12"], id="poll-interval-tiny"),
         pytest.param(["worker", "--app", "tests.cli.apps:app", "--shutdown-timeout", "inf"], id="shutdown-inf"),
         pytest.param(["worker", "--app", "tests.cli.apps:app", "--concurrency", str(2**40)], id="concurrency"),
+        pytest.param(["worker", "--app", "tests.cli.apps:app", "--type", ""], id="empty-worker-type"),
         pytest.param(["status", "--watch", "--interval", "nan"], id="interval-nan"),
+        pytest.param(["jobs", "list", "--queue", "\udcff"], id="filter-not-utf8"),  # the byte 0xff in argv
+        pytest.param(["schedule", "t", "--name", "\udcff"], id="name-not-utf8"),
     ],
 )
 def test_bad_usage_exits_64_with_one_error_line_before_touching_the_database(args: list[str]) -> None:

@@ -15,6 +15,7 @@ from jobbus.cli import exit_codes
 from jobbus.cli.errors import UsageProblem, fail, run
 from jobbus.cli.output import (
     admin_app,
+    check_names,
     console,
     dsn_option,
     human_time,
@@ -82,6 +83,8 @@ def list_command(
 
     --json prints a list of objects with every column of the job (ids as strings, ISO 8601 times).
     """
+    check_names("--queue", queues)
+    check_names("--type", types)
     after_id = _job_id(after) if after else None
     group = _job_id(group_id) if group_id else None
 

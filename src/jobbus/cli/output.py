@@ -14,7 +14,7 @@ import json
 import math
 import os
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -25,7 +25,9 @@ from rich.text import Text
 from jobbus.app import App
 from jobbus.cli.errors import UsageProblem, probe_database
 from jobbus.control import StatusReport, WorkerInfo
+from jobbus.errors import InvalidJobError
 from jobbus.models import Job, JobStatus
+from jobbus.requests import MAX_TYPE_BYTES, validate_text
 from jobbus.settings import Bounds
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -65,6 +67,16 @@ class FiniteFloatRange(click.FloatRange):
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number", param, ctx)
         return number
+
+
+def check_names(option: str, values: Iterable[str], limit: int = MAX_TYPE_BYTES) -> None:
+    """Option values that name things stored in the database (queues, types, worker ids): non-empty,
+    encodable, within `limit` bytes; anything else is bad usage (exit 64) before the database is reached."""
+    try:
+        for value in values:
+            validate_text(option, value, limit)
+    except InvalidJobError as exc:
+        raise UsageProblem(str(exc)) from None
 
 
 def seconds_range(bounds: Bounds) -> FiniteFloatRange:

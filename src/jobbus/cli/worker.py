@@ -11,9 +11,8 @@ import click
 
 from jobbus.cli.errors import UsageProblem, probe_database, run
 from jobbus.cli.loading import open_app
-from jobbus.cli.output import FiniteFloatRange, seconds_range
-from jobbus.errors import InvalidJobError
-from jobbus.requests import INT32_MAX, MAX_TYPE_BYTES, validate_text
+from jobbus.cli.output import FiniteFloatRange, check_names, seconds_range
+from jobbus.requests import INT32_MAX
 from jobbus.settings import BOUNDS, DAY, redact
 from jobbus.worker import WorkerOptions
 from jobbus.worker.memory import parse_size
@@ -74,14 +73,9 @@ def worker_command(
         memory = parse_size(memory_limit) if memory_limit else None
     except ValueError as exc:
         raise UsageProblem(f"--memory-limit: {exc}") from None
-    try:
-        if worker_id is not None:
-            validate_text("--worker-id", worker_id, MAX_WORKER_ID_BYTES)
-        for option, values in (("--queue", queues), ("--type", types)):
-            for value in values:
-                validate_text(option, value, MAX_TYPE_BYTES)
-    except InvalidJobError as exc:
-        raise UsageProblem(str(exc)) from None
+    check_names("--worker-id", [worker_id] if worker_id is not None else [], MAX_WORKER_ID_BYTES)
+    check_names("--queue", queues)
+    check_names("--type", types)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=getattr(logging, log_level), handlers=[handler])
