@@ -68,24 +68,27 @@ def validate_schema_name(name: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Bounds:
-    """The finite, inclusive range of a numeric setting (`low_open`: the lower bound itself is refused)."""
+    """The finite range of a numeric setting; a bound is included unless marked open."""
 
     low: float
     high: float
     unit: str = ""
     low_open: bool = False
+    high_open: bool = False
 
     def check(self, name: str, value: object) -> None:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ValueError(f"{name} must be a number, got {value!r}")
         above_low = value > self.low if self.low_open else value >= self.low
-        if not (above_low and value <= self.high):  # also refuses NaN
+        below_high = value < self.high if self.high_open else value <= self.high
+        if not (above_low and below_high):  # also refuses NaN
             raise ValueError(f"{name} must be {self.describe()}, got {value!r}")
 
     def describe(self) -> str:
         unit = f" {self.unit}" if self.unit else ""
         low = f"> {self.low:g}" if self.low_open else f">= {self.low:g}"
-        return f"{low} and <= {self.high:g}{unit}"
+        high = f"< {self.high:g}" if self.high_open else f"<= {self.high:g}"
+        return f"{low} and {high}{unit}"
 
 
 #: Every numeric setting and its range; adding a setting is one line here. The upper bounds keep
@@ -95,7 +98,7 @@ BOUNDS: dict[str, Bounds] = {
     "lease_seconds": Bounds(0.1, 7 * DAY, "seconds"),
     "retry_base_delay_seconds": Bounds(0, YEAR, "seconds"),
     "retry_max_delay_seconds": Bounds(0, YEAR, "seconds"),
-    "retry_jitter": Bounds(0, 0.999),
+    "retry_jitter": Bounds(0, 1, high_open=True),
     "poll_interval_seconds": Bounds(0.01, DAY, "seconds"),
     "heartbeat_interval_seconds": Bounds(0.01, 7 * DAY, "seconds"),
     "pool_max_size": Bounds(2, 10_000),

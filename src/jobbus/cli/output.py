@@ -81,7 +81,7 @@ def check_names(option: str, values: Iterable[str], limit: int = MAX_TYPE_BYTES)
 
 def seconds_range(bounds: Bounds) -> FiniteFloatRange:
     """The option type of a duration in seconds that feeds the setting with these bounds."""
-    return FiniteFloatRange(min=bounds.low, max=bounds.high, min_open=bounds.low_open)
+    return FiniteFloatRange(min=bounds.low, max=bounds.high, min_open=bounds.low_open, max_open=bounds.high_open)
 
 
 # -- the App of an operator command ------------------------------------------------------------------
