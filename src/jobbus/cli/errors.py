@@ -57,6 +57,13 @@ def print_traceback() -> None:
     sys.stderr.flush()
 
 
+def internal_error() -> int:
+    """A bug (ours or in the user's code): its traceback, then the error line; exit 70."""
+    logging.getLogger("jobbus.cli").debug("internal error", exc_info=True)
+    print_traceback()
+    return fail("internal error (traceback above)", exit_codes.SOFTWARE)
+
+
 def run(coroutine_factory: Callable[[], Coroutine[Any, Any, int]]) -> int:
     """Run an async command body; map known failures to exit codes."""
     try:
@@ -81,9 +88,7 @@ def run(coroutine_factory: Callable[[], Coroutine[Any, Any, int]]) -> int:
     except KeyboardInterrupt:
         return fail("interrupted", exit_codes.SOFTWARE)
     except Exception:
-        logging.getLogger("jobbus.cli").debug("internal error", exc_info=True)
-        print_traceback()
-        return fail("internal error (traceback above)", exit_codes.SOFTWARE)
+        return internal_error()
 
 
 async def probe_database(dsn: str, timeout: float = 10.0, attempts: int = 3) -> None:

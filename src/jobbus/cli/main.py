@@ -10,7 +10,7 @@ from jobbus.cli import exit_codes
 from jobbus.cli.bench import bench_command
 from jobbus.cli.control import drain_command, pause_command, restart_command, resume_command, stop_command
 from jobbus.cli.demo import demo_command
-from jobbus.cli.errors import fail, usage_error
+from jobbus.cli.errors import fail, internal_error, usage_error
 from jobbus.cli.jobs import jobs_group
 from jobbus.cli.prune import prune_command
 from jobbus.cli.schedule import schedule_command
@@ -66,4 +66,6 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(fail("aborted", exit_codes.FAILURE))
     except click.ClickException as exc:
         sys.exit(fail(exc.format_message(), exit_codes.USAGE))
+    except Exception:  # outside a command's run(): still one error line, no password
+        sys.exit(internal_error())
     sys.exit(result if isinstance(result, int) else exit_codes.OK)
