@@ -13,7 +13,7 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
-LINTED := src tests $(wildcard bench)
+LINTED := src tests $(wildcard bench) conftest.py
 
 lint: venv
 	$(VENV)/bin/ruff check $(LINTED)

@@ -24,7 +24,13 @@ def claim(
     lease_seconds: float = 60,
 ) -> list[ClaimedJob]:
     statement = app.store.claim_jobs(
-        worker_id=worker_id, limit=limit, types=types, queues=queues, paused_queues=[], lease_seconds=lease_seconds
+        worker_id=worker_id,
+        limit=limit,
+        types=types,
+        queues=queues,
+        paused_queues=[],
+        lease_seconds=lease_seconds,
+        max_payload_bytes=app.settings.max_payload_bytes,
     )
     return run_sync(conn, statement)
 

@@ -20,6 +20,10 @@ VALUES ('w-a', 'h', 1, '{a}', 2, 'running', now(), NULL),
        ('w-gone', 'h', 4, '{a}', 2, 'running', now() - interval '1 hour', NULL),
        ('w-stopped', 'h', 5, '{a}', 2, 'stopped', now(), now())
 """
+DEAD = """
+INSERT INTO jobbus.worker (id, host, pid, queues, concurrency, state, last_seen_at, declared_dead_at)
+VALUES ('w-dead', 'h', 6, NULL, 2, 'running', now() - interval '1 hour', now() - interval '59 minutes')
+"""
 
 
 async def _execute(app: jobbus.App, query: str, *params: Any) -> list[tuple[Any, ...]]:
@@ -28,14 +32,18 @@ async def _execute(app: jobbus.App, query: str, *params: Any) -> list[tuple[Any,
         return await cursor.fetchall() if cursor.description else []
 
 
-async def test_a_queue_target_reaches_live_workers_serving_it_or_every_queue(app: jobbus.App) -> None:
+async def test_a_target_addresses_running_and_silent_workers_serving_it_not_stopped_or_dead_ones(
+    app: jobbus.App,
+) -> None:
     await _execute(app, WORKERS)
+    await _execute(app, DEAD)
     issued = await control.drain(app, queue="a")
-    assert issued.worker_ids == ("w-a", "w-all")
+    # a silent worker may be cut off from the database only: it is addressed and waited for
+    assert issued.worker_ids == ("w-a", "w-all", "w-gone")
     assert issued.target == control.Target("queue", "a") and issued.action == "drain"
-    assert (await control.stop(app, all=True)).worker_ids == ("w-a", "w-all", "w-b")
+    assert (await control.stop(app, all=True)).worker_ids == ("w-a", "w-all", "w-b", "w-gone")
     assert (await control.restart(app, worker_id="w-b")).worker_ids == ("w-b",)
-    assert (await control.restart(app, worker_id="w-gone")).worker_ids == ()
+    assert (await control.restart(app, worker_id="w-gone")).worker_ids == ("w-gone",)
     rows = await _execute(app, "SELECT action, target_kind, target FROM jobbus.command ORDER BY generation")
     assert rows == [
         ("drain", "queue", "a"),
@@ -91,15 +99,28 @@ async def test_concurrent_issuers_get_distinct_generations_in_commit_order(app: 
     assert [g for (g,) in committed] == generations
 
 
-async def test_wait_for_acks_reports_acknowledged_missing_and_gone(app: jobbus.App) -> None:
+async def test_wait_for_acks_reports_acknowledged_missing_gone_and_unreachable(app: jobbus.App) -> None:
     await _execute(app, WORKERS)
+    await _execute(app, "UPDATE jobbus.worker SET instance_id = gen_random_uuid()")
     issued = await control.pause(app, all=True)
-    assert issued.worker_ids == ("w-a", "w-all", "w-b")
+    assert issued.worker_ids == ("w-a", "w-all", "w-b", "w-gone")
     await _execute(app, "UPDATE jobbus.worker SET acked_generation = %s WHERE id = 'w-a'", issued.generation)
     await _execute(app, "UPDATE jobbus.worker SET state = 'stopped', stopped_at = now() WHERE id = 'w-b'")
     report = await control.wait_for_acks(app, issued, timeout=0.3)
     assert (report.acknowledged, report.missing, report.gone) == (("w-a",), ("w-all",), ("w-b",))
+    assert report.unreachable == ("w-gone",)  # silent: never reached, not a success
     assert not report.complete
+
+    # a new process under w-gone's id acknowledges for itself, not for the process the command addressed
+    await _execute(
+        app,
+        "UPDATE jobbus.worker SET instance_id = gen_random_uuid(), last_seen_at = now(), acked_generation = %s "
+        "WHERE id = 'w-gone'",
+        issued.generation,
+    )
+    report = await control.wait_for_acks(app, issued, timeout=0.3)
+    assert report.unreachable == ("w-gone",) and "w-gone" not in report.acknowledged
+    await _execute(app, "DELETE FROM jobbus.worker WHERE id = 'w-gone'")
 
     async def acknowledge_later() -> None:
         await asyncio.sleep(0.3)

@@ -64,7 +64,13 @@ class JobLifecycle(RuleBasedStateMachine):
         claimed = run_sync(
             self.conn,
             self.app.store.claim_jobs(
-                worker_id="w", limit=1, types=["t"], queues=None, paused_queues=[], lease_seconds=3600
+                worker_id="w",
+                limit=1,
+                types=["t"],
+                queues=None,
+                paused_queues=[],
+                lease_seconds=3600,
+                max_payload_bytes=2**20,
             ),
         )
         queued = [i for i, j in self.model.items() if j.status is JobStatus.QUEUED]
@@ -166,7 +172,10 @@ class JobLifecycle(RuleBasedStateMachine):
         assert set(recovered) == expected
         for job_id in expected:
             job = self.model[job_id]
-            job.status = JobStatus.FAILED if job.attempts >= job.max_attempts else JobStatus.QUEUED
+            if job.cancel_requested:  # the cancellation asked for wins over a retry
+                job.status = JobStatus.CANCELLED
+            else:
+                job.status = JobStatus.FAILED if job.attempts >= job.max_attempts else JobStatus.QUEUED
             if job.token:
                 job.old_tokens.append(job.token)
             job.token, job.expired = None, False

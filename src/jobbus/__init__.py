@@ -3,6 +3,7 @@
 from jobbus.app import App, SyncApp
 from jobbus.bus import Codec, DispatchResult, JsonCodec, MessageBus
 from jobbus.errors import (
+    DatabaseUnavailableError,
     InvalidJobError,
     InvalidStateError,
     JobbusError,
@@ -23,11 +24,12 @@ from jobbus.execution import JobExecution, SyncJobExecution
 from jobbus.models import GroupProgress, Job, JobStatus
 from jobbus.requests import JobRequest
 from jobbus.settings import Settings
-from jobbus.worker import WorkerOptions
+from jobbus.worker import Worker, WorkerOptions
 
 __all__ = [
     "App",
     "Codec",
+    "DatabaseUnavailableError",
     "DispatchResult",
     "GroupProgress",
     "InvalidJobError",
@@ -52,5 +54,6 @@ __all__ = [
     "Settings",
     "SyncApp",
     "SyncJobExecution",
+    "Worker",
     "WorkerOptions",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -16,15 +17,17 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from jobbus import schema as schema_module
-from jobbus.errors import InvalidJobError, InvalidStateError
+from jobbus.errors import DatabaseUnavailableError, InvalidJobError, InvalidStateError, JobbusError
 from jobbus.events import EventHub, JobCancelled, JobEvent, JobScheduled
 from jobbus.models import GroupProgress, Job, JobSpec, JobStatus
 from jobbus.requests import JobDefaults, JobRequest, build_spec, resolve_available_at, specs_sharing
+from jobbus.resilience import Backoff, first_line, is_transient
 from jobbus.settings import Settings
 from jobbus.store import CancelResult, JobStore, Statement, run_async, run_sync
+from jobbus.store.statements import configure_async, configure_connection
 
 if TYPE_CHECKING:
-    from jobbus.worker.runtime import WorkerOptions
+    from jobbus.worker.options import WorkerOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -32,6 +35,8 @@ JobScope = Callable[[Any], AbstractAsyncContextManager[Any]]
 #: One job for `schedule_many`: a JobRequest, a mapping of its fields, or a (type, configuration) pair.
 JobItem = JobRequest | Mapping[str, Any] | tuple[str, Mapping[str, Any] | None]
 TERMINAL = ("completed", "failed", "cancelled")
+#: A keyed insert that meets an active job committed after its snapshot asks again, this many times.
+DEDUPE_ROUNDS = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +115,7 @@ class App:
                 min_size=1,
                 max_size=self.settings.pool_max_size,
                 kwargs=self.settings.connection_kwargs,
+                configure=configure_async,
                 open=False,
                 name=f"jobbus-{self.settings.schema}",
             )
@@ -140,13 +146,28 @@ class App:
             raise RuntimeError("the App is not open: use `async with app:` (or app.sync for blocking code)")
         return self._pool
 
-    async def _run(self, statement: Statement[T], connection: psycopg.AsyncConnection[Any] | None = None) -> T:
+    async def _run(
+        self,
+        statement: Statement[T],
+        connection: psycopg.AsyncConnection[Any] | None = None,
+        *,
+        repeatable: bool = True,
+    ) -> T:
+        """Run one statement. On the App's pool, a lost connection or a busy server is waited out for at
+        most `database_wait_seconds`, repeating the statement when that is safe (`repeatable`), then
+        `DatabaseUnavailableError`. In the caller's own transaction nothing is repeated."""
         if connection is not None:
             if not isinstance(connection, psycopg.AsyncConnection):
                 raise TypeError("connection= must be a psycopg.AsyncConnection here (use app.sync with a sync one)")
             return await run_async(connection, statement)
-        async with self.pool.connection() as conn:
-            return await run_async(conn, statement)
+        waiting = _Waiting(self.settings.database_wait_seconds)
+        while True:
+            try:
+                async with self.pool.connection(timeout=waiting.remaining()) as conn:
+                    waiting.sent = True
+                    return await run_async(conn, statement)
+            except Exception as exc:
+                await asyncio.sleep(waiting.after(exc, repeatable))
 
     # -- producers ---------------------------------------------------------------------------------
 
@@ -189,6 +210,14 @@ class App:
         if not specs:
             return []
         found = await self._run(self.store.insert_jobs(specs), connection)
+        for _ in range(DEDUPE_ROUNDS):
+            missing = _missing(specs, found)
+            if not missing:
+                break
+            more: dict[tuple[str, str], uuid.UUID] = await self._run(self.store.insert_jobs(missing), connection)
+            found.update(more)
+        else:
+            raise _dedupe_contention(specs, found)
         if self.events:
             for spec in _inserted(specs, found):
                 await self.events.emit(JobScheduled(spec.id, spec.type, spec.queue))
@@ -256,7 +285,7 @@ class App:
         """Requeue a failed job with its attempts reset; anything else raises `InvalidStateError`."""
         at, delay = resolve_available_at(available_at)
         try:
-            before, done = await self._run(self.store.retry_job(_uuid(job_id), at, delay))
+            before, done = await self._run(self.store.retry_job(_uuid(job_id), at, delay), repeatable=False)
         except psycopg.errors.UniqueViolation:
             raise InvalidStateError(
                 f"job {job_id} cannot be retried: another active job holds its unique_key"
@@ -293,11 +322,13 @@ class App:
     # -- worker ------------------------------------------------------------------------------------
 
     async def run_worker(self, options: WorkerOptions | None = None, **kwargs: Any) -> int:
-        """Run a worker in this event loop until it stops; returns the process exit code (0 or 75)."""
-        from jobbus.worker.runtime import Worker, WorkerOptions
+        """Run a worker in this event loop until it stops; returns its exit code (0, 70 or 75).
 
-        opts = options or WorkerOptions(**kwargs)
-        return await Worker(self, opts).run()
+        A shortcut for ``await jobbus.Worker(app, ...).run()``; keep the `Worker` to stop it from outside.
+        """
+        from jobbus.worker.runtime import Worker
+
+        return await Worker(self, options, **kwargs).run()
 
 
 class SyncApp:
@@ -319,6 +350,7 @@ class SyncApp:
                     min_size=1,
                     max_size=self._app.settings.pool_max_size,
                     kwargs=self._app.settings.connection_kwargs,
+                    configure=configure_connection,
                     open=False,
                     name=f"jobbus-sync-{self._app.settings.schema}",
                 )
@@ -339,13 +371,21 @@ class SyncApp:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _run(self, statement: Statement[T], connection: psycopg.Connection[Any] | None = None) -> T:
+    def _run(
+        self, statement: Statement[T], connection: psycopg.Connection[Any] | None = None, *, repeatable: bool = True
+    ) -> T:
         if connection is not None:
             if not isinstance(connection, psycopg.Connection):
                 raise TypeError("connection= must be a sync psycopg.Connection here (use await app.schedule otherwise)")
             return run_sync(connection, statement)
-        with self._pool_or_open().connection() as conn:
-            return run_sync(conn, statement)
+        waiting = _Waiting(self._app.settings.database_wait_seconds)
+        while True:
+            try:
+                with self._pool_or_open().connection(timeout=waiting.remaining()) as conn:
+                    waiting.sent = True
+                    return run_sync(conn, statement)
+            except Exception as exc:
+                time.sleep(waiting.after(exc, repeatable))
 
     def schedule(
         self,
@@ -380,6 +420,14 @@ class SyncApp:
         if not specs:
             return []
         found = self._run(app.store.insert_jobs(specs), connection)
+        for _ in range(DEDUPE_ROUNDS):
+            missing = _missing(specs, found)
+            if not missing:
+                break
+            more: dict[tuple[str, str], uuid.UUID] = self._run(app.store.insert_jobs(missing), connection)
+            found.update(more)
+        else:
+            raise _dedupe_contention(specs, found)
         if app.events:
             for spec in _inserted(specs, found):
                 app.events.emit_sync(JobScheduled(spec.id, spec.type, spec.queue))
@@ -413,7 +461,7 @@ class SyncApp:
     def retry(self, job_id: uuid.UUID, available_at: datetime | timedelta | None = None) -> None:
         at, delay = resolve_available_at(available_at)
         try:
-            before, done = self._run(self._app.store.retry_job(_uuid(job_id), at, delay))
+            before, done = self._run(self._app.store.retry_job(_uuid(job_id), at, delay), repeatable=False)
         except psycopg.errors.UniqueViolation:
             raise InvalidStateError(
                 f"job {job_id} cannot be retried: another active job holds its unique_key"
@@ -443,6 +491,45 @@ class SyncApp:
 
 
 # -- helpers shared by both front-ends --------------------------------------------------------------
+
+
+class _Waiting:
+    """One App call waiting out an unreachable database, within `database_wait_seconds`."""
+
+    def __init__(self, seconds: float) -> None:
+        self.deadline = time.monotonic() + seconds
+        self.sent = False  # a statement went out at least once: it may have been applied
+        self.backoff = Backoff(first=0.05, cap=1.0)
+
+    def remaining(self) -> float:
+        return max(0.05, self.deadline - time.monotonic())
+
+    def after(self, exc: Exception, repeatable: bool) -> float:
+        """Re-raise what cannot be waited out; otherwise how long to sleep before the next try."""
+        if not is_transient(exc):
+            raise exc
+        left = self.deadline - time.monotonic()
+        if left <= 0 or (self.sent and not repeatable):
+            written = None if self.sent else False
+            outcome = "its outcome is unknown" if self.sent else "nothing was written"
+            raise DatabaseUnavailableError(
+                f"the database is unavailable ({type(exc).__name__}: {first_line(exc)}); {outcome}",
+                written=written,
+            ) from exc
+        return min(self.backoff.next_delay(), left)
+
+
+def _missing(specs: Sequence[JobSpec], found: Mapping[tuple[str, str], uuid.UUID]) -> list[JobSpec]:
+    """Keyed specs that met an active job this statement could not see: ask again in a new one."""
+    return [s for s in specs if s.unique_key is not None and (s.type, s.unique_key) not in found]
+
+
+def _dedupe_contention(specs: Sequence[JobSpec], found: Mapping[tuple[str, str], uuid.UUID]) -> JobbusError:
+    keys = ", ".join(f"{s.type}/{s.unique_key}" for s in _missing(specs, found)[:3])
+    return JobbusError(
+        f"unique_key {keys}: an active job holds it but this transaction cannot see it (a REPEATABLE READ or "
+        "SERIALIZABLE transaction that started before it): retry the transaction"
+    )
 
 
 def _requests(
@@ -483,20 +570,21 @@ def _request(values: Mapping[str, Any]) -> JobRequest:
         raise InvalidJobError(f"schedule_many: {exc}") from None
 
 
-def _spec_key(spec: JobSpec) -> uuid.UUID | tuple[str, str]:
-    return (spec.type, spec.unique_key) if spec.unique_key is not None else spec.id
+def _job_id(spec: JobSpec, found: Mapping[tuple[str, str], uuid.UUID]) -> uuid.UUID:
+    """The id a spec ended up with: its own, or that of the active job holding its unique key."""
+    return spec.id if spec.unique_key is None else found.get((spec.type, spec.unique_key), spec.id)
 
 
 def _resolve_ids(
-    specs: Sequence[JobSpec], order: Sequence[int], found: Mapping[uuid.UUID | tuple[str, str], uuid.UUID]
+    specs: Sequence[JobSpec], order: Sequence[int], found: Mapping[tuple[str, str], uuid.UUID]
 ) -> list[uuid.UUID]:
-    ids = [found.get(_spec_key(spec), spec.id) for spec in specs]
+    ids = [_job_id(spec, found) for spec in specs]
     return [ids[index] for index in order]
 
 
-def _inserted(specs: Sequence[JobSpec], found: Mapping[uuid.UUID | tuple[str, str], uuid.UUID]) -> list[JobSpec]:
+def _inserted(specs: Sequence[JobSpec], found: Mapping[tuple[str, str], uuid.UUID]) -> list[JobSpec]:
     """The specs that became new rows (a deduplicated one maps to another job's id)."""
-    return [spec for spec in specs if found.get(_spec_key(spec), spec.id) == spec.id]
+    return [spec for spec in specs if _job_id(spec, found) == spec.id]
 
 
 def _uuid(value: uuid.UUID | str) -> uuid.UUID:

@@ -6,11 +6,14 @@ layer over them. Everything goes through PostgreSQL, so it works across hosts an
 - `pause` / `resume` change a **durable** desired state (table ``pause``): a worker started later under
   a paused target starts paused. Pausing a queue stops claiming from that queue only.
 - `drain` (run until no job is available, then exit 0), `stop` (finish in-flight jobs, exit 0) and
-  `restart` (the same, exit 75) are **one-shot** commands for the workers alive when they are issued.
+  `restart` (the same, exit 75) are **one-shot** commands for the worker processes alive when they
+  are issued (a process started later does not apply them).
 
-Each call is one transaction that records a command numbered by a generation, lists the live workers
-it targets, and sends a NOTIFY so they apply it within one poll interval. Workers acknowledge the
-generation they applied; `wait_for_acks` waits for that.
+Each call is one transaction that records a command numbered by a generation and the workers it
+addresses now, and sends a NOTIFY so they apply it within one poll interval. A worker reads every
+command issued since it started whose target matches it, so one cut off from the database applies
+the command when it is back. Workers acknowledge the generation they applied, per process (a worker
+restarted under the same id does not acknowledge for its predecessor); `wait_for_acks` waits for that.
 
     async with app:
         issued = await jobbus.control.pause(app, queue="emails")
@@ -23,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Literal, TypeVar
@@ -93,12 +97,13 @@ class Target:
 
 @dataclass(frozen=True, slots=True)
 class CommandIssued:
-    """A recorded command: its generation and the live workers it was addressed to."""
+    """A recorded command: its generation and the workers (with their process instances) it addresses."""
 
     action: Action
     target: Target
     generation: int
     worker_ids: tuple[str, ...]
+    instance_ids: tuple[uuid.UUID | None, ...]
     issued_at: datetime
     #: pause/resume only: whether the durable state changed (False: the target was already paused/resumed).
     state_changed: bool
@@ -106,16 +111,20 @@ class CommandIssued:
 
 @dataclass(frozen=True, slots=True)
 class AckReport:
-    """Where the targeted workers stand after `wait_for_acks`."""
+    """Where the addressed workers stand after `wait_for_acks`."""
 
     generation: int
-    acknowledged: tuple[str, ...]  # applied the command (acked_generation >= generation)
+    acknowledged: tuple[str, ...]  # the process addressed applied the command
     missing: tuple[str, ...]  # live, but did not acknowledge in time
-    gone: tuple[str, ...]  # stopped, died or were forgotten without acknowledging: nothing to wait for
+    gone: tuple[str, ...]  # stopped, declared dead or forgotten without acknowledging: nothing to wait for
+    #: Never reached: silent since (cut off from the database, hung, or killed and not yet declared
+    #: dead), or restarted under the same id before applying the command. It applies the command if
+    #: it comes back; its predecessor's restart does not count.
+    unreachable: tuple[str, ...] = ()
 
     @property
     def complete(self) -> bool:
-        return not self.missing
+        return not self.missing and not self.unreachable
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,38 +191,44 @@ async def issue(app: App, action: Action, target: Target) -> CommandIssued:
     store = _store(app)
     async with app.pool.connection() as conn, conn.transaction():
         await run_async(conn, store.lock_commands())
-        row = await run_async(
-            conn,
-            store.issue_command(
-                action=action, target_kind=target.kind, target=target.name, lease_seconds=app.settings.lease_seconds
-            ),
-        )
-    return CommandIssued(action, target, row.generation, row.worker_ids, row.issued_at, row.pause_changed)
+        row = await run_async(conn, store.issue_command(action=action, target_kind=target.kind, target=target.name))
+    return CommandIssued(
+        action, target, row.generation, row.worker_ids, row.instance_ids, row.issued_at, row.pause_changed
+    )
 
 
 async def wait_for_acks(
     app: App, issued: CommandIssued, timeout: float | timedelta = 30.0, *, poll_interval: float = 0.2
 ) -> AckReport:
-    """Wait until every targeted worker acknowledged `issued` or is stopped/gone, at most `timeout`.
+    """Wait until every addressed worker acknowledged `issued` or is gone, at most `timeout`.
 
-    Never raises on timeout: the report names who acknowledged and who is `missing`.
+    Never raises on timeout: the report names who acknowledged, who is `missing` (live, late) and who
+    is `unreachable` (silent, or replaced by a new process under its id before applying it).
     """
     seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
     deadline = time.monotonic() + max(0.0, seconds)
     store = _store(app)
+    instances = dict(zip(issued.worker_ids, issued.instance_ids, strict=True))
     while True:
-        acks = await _run(app, store.worker_acks(issued.worker_ids, app.settings.lease_seconds))
-        acknowledged, missing, gone = [], [], []
+        acks = await _run(app, store.worker_acks(issued.worker_ids))
+        acknowledged, missing, gone, unreachable = [], [], [], []
         for worker_id in issued.worker_ids:
             ack = acks.get(worker_id)
-            if ack is not None and ack.acked_generation >= issued.generation:
+            replaced = ack is not None and ack.instance_id != instances[worker_id]
+            if ack is None or ack.declared_dead or (ack.state == "stopped" and not replaced):
+                if ack is not None and ack.acked_generation >= issued.generation and not replaced:
+                    acknowledged.append(worker_id)
+                else:
+                    gone.append(worker_id)
+            elif replaced or ack.silent:
+                unreachable.append(worker_id)
+            elif ack.acked_generation >= issued.generation:
                 acknowledged.append(worker_id)
-            elif ack is None or ack.gone or ack.state == "stopped":
-                gone.append(worker_id)
             else:
                 missing.append(worker_id)
-        if not missing or time.monotonic() >= deadline:
-            return AckReport(issued.generation, tuple(acknowledged), tuple(missing), tuple(gone))
+        waiting = missing or unreachable
+        if not waiting or time.monotonic() >= deadline:
+            return AckReport(issued.generation, tuple(acknowledged), tuple(missing), tuple(gone), tuple(unreachable))
         await asyncio.sleep(min(poll_interval, max(0.0, deadline - time.monotonic())))
 
 
@@ -221,19 +236,16 @@ async def wait_for_acks(
 
 
 async def list_workers(app: App, *, forget_after: timedelta | None = FORGET_WORKERS_AFTER) -> list[WorkerInfo]:
-    """The worker registry, oldest first; gone = not refreshed for `lease_seconds` and not stopped.
+    """The worker registry, oldest first; gone = silent (by the worker's own timing) and not stopped.
 
     Rows of workers that stopped or went gone longer ago than `forget_after` are deleted on the way
     (None keeps them), so the registry does not grow with every deploy; a read-only role skips that.
     """
     store = _store(app)
-    lease = app.settings.lease_seconds
     if forget_after is not None:
         with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
-            await _run(
-                app, store.forget_workers(lease_seconds=lease, forget_after_seconds=forget_after.total_seconds())
-            )
-    return await _run(app, store.list_workers(lease_seconds=lease))
+            await _run(app, store.forget_workers(forget_after_seconds=forget_after.total_seconds()))
+    return await _run(app, store.list_workers())
 
 
 async def queue_status(app: App) -> StatusReport:

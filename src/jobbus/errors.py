@@ -23,3 +23,16 @@ class SchemaError(JobbusError):
 
 class InvalidJobError(JobbusError, ValueError):
     """A job (or setting of one) was refused before anything was written."""
+
+
+class DatabaseUnavailableError(JobbusError):
+    """The database could not be reached within `database_wait_seconds`.
+
+    `written` says what became of the call: False when nothing was written, None when the connection was
+    lost after the statement was sent and its outcome is unknown (a retry of a keyed `schedule` is
+    always safe; jobbus already repeats statements that are safe to repeat before giving up).
+    """
+
+    def __init__(self, message: str, *, written: bool | None = False) -> None:
+        super().__init__(message)
+        self.written = written

@@ -2,13 +2,18 @@
 
 Every write is fenced by the attempt's lease token: once the lease is gone (expired, re-claimed, or
 released at shutdown) the write is rejected and `LeaseLostError` is raised.
+
+Why the worker wants an attempt to stop lives in one place, `AttemptSignals`: the worker sets reasons
+on it, the handler reads them through `cancellation_requested` and `lease_lost`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
+from datetime import datetime
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -24,11 +29,91 @@ T = TypeVar("T")
 Runner = Callable[[Statement[Any]], Awaitable[Any]]
 
 
+class StopReason(enum.Enum):
+    """Why an attempt should stop before its handler is done."""
+
+    #: `cancel()` was called: the attempt ends as `cancelled`, whatever the handler does next.
+    CANCELLED = "cancelled"
+    #: The worker is shutting down: a handler that saw this and returned gives the job back.
+    SHUTDOWN = "shutdown"
+    #: The attempt ran past its timeout: it fails (and is retried) with "timed out".
+    TIMEOUT = "timed out"
+    #: The worker could not reach the database for long enough that the job may be recovered by
+    #: another worker at any moment: nothing the handler does is written; the job is given up.
+    FENCED = "fenced"
+    #: The lease expired or was taken over: nothing more of this attempt is written.
+    LEASE_LOST = "lease lost"
+
+
+_LOSING = frozenset({StopReason.FENCED, StopReason.LEASE_LOST})
+
+
+class AttemptSignals:
+    """The stop reasons of one attempt: set by the worker, read by the handler.
+
+    Plain attribute updates under the GIL, so a sync handler's thread reads them safely.
+    """
+
+    __slots__ = ("_closed", "_observed", "_reasons")
+
+    def __init__(self, *, cancelled: bool = False) -> None:
+        self._reasons: frozenset[StopReason] = frozenset({StopReason.CANCELLED} if cancelled else ())
+        self._observed = False
+        self._closed = False
+
+    def request(self, reason: StopReason) -> bool:
+        """Add a reason; returns True if it is new."""
+        if reason in self._reasons:
+            return False
+        self._reasons = self._reasons | {reason}
+        return True
+
+    def __contains__(self, reason: StopReason) -> bool:
+        return reason in self._reasons
+
+    @property
+    def reasons(self) -> frozenset[StopReason]:
+        return self._reasons
+
+    @property
+    def requested(self) -> bool:
+        return bool(self._reasons)
+
+    def observe(self) -> bool:
+        """What the handler reads: remembers that it saw a stop request (so returning then means it stopped)."""
+        if self._reasons:
+            self._observed = True
+            return True
+        return False
+
+    @property
+    def observed(self) -> bool:
+        return self._observed
+
+    @property
+    def lease_lost(self) -> bool:
+        return not self._reasons.isdisjoint(_LOSING)
+
+    def close(self) -> None:
+        """The attempt is over: later fenced writes are refused without asking the database."""
+        self._closed = True
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+
 class JobExecution:
     """One attempt of one job, as its async handler sees it."""
 
     def __init__(
-        self, claimed: ClaimedJob, store: JobStore, run: Runner, lease_seconds: float, max_payload_bytes: int
+        self,
+        claimed: ClaimedJob,
+        store: JobStore,
+        run: Runner,
+        lease_seconds: float,
+        max_payload_bytes: int,
+        signals: AttemptSignals | None = None,
     ) -> None:
         self._claimed = claimed
         self._max_payload_bytes = max_payload_bytes
@@ -36,10 +121,8 @@ class JobExecution:
         self._run = run
         self._lease_seconds = lease_seconds
         self._execution_data: dict[str, Any] = dict(claimed.execution_data)
-        self._configuration = MappingProxyType(dict(claimed.configuration_data))
-        self._cancel_requested_by_user = claimed.cancellation_requested
-        self._cancel_requested_by_worker = False
-        self._lease_lost = False
+        self._configuration = MappingProxyType(dict(claimed.configuration_data or {}))
+        self._signals = signals if signals is not None else AttemptSignals(cancelled=claimed.cancellation_requested)
         self.scope: Any = None
 
     # -- identity ----------------------------------------------------------------------------------
@@ -77,6 +160,16 @@ class JobExecution:
         return self._claimed.lease_token
 
     @property
+    def created_at(self) -> datetime:
+        """When the job was scheduled (database clock)."""
+        return self._claimed.created_at
+
+    @property
+    def available_at(self) -> datetime:
+        """When the job became available to run: `created_at` or its delay, or the last retry's backoff."""
+        return self._claimed.available_at
+
+    @property
     def configuration(self) -> Mapping[str, Any]:
         """The job's input, read-only: configuration never changes after scheduling."""
         return self._configuration
@@ -89,37 +182,30 @@ class JobExecution:
     # -- cancellation ------------------------------------------------------------------------------
     @property
     def cancellation_requested(self) -> bool:
-        """True once the job was cancelled, the worker is shutting down, or the lease was lost."""
-        return self._cancel_requested_by_user or self._cancel_requested_by_worker or self._lease_lost
-
-    @property
-    def cancelled_by_user(self) -> bool:
-        return self._cancel_requested_by_user
+        """True once the job was cancelled, the worker is stopping, the attempt timed out, or the lease
+        is lost. Return (or raise) soon: what happens next depends on why (docs/worker.md)."""
+        return self._signals.observe()
 
     @property
     def lease_lost(self) -> bool:
-        return self._lease_lost
-
-    def _note_cancellation(self, requested: bool | None) -> None:
-        if requested is None:
-            self._lease_lost = True
-        elif requested:
-            self._cancel_requested_by_user = True
-
-    def _request_stop(self) -> None:
-        self._cancel_requested_by_worker = True
-
-    def _mark_lease_lost(self) -> None:
-        self._lease_lost = True
+        """True once this attempt can no longer write anything: another attempt may own the job."""
+        return self._signals.lease_lost
 
     # -- fenced writes -----------------------------------------------------------------------------
+    def _refuse(self, what: str) -> LeaseLostError:
+        if self._signals.closed and not self._signals.lease_lost:
+            return LeaseLostError(f"job {self.id}: {what} rejected, attempt {self.attempt} is over")
+        return LeaseLostError(f"job {self.id}: {what} rejected, the lease of attempt {self.attempt} is lost")
+
     async def _fenced(self, statement: Statement[bool | None], what: str) -> None:
-        if self._lease_lost:
-            raise LeaseLostError(f"job {self.id}: {what} rejected, the lease of attempt {self.attempt} is lost")
+        if self._signals.lease_lost or self._signals.closed:
+            raise self._refuse(what)
         flag = await self._run(statement)
-        self._note_cancellation(flag)
         if flag is None:
-            raise LeaseLostError(f"job {self.id}: {what} rejected, the lease of attempt {self.attempt} is lost")
+            self._signals.request(StopReason.LEASE_LOST)
+            raise self._refuse(what)
+        if flag:
+            self._signals.request(StopReason.CANCELLED)
 
     async def checkpoint(self, data: Mapping[str, Any]) -> None:
         """Replace the checkpoint with `data` (a JSON object); durable when this returns."""
@@ -179,12 +265,24 @@ class SyncJobExecution:
         return self._execution.max_attempts
 
     @property
+    def created_at(self) -> datetime:
+        return self._execution.created_at
+
+    @property
+    def available_at(self) -> datetime:
+        return self._execution.available_at
+
+    @property
     def scope(self) -> Any:
         return self._execution.scope
 
     @property
     def cancellation_requested(self) -> bool:
         return self._execution.cancellation_requested
+
+    @property
+    def lease_lost(self) -> bool:
+        return self._execution.lease_lost
 
     @property
     def execution_data(self) -> dict[str, Any]:

@@ -104,9 +104,13 @@ class ClaimedJob:
     name: str | None
     group_id: uuid.UUID | None
     priority: int
-    configuration_data: dict[str, Any]
+    configuration_data: dict[str, Any] | None
     execution_data: dict[str, Any]
     attempts: int
     max_attempts: int
     lease_token: uuid.UUID
     cancellation_requested: bool
+    created_at: datetime
+    available_at: datetime
+    #: Set when the stored configuration is larger than the worker accepts: it was not loaded (None).
+    oversized_bytes: int | None = None

@@ -93,10 +93,12 @@ def script(schema: str = "jobbus") -> str:
     return _migration_script(schema, f"version {latest_version()}", migrations())
 
 
-def roles_script(schema: str, *, worker: str, operator: str, observer: str) -> str:
-    """GRANTs giving existing roles exactly what workers, operators and observers need (docs/security.md)."""
+def roles_script(schema: str, *, worker: str, operator: str, observer: str, producer: str | None = None) -> str:
+    """GRANTs giving existing roles exactly what workers, operators, observers and (optionally) producers
+    need (docs/security.md). Without `producer`, the worker role is the one producers use."""
     template = resources.files("jobbus").joinpath("sql/roles.sql").read_text(encoding="utf-8")
-    for kind, role in (("worker", worker), ("operator", operator), ("observer", observer)):
+    roles = (("worker", worker), ("operator", operator), ("observer", observer), ("producer", producer or worker))
+    for kind, role in roles:
         quoted = sql.Identifier(validate_identifier(f"{kind} role", role)).as_string(None)
         template = template.replace("{" + kind + "}", quoted)
     return render(template, schema)

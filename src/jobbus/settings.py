@@ -103,6 +103,8 @@ BOUNDS: dict[str, Bounds] = {
     "heartbeat_interval_seconds": Bounds(0.01, 7 * DAY, "seconds"),
     "pool_max_size": Bounds(2, 10_000),
     "max_payload_bytes": Bounds(1024, 128 * 1024 * 1024, "bytes"),
+    "worker_dead_after_seconds": Bounds(0.1, 7 * DAY, "seconds"),
+    "database_wait_seconds": Bounds(0, DAY, "seconds"),
 }
 
 
@@ -140,6 +142,13 @@ class Settings:
     transaction_pooling: bool = False
     #: DSN for the worker's LISTEN connection; defaults to `dsn` (unless `transaction_pooling`).
     listen_dsn: str | None = None
+    #: A worker whose registry row stays silent this long is declared dead and its jobs are recovered,
+    #: long before their leases expire. A worker that cannot refresh its row stops its handlers'
+    #: outcomes after two thirds of this, before anyone can declare it dead.
+    worker_dead_after_seconds: float = 15.0
+    #: How long a producer or admin call waits for an unreachable database (a connection from the pool,
+    #: repeats of statements that are safe to repeat) before raising `DatabaseUnavailableError`.
+    database_wait_seconds: float = 10.0
 
     def __post_init__(self) -> None:
         validate_schema_name(self.schema)
@@ -160,6 +169,12 @@ class Settings:
                 "must be < lease_seconds",
                 self.heartbeat_interval_seconds,
             )
+        _require(
+            self.worker_dead_after_seconds >= 3 * self.heartbeat_seconds,
+            "worker_dead_after_seconds",
+            f"must be at least 3 heartbeat intervals ({3 * self.heartbeat_seconds:g} s)",
+            self.worker_dead_after_seconds,
+        )
 
     def __repr__(self) -> str:
         values = ", ".join(
@@ -178,6 +193,11 @@ class Settings:
         if self.listen_dsn:
             return self.listen_dsn
         return None if self.transaction_pooling else self.dsn
+
+    @property
+    def fence_after_seconds(self) -> float:
+        """A worker that could not refresh its registry row this long stops its handlers' outcomes."""
+        return self.worker_dead_after_seconds * 2.0 / 3.0
 
     @property
     def heartbeat_seconds(self) -> float:

@@ -55,7 +55,7 @@ def test_a_paused_queue_keeps_its_job_queued_until_resume_while_other_queues_run
 def test_a_worker_started_under_a_paused_target_starts_paused(dsn: str) -> None:
     issued = jobbus(dsn, "pause", "--all")
     assert issued.returncode == 0, issued.stderr
-    assert "no live worker is targeted now" in issued.stdout
+    assert "no running worker is targeted now" in issued.stdout
     job = _schedule(dsn, "noop")
     with running_workers(dsn, ("w-late", [])) as (worker,):
         wait_until(lambda: _worker_state(dsn, "w-late") == "paused", what="worker reports paused")
@@ -125,5 +125,5 @@ def test_wait_times_out_with_exit_1_naming_the_workers_that_did_not_acknowledge(
     )
     result = jobbus(dsn, "drain", "--all", "--wait", "--timeout", "0.5")
     assert result.returncode == 1
-    assert "addressed to 1 live worker(s): ghost" in result.stdout
+    assert "addressed to 1 worker(s): ghost" in result.stdout
     assert "not acknowledged within 0.5 s by: ghost" in result.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -80,15 +81,17 @@ def test_workers_lists_gone_workers_and_forgets_old_rows(dsn: str) -> None:
     assert human.returncode == 0 and "gone" in human.stdout and "stopped" in human.stdout
 
 
-def test_a_short_lease_makes_a_silent_worker_gone(dsn: str) -> None:
+def test_a_worker_is_gone_by_its_own_lease_not_by_the_cli_settings(dsn: str) -> None:
     execute(
         dsn,
-        "INSERT INTO jobbus.worker (id, host, pid, concurrency, last_seen_at) "
-        "VALUES ('w', 'h', 1, 1, now() - interval '5 seconds')",
+        "INSERT INTO jobbus.worker (id, host, pid, concurrency, last_seen_at, lease_seconds) "
+        "VALUES ('short', 'h', 1, 1, now() - interval '5 seconds', 2), "
+        "       ('long', 'h', 2, 1, now() - interval '5 seconds', 300)",
     )
-    assert jobbus_json(dsn, "workers")[0]["state"] == "running"
-    result = jobbus(dsn, "workers", "--json", JOBBUS_LEASE_SECONDS="2")
-    assert '"state": "gone"' in result.stdout
+    for lease in ("300", "2", "600"):
+        result = jobbus(dsn, "workers", "--json", JOBBUS_LEASE_SECONDS=lease)
+        states = {w["id"]: w["state"] for w in json.loads(result.stdout)}
+        assert states == {"short": "gone", "long": "running"}, lease
 
 
 def test_status_watch_refreshes_until_ctrl_c_then_exits_0(dsn: str) -> None:

@@ -266,6 +266,7 @@ def _claim_plan(conn: psycopg.Connection[tuple[object, ...]], app: jobbus.App) -
         "queues": [],
         "paused_queues": [],
         "lease_seconds": 1.0,
+        "max_payload_bytes": 2**20,
     }
     with contextlib.suppress(_Rollback), conn.transaction():
         conn.execute(app.store.query("claim_jobs").encode(), params)

@@ -92,11 +92,8 @@ def test_sigterm_lets_the_running_job_finish_then_exits_0(db: str, sync_app: job
     assert status_of(db, job_id) == "completed"
 
 
-@pytest.mark.parametrize("job_type", ["stubborn", "stubborn_sync"])
-def test_sigterm_with_a_short_timeout_releases_a_long_job_and_exits_promptly(
-    db: str, sync_app: jobbus.App, job_type: str
-) -> None:
-    job_id = sync_app.sync.schedule(job_type, {"sleep": 120})
+def test_sigterm_with_a_short_timeout_releases_a_long_job_and_exits_promptly(db: str, sync_app: jobbus.App) -> None:
+    job_id = sync_app.sync.schedule("stubborn", {"sleep": 120})
     with workers(db, 1, "--shutdown-timeout", "0.5") as (worker,):
         wait_until(lambda: executions(db, job_id), what="the job to start")
         worker.send_signal(signal.SIGTERM)
@@ -108,6 +105,30 @@ def test_sigterm_with_a_short_timeout_releases_a_long_job_and_exits_promptly(
     assert job.attempts == 0
     assert job.lease_token is None
     assert job.available_at <= query(db, "SELECT now()")[0][0]
+
+
+def test_a_thread_that_outlives_the_shutdown_keeps_its_lease_until_the_process_is_gone(
+    db: str, sync_app: jobbus.App
+) -> None:
+    """A sync handler's thread cannot be interrupted: its job is never released while it still runs.
+    The process exits with the lease held; a successor takes the job back once the process is gone."""
+    job_id = sync_app.sync.schedule("stubborn_sync", {"sleep": 120})
+    with workers(db, 1, "--shutdown-timeout", "0.5", "--worker-id", "pod-s") as (worker,):
+        wait_until(lambda: executions(db, job_id), what="the job to start")
+        worker.send_signal(signal.SIGTERM)
+        code, out = finish(worker, timeout=20)
+    assert code == 0, out
+    assert "in threads" in out
+    job = sync_app.sync.find(job_id)
+    assert job is not None and job.status is jobbus.JobStatus.RUNNING and job.lease_token is not None
+    state = query(db, "SELECT state FROM jobbus.worker WHERE id = 'pod-s'")[0][0]
+    assert state != "stopped"  # so it is treated as silent, not as a clean stop
+    successor = start_worker(db, "--worker-id", "pod-s", "--stop-when-empty")
+    try:
+        wait_until(lambda: len(executions(db, job_id)) == 2, timeout=30, what="the successor to run the job")
+    finally:
+        successor.kill()
+        successor.wait()
 
 
 def test_second_sigterm_skips_the_wait(db: str, sync_app: jobbus.App) -> None:

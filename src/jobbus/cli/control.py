@@ -33,16 +33,18 @@ _HELP: dict[control.Action, tuple[str, str]] = {
     ),
     "drain": (
         "Targeted workers run until no job is available for them, then exit 0.",
-        "One-shot: it applies to the workers alive now, not to workers started later.",
+        "One-shot: it applies to the worker processes running now (also to one cut off from the database,\n"
+        "when it is back), not to workers started later.",
     ),
     "stop": (
         "Targeted workers stop claiming, finish their in-flight jobs and exit 0.",
-        "One-shot: it applies to the workers alive now. In-flight jobs get the worker's\n"
+        "One-shot: it applies to the worker processes running now. In-flight jobs get the worker's\n"
         "--shutdown-timeout, like on SIGTERM. A supervisor that restarts on any exit will start them again.",
     ),
     "restart": (
         "Targeted workers finish their in-flight jobs and exit 75 so their supervisor restarts them.",
-        "One-shot: it applies to the workers alive now. Configure the supervisor to restart on exit 75\n"
+        "One-shot: it applies to the worker processes running now. Configure the supervisor to restart on\n"
+        "exit 75 "
         "(systemd Restart=on-failure, Kubernetes restartPolicy Always; see docs/operations.md).",
     ),
 }
@@ -109,11 +111,17 @@ def _report(issued: control.CommandIssued, report: control.AckReport | None, tim
     else:
         _echo_human(issued, report)
     if report is not None and not report.complete:
-        return fail(
-            f"{issued.action} not acknowledged within {timeout:g} s by: {', '.join(report.missing)} "
-            "(still registered as alive: check their logs, or whether they are stuck in a long job)",
-            code,
-        )
+        parts = []
+        if report.missing:
+            parts.append(
+                f"{', '.join(report.missing)} (alive: check their logs, or whether they are stuck in a long job)"
+            )
+        if report.unreachable:
+            parts.append(
+                f"{', '.join(report.unreachable)} (not reached: silent, or restarted under the same id before "
+                "applying it; a silent worker applies it when it is back)"
+            )
+        return fail(f"{issued.action} not acknowledged within {timeout:g} s by: {'; '.join(parts)}", code)
     return code
 
 
@@ -129,11 +137,11 @@ def _echo_human(issued: control.CommandIssued, report: control.AckReport | None)
     else:
         echo(f"{issued.action} issued to {target} (generation {issued.generation})")
     if issued.worker_ids:
-        echo(f"addressed to {len(issued.worker_ids)} live worker(s): {', '.join(issued.worker_ids)}")
+        echo(f"addressed to {len(issued.worker_ids)} worker(s): {', '.join(issued.worker_ids)}")
     elif issued.action in ("pause", "resume"):
-        echo("no live worker is targeted now; workers started later will follow the pause state")
+        echo("no running worker is targeted now; workers started later will follow the pause state")
     else:
-        echo("no live worker is targeted: nothing to do (one-shot commands apply to live workers only)")
+        echo("no running worker is targeted: nothing to do (one-shot commands apply to running workers only)")
     if report is not None:
         if report.acknowledged:
             echo(f"acknowledged by: {', '.join(report.acknowledged)}")
@@ -152,9 +160,15 @@ def _issued_dict(issued: control.CommandIssued, report: control.AckReport | None
         "acknowledged": None,
         "missing": None,
         "gone": None,
+        "unreachable": None,
     }
     if report is not None:
-        data.update(acknowledged=list(report.acknowledged), missing=list(report.missing), gone=list(report.gone))
+        data.update(
+            acknowledged=list(report.acknowledged),
+            missing=list(report.missing),
+            gone=list(report.gone),
+            unreachable=list(report.unreachable),
+        )
     return data
 
 

@@ -14,6 +14,8 @@ import contextlib
 import logging
 import os
 import random
+import shlex
+import shutil
 import sys
 import time
 import uuid
@@ -189,7 +191,7 @@ async def _demo(app: App, *, embedded: bool, concurrency: int) -> int:
         out.print(await _summary(app, groups, final))
         out.print(await _notable(app, groups))
     out.print(Text(f"done in {elapsed:.1f} s (worker exit code {code})", style="bold"))
-    out.print(_next_steps(embedded))
+    out.print(_next_steps(embedded, _jobbus_command()))
     if problem is not None:
         return fail(problem, exit_codes.FAILURE)
     return exit_codes.OK
@@ -321,20 +323,55 @@ async def _notable(app: App, groups: list[_Group]) -> Table:
     return table
 
 
-def _next_steps(embedded: bool) -> Text:
+def _jobbus_command() -> str:
+    """How to run `jobbus` again from this shell: `jobbus` when that is the one on PATH, otherwise the
+    path this run used (`.venv/bin/jobbus` after `make demo`), relative to the current directory."""
+    on_path = shutil.which("jobbus")
+    invoked = Path(sys.argv[0])
+    if invoked.name == "jobbus":
+        if on_path is not None and Path(on_path).resolve() == invoked.resolve():
+            return "jobbus"
+        return shlex.quote(_relative(invoked))
+    if on_path is not None:
+        return "jobbus"
+    return f"{shlex.quote(_relative(Path(sys.executable)))} -m jobbus"  # run as `python -m jobbus`
+
+
+def _relative(path: Path) -> str:
+    absolute = path.absolute()
+    with contextlib.suppress(ValueError):
+        return str(absolute.relative_to(Path.cwd()))
+    return str(absolute)
+
+
+def _next_steps(embedded: bool, jobbus: str) -> Text:
+    """A walk-through a new user can follow literally, each step building on the one before."""
     text = Text()
     text.append("\nNext, against your own PostgreSQL", style="bold")
     text.append(" (the embedded demo server stops now)" if embedded else "")
     text.append(":\n", style="bold")
+    activate = Path(sys.executable).parent / "activate"
+    if jobbus != "jobbus" and activate.exists():
+        text.append(f"  (after `source {_relative(activate)}`, plain `jobbus` works too)\n", style="dim")
+    emails = "--queue emails --config"
     for command, why in (
-        ("export JOBBUS_DSN=postgresql://localhost/app", "where jobbus lives"),
-        ("jobbus migrate", "create or upgrade the schema"),
-        ("jobbus worker --app jobbus.cli.demo:create_app", "run these demo handlers"),
-        ('jobbus schedule demo.send_email --config \'{"to": "you@example.com"}\'', "enqueue a job"),
-        ("jobbus status", "queues, oldest waiting job, workers"),
-        ("jobbus jobs list --status failed", "what failed, and why"),
-        ("jobbus pause --queue emails --wait", "stop claiming from a queue during an incident"),
-        ("jobbus drain --all --wait", "let workers finish and exit before a deploy"),
+        ("createdb app", "an empty database for jobbus (skip if you have one)"),
+        ("export JOBBUS_DSN=postgresql://localhost/app", "where jobbus lives (export it in every terminal below)"),
+        (f"{jobbus} migrate", "create or upgrade the schema"),
+        (
+            f"{jobbus} worker --app jobbus.cli.demo:create_app",
+            "in a second terminal, in this directory: runs these demo handlers until Ctrl-C",
+        ),
+        (f'{jobbus} schedule demo.send_email {emails} \'{{"to": "you@example.com"}}\'', "enqueue an e-mail"),
+        (
+            f'{jobbus} schedule demo.send_email {emails} \'{{"to": "nobody@example.com", "bounce": true}}\'',
+            "one that bounces: it fails 3 times",
+        ),
+        (f"{jobbus} status", "queues, oldest waiting job, workers"),
+        (f"{jobbus} jobs list --status failed", "what failed, and why (the bounce)"),
+        (f"{jobbus} pause --queue emails --wait", "stop claiming e-mails during an incident; lasts until resumed"),
+        (f"{jobbus} resume --queue emails --wait", "claim them again"),
+        (f"{jobbus} drain --all --wait", "let workers finish what is available and exit, e.g. before a deploy"),
     ):
         text.append(f"  {command}\n", style="cyan")
         text.append(f"      {why}\n", style="dim")

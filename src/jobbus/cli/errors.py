@@ -22,6 +22,7 @@ from jobbus.cli.loading import AppLoadError
 from jobbus.cli.text import visible
 from jobbus.errors import InvalidJobError, InvalidStateError, SchemaError
 from jobbus.settings import redact
+from jobbus.worker import WorkerIdInUseError
 
 T = TypeVar("T")
 
@@ -70,7 +71,7 @@ def run(coroutine_factory: Callable[[], Coroutine[Any, Any, int]]) -> int:
         return asyncio.run(coroutine_factory())
     except click.UsageError:
         raise
-    except (AppLoadError, BadDsn, SchemaError) as exc:
+    except (AppLoadError, BadDsn, SchemaError, WorkerIdInUseError) as exc:
         return fail(str(exc), exit_codes.CONFIG)
     except DatabaseUnavailable as exc:
         return fail(str(exc), exit_codes.UNAVAILABLE)

@@ -14,7 +14,7 @@ from jobbus.cli.loading import open_app
 from jobbus.cli.output import FiniteFloatRange, check_names, seconds_range
 from jobbus.requests import INT32_MAX
 from jobbus.settings import BOUNDS, DAY, redact
-from jobbus.worker import WorkerOptions
+from jobbus.worker import Worker, WorkerOptions
 from jobbus.worker.memory import parse_size
 
 #: Worker ids name rows of the worker registry and of jobs (`worker_id`): short, like a pod name.
@@ -90,15 +90,22 @@ def worker_command(
         limit=limit,
         stop_when_empty=stop_when_empty,
         shutdown_timeout=shutdown_timeout,
+        install_signal_handlers=True,
     )
 
     async def body() -> int:
         async with open_app(app_spec, dsn) as app:
             await probe_database(app.dsn)
-            return await app.run_worker(WorkerOptions(**options))  # type: ignore[arg-type]
+            worker = Worker(app, WorkerOptions(**options))  # type: ignore[arg-type]
+            code = await worker.run()
+        if worker.abandoned:
+            _exit_now(code)  # handlers that ignore cancellation would keep the event loop from closing
+        return code
 
     code = run(body)
-    _exit(code)
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        _exit_now(code)  # a sync handler's thread still runs: its lease was kept, the process ends it
+    sys.exit(code)
 
 
 class RedactingFormatter(logging.Formatter):
@@ -108,11 +115,8 @@ class RedactingFormatter(logging.Formatter):
         return redact(super().format(record))
 
 
-def _exit(code: int) -> None:
-    """Exit now even if a sync handler's thread is still running after its lease was released."""
-    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
-        sys.stdout.flush()
-        sys.stderr.flush()
-        logging.shutdown()
-        os._exit(code)
-    sys.exit(code)
+def _exit_now(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)

@@ -1,15 +1,16 @@
 """The store: the only package that speaks SQL. Every query is a named block in `jobbus/sql/queries/`."""
 
-from jobbus.store.jobs import CancelResult, ExpiredLease, JobStore, Outcome
+from jobbus.store.jobs import CancelResult, JobStore, Outcome, RecoveredJob
 from jobbus.store.statements import Row, Statement, dumps, queries, run_async, run_sync
-from jobbus.store.workers import ControlState, WorkerStore
+from jobbus.store.workers import ControlState, Registration, WorkerStore
 
 __all__ = [
     "CancelResult",
     "ControlState",
-    "ExpiredLease",
     "JobStore",
     "Outcome",
+    "RecoveredJob",
+    "Registration",
     "Row",
     "Statement",
     "WorkerStore",

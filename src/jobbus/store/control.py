@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from jobbus.store.statements import Row, Statement, queries
+from jobbus.store.statements import Row, Statement, channel_name, queries
 
 
 @dataclass(frozen=True, slots=True)
 class IssuedRow:
-    """What `issue_command` wrote: the generation, the live workers it targets, when."""
+    """What `issue_command` wrote: the generation, the workers (and instances) it addresses, when."""
 
     generation: int
     worker_ids: tuple[str, ...]
+    instance_ids: tuple[uuid.UUID | None, ...]
     issued_at: datetime
     pause_changed: bool  # pause added a target / resume removed one (False: it was already so)
 
@@ -22,9 +24,11 @@ class IssuedRow:
 @dataclass(frozen=True, slots=True)
 class WorkerAck:
     id: str
+    instance_id: uuid.UUID | None
     acked_generation: int
     state: str
-    gone: bool
+    silent: bool
+    declared_dead: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,8 +36,9 @@ class WorkerInfo:
     """One row of the worker registry, as read at one instant.
 
     `state` is what the worker last reported (running, paused, draining, stopping, stopped); `gone` is
-    true when a worker that did not stop has not refreshed its row within `lease_seconds` (it died or
-    lost its database connection). `display_state` folds the two for humans.
+    true when a worker that did not stop has not refreshed its row within its own lease (or its own
+    dead-after time, when shorter): it died, hangs, or lost its database connection. `display_state`
+    folds the two for humans.
     """
 
     id: str
@@ -104,44 +109,33 @@ class ControlStore:
 
     def __init__(self, schema: str) -> None:
         self.schema = schema
-        self.control_channel = f"jobbus_{schema}_control"
+        self.control_channel = channel_name(schema, "_control")
         self._q = queries(schema)
 
     def lock_commands(self) -> Statement[None]:
         return Statement(self._q["lock_commands"], {}, lambda rows, _: None)
 
-    def issue_command(
-        self, *, action: str, target_kind: str, target: str, lease_seconds: float
-    ) -> Statement[IssuedRow]:
+    def issue_command(self, *, action: str, target_kind: str, target: str) -> Statement[IssuedRow]:
         """Change the durable pause state and record the command; run after `lock_commands`, same transaction."""
-        params = {
-            "action": action,
-            "target_kind": target_kind,
-            "target": target,
-            "lease_seconds": lease_seconds,
-            "channel": self.control_channel,
-        }
+        params = {"action": action, "target_kind": target_kind, "target": target, "channel": self.control_channel}
 
         def decode(rows: list[Row], _: int) -> IssuedRow:
-            generation, worker_ids, issued_at, changed, _notified = rows[0]
-            return IssuedRow(int(generation), tuple(worker_ids), issued_at, bool(changed))
+            generation, worker_ids, instance_ids, issued_at, changed, _notified = rows[0]
+            return IssuedRow(int(generation), tuple(worker_ids), tuple(instance_ids), issued_at, bool(changed))
 
         return Statement(self._q["issue_command"], params, decode)
 
-    def worker_acks(self, worker_ids: Sequence[str], lease_seconds: float) -> Statement[dict[str, WorkerAck]]:
-        params = {"ids": list(worker_ids), "lease_seconds": lease_seconds}
-
+    def worker_acks(self, worker_ids: Sequence[str]) -> Statement[dict[str, WorkerAck]]:
         def decode(rows: list[Row], _: int) -> dict[str, WorkerAck]:
-            return {r[0]: WorkerAck(r[0], int(r[1]), r[2], bool(r[3])) for r in rows}
+            return {r[0]: WorkerAck(r[0], r[1], int(r[2]), r[3], bool(r[4]), bool(r[5])) for r in rows}
 
-        return Statement(self._q["worker_acks"], params, decode)
+        return Statement(self._q["worker_acks"], {"ids": list(worker_ids)}, decode)
 
-    def forget_workers(self, *, lease_seconds: float, forget_after_seconds: float) -> Statement[int]:
-        params = {"lease_seconds": lease_seconds, "forget_after_seconds": forget_after_seconds}
+    def forget_workers(self, *, forget_after_seconds: float) -> Statement[int]:
+        params = {"forget_after_seconds": forget_after_seconds}
         return Statement(self._q["forget_workers"], params, lambda _, rowcount: rowcount)
 
-    def list_workers(self, *, lease_seconds: float) -> Statement[list[WorkerInfo]]:
-        params = {"lease_seconds": lease_seconds}
+    def list_workers(self) -> Statement[list[WorkerInfo]]:
 
         def decode(rows: list[Row], _: int) -> list[WorkerInfo]:
             return [
@@ -166,7 +160,7 @@ class ControlStore:
                 for r in rows
             ]
 
-        return Statement(self._q["list_workers"], params, decode)
+        return Statement(self._q["list_workers"], {}, decode)
 
     def queue_status(self) -> Statement[list[QueueStatus]]:
         def decode(rows: list[Row], _: int) -> list[QueueStatus]:

@@ -9,7 +9,7 @@ from datetime import datetime
 
 from jobbus.models import JOB_COLUMNS, ClaimedJob, GroupProgress, Job, JobSpec, JobStatus
 from jobbus.schema import VERSION_QUERY, render
-from jobbus.store.statements import Row, Statement, queries
+from jobbus.store.statements import Row, Statement, channel_name, queries
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +26,9 @@ class Outcome:
 
 
 @dataclass(frozen=True, slots=True)
-class ExpiredLease:
+class RecoveredJob:
+    """A job taken back from a worker that died or whose lease expired, and what became of it."""
+
     job_id: uuid.UUID
     type: str
     queue: str
@@ -48,7 +50,8 @@ class JobStore:
 
     def __init__(self, schema: str) -> None:
         self.schema = schema
-        self.channel = f"jobbus_{schema}"
+        self.channel = channel_name(schema)
+        self.control_channel = channel_name(schema, "_control")
         self._q = queries(schema)
 
     def query(self, name: str) -> str:
@@ -56,10 +59,12 @@ class JobStore:
 
     # -- producers ---------------------------------------------------------------------------------
 
-    def insert_jobs(self, specs: Sequence[JobSpec]) -> Statement[dict[uuid.UUID | tuple[str, str], uuid.UUID]]:
+    def insert_jobs(self, specs: Sequence[JobSpec]) -> Statement[dict[tuple[str, str], uuid.UUID]]:
         """Insert jobs in one round trip; returns, per unique (type, key), the id of the active job.
 
-        Specs must not repeat a (type, unique_key); the caller folds repeats onto the first.
+        Specs must not repeat a (type, unique_key); the caller folds repeats onto the first. A keyed
+        spec missing from the result met an active job committed after the statement's snapshot: ask
+        again. Safe to repeat after a lost connection (ids are the client's; no row is doubled).
         """
         if len(specs) == 1:
             (spec,) = specs
@@ -78,6 +83,9 @@ class JobStore:
                 "channel": self.channel,
             }
             return Statement(self._q["insert_job"], one, _decode_inserted)
+        # Keyed rows in (type, unique_key) order: concurrent batches with overlapping keys then take
+        # the unique index's insertion locks in one order and cannot deadlock.
+        specs = sorted(specs, key=lambda s: (s.unique_key is not None, s.type, s.unique_key or ""))
         params = {
             "ids": [s.id for s in specs],
             "types": [s.type for s in specs],
@@ -106,8 +114,10 @@ class JobStore:
         queues: Sequence[str] | None,
         paused_queues: Sequence[str],
         lease_seconds: float,
+        max_payload_bytes: int,
     ) -> Statement[list[ClaimedJob]]:
         params = {
+            "max_payload_bytes": min(max_payload_bytes, 2**31 - 1),
             "worker_id": worker_id,
             "limit": limit,
             "types": list(types),
@@ -122,11 +132,8 @@ class JobStore:
 
         return Statement(self._q["claim_jobs"], params, decode)
 
-    def recover_expired_leases(self, limit: int = 1000) -> Statement[list[ExpiredLease]]:
-        def decode(rows: list[Row], _: int) -> list[ExpiredLease]:
-            return [ExpiredLease(r[0], r[1], r[2], JobStatus(r[3]), r[4], r[5]) for r in rows]
-
-        return Statement(self._q["recover_expired_leases"], {"limit": limit}, decode)
+    def recover_expired_leases(self, limit: int = 1000) -> Statement[list[RecoveredJob]]:
+        return Statement(self._q["recover_expired_leases"], {"limit": limit, "channel": self.channel}, decode_recovered)
 
     def heartbeat_leases(
         self, leases: Mapping[uuid.UUID, uuid.UUID], lease_seconds: float
@@ -234,9 +241,21 @@ class JobStore:
         return Statement(render(VERSION_QUERY, self.schema), {}, lambda rows, _: int(rows[0][0]))
 
 
-def _decode_inserted(rows: list[Row], _: int) -> dict[uuid.UUID | tuple[str, str], uuid.UUID]:
-    """Per unique (type, key) the id of the active job holding it (jobs without a key keep their id)."""
-    return {(job_type, unique_key): job_id for job_id, job_type, unique_key, _ in rows if unique_key is not None}
+def _decode_inserted(rows: list[Row], _: int) -> dict[tuple[str, str], uuid.UUID]:
+    """Per unique (type, key) the id of the active job holding it (jobs without a key keep their id).
+
+    A key can come back twice when the job that held it finished concurrently: once as the row this
+    statement inserted, once as the old row its snapshot still saw. The inserted row wins.
+    """
+    found: dict[tuple[str, str], uuid.UUID] = {}
+    for job_id, job_type, unique_key, inserted, _notified in rows:
+        if unique_key is not None and (inserted or (job_type, unique_key) not in found):
+            found[(job_type, unique_key)] = job_id
+    return found
+
+
+def decode_recovered(rows: list[Row], _: int) -> list[RecoveredJob]:
+    return [RecoveredJob(r[0], r[1], r[2], JobStatus(r[3]), r[4], r[5]) for r in rows]
 
 
 def _flag(rows: list[Row], _: int) -> bool | None:

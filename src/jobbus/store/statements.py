@@ -8,6 +8,7 @@ one source of truth for the SQL and two thin ways to execute it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -17,6 +18,7 @@ from importlib import resources
 from typing import Any, Generic, TypeVar
 
 import psycopg
+from psycopg.types.json import set_json_loads
 
 from jobbus.models import JOB_COLUMNS
 from jobbus.schema import render
@@ -74,6 +76,56 @@ def run_sync(conn: psycopg.Connection[Any], statement: Statement[T]) -> T:
     cursor = conn.execute(statement.query.encode(), statement.params, prepare=statement.prepare)
     rows = cursor.fetchall() if cursor.description else []
     return statement.decode(rows, cursor.rowcount)
+
+
+class UndecodableJson(dict[str, Any]):
+    """Stands for a stored JSON value this process cannot decode (say, nested deeper than Python's
+    recursion limit, written by another producer). Empty, so reads of such a row still work; the
+    worker fails the job at once with `reason`."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__()
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return f"<undecodable JSON: {self.reason}>"
+
+
+def _loads(data: str | bytes) -> Any:
+    """json.loads that never raises on a value the database accepted: no row can kill a reader."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        return UndecodableJson(f"nested too deeply to decode ({len(data)} bytes of JSON)")
+    except ValueError as exc:
+        return UndecodableJson(f"invalid JSON: {exc}")
+
+
+def configure_connection(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+    """What every connection of jobbus needs: JSON decoding that hostile rows cannot break."""
+    set_json_loads(_loads, conn)
+
+
+async def configure_async(conn: psycopg.AsyncConnection[Any]) -> None:
+    configure_connection(conn)
+
+
+#: PostgreSQL truncates identifiers, channel names included, to 63 bytes.
+MAX_IDENTIFIER_BYTES = 63
+
+
+def channel_name(schema: str, suffix: str = "") -> str:
+    """The NOTIFY channel of a schema (`suffix` tells channels apart); always within 63 bytes.
+
+    Readable (``jobbus_<schema><suffix>``) when that fits; a long schema name is cut and a digest of
+    the whole name keeps two long names apart.
+    """
+    name = f"jobbus_{schema}{suffix}"
+    if len(name.encode()) <= MAX_IDENTIFIER_BYTES:
+        return name
+    digest = hashlib.sha256(schema.encode()).hexdigest()[:12]
+    room = MAX_IDENTIFIER_BYTES - len("jobbus__") - len(digest) - len(suffix)
+    return f"jobbus_{schema[:room]}_{digest}{suffix}"
 
 
 def dumps(value: Any) -> str:

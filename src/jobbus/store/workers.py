@@ -1,10 +1,12 @@
-"""Statements of the worker registry and the control plane (`sql/queries/workers.sql`)."""
+"""Statements of the worker registry and the worker's side of the control plane (`sql/queries/workers.sql`)."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from jobbus.store.jobs import RecoveredJob, decode_recovered
 from jobbus.store.statements import Row, Statement, queries
 
 
@@ -17,6 +19,34 @@ class ControlState:
     paused_queues: frozenset[str]
     commands: tuple[tuple[int, str], ...]  # (generation, action) addressed to this worker, in order
     latest_generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """Who a worker process is in the registry, and the timing others judge it by."""
+
+    worker_id: str
+    instance_id: uuid.UUID
+    host: str
+    pid: int
+    queues: Sequence[str] | None
+    types: Sequence[str]
+    concurrency: int
+    lease_seconds: float
+    dead_after_seconds: float
+    heartbeat_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class IdHolder:
+    """The live process that holds a worker id another process asked for."""
+
+    host: str
+    pid: int
+    seen_seconds_ago: float
+    state: str
+    instance_id: uuid.UUID | None
+    silent_after_seconds: float
 
 
 def _decode_control(worker_id: str) -> Callable[[list[Row], int], ControlState]:
@@ -46,55 +76,78 @@ def _decode_control(worker_id: str) -> Callable[[list[Row], int], ControlState]:
 class WorkerStore:
     """Builds the registry and control statements of one schema."""
 
-    def __init__(self, schema: str) -> None:
+    def __init__(self, schema: str, channel: str, control_channel: str) -> None:
         self.schema = schema
-        self.control_channel = f"jobbus_{schema}_control"
+        self.channel = channel
+        self.control_channel = control_channel
         self._q = queries(schema)
 
-    def reclaim_own_orphans(self, worker_id: str) -> Statement[int]:
-        return Statement(self._q["reclaim_own_orphans"], {"worker_id": worker_id}, lambda rows, _: len(rows))
-
     def register_worker(
-        self,
-        *,
-        worker_id: str,
-        host: str,
-        pid: int,
-        queues: Sequence[str] | None,
-        types: Sequence[str],
-        concurrency: int,
-    ) -> Statement[int]:
-        """Upsert the registry row; returns the generation the worker starts acknowledged at."""
+        self, registration: Registration, *, replaces: uuid.UUID | None = None
+    ) -> Statement[int | None]:
+        """Take the id for this instance; returns the generation it starts acknowledged at, or None when a
+        live worker holds the id. `replaces` names an instance known to be dead (its process is gone)."""
+        r = registration
         params = {
-            "id": worker_id,
-            "host": host,
-            "pid": pid,
-            "queues": list(queues) if queues is not None else None,
-            "types": list(types),
-            "concurrency": concurrency,
+            "replaces": replaces,
+            "id": r.worker_id,
+            "instance_id": r.instance_id,
+            "host": r.host,
+            "pid": r.pid,
+            "queues": list(r.queues) if r.queues is not None else None,
+            "types": list(r.types),
+            "concurrency": r.concurrency,
+            "lease_seconds": r.lease_seconds,
+            "dead_after_seconds": r.dead_after_seconds,
+            "heartbeat_seconds": r.heartbeat_seconds,
         }
-        return Statement(self._q["register_worker"], params, lambda rows, _: int(rows[0][0]))
+        return Statement(self._q["register_worker"], params, lambda rows, _: int(rows[0][0]) if rows else None)
+
+    def worker_holding_id(self, worker_id: str) -> Statement[IdHolder | None]:
+        def decode(rows: list[Row], _: int) -> IdHolder | None:
+            if not rows:
+                return None
+            host, pid, seen, state, instance_id, silent_after = rows[0]
+            return IdHolder(host, int(pid), max(0.0, float(seen)), state, instance_id, float(silent_after))
+
+        return Statement(self._q["worker_holding_id"], {"id": worker_id}, decode)
 
     def touch_worker(
         self,
         *,
         worker_id: str,
+        instance_id: uuid.UUID,
         state: str,
         in_flight: int,
         completed: int,
         failed: int,
         acked_generation: int,
-    ) -> Statement[None]:
+    ) -> Statement[bool | None]:
+        """Refresh this instance's row: None when the id no longer belongs to it, else whether it had been
+        declared dead (its jobs recovered) while it was silent."""
         params = {
             "id": worker_id,
+            "instance_id": instance_id,
             "state": state,
             "in_flight": in_flight,
             "completed": completed,
             "failed": failed,
             "acked_generation": acked_generation,
         }
-        return Statement(self._q["touch_worker"], params, lambda rows, _: None)
+        return Statement(self._q["touch_worker"], params, lambda rows, _: bool(rows[0][0]) if rows else None)
 
-    def read_control(self, worker_id: str, acked_generation: int) -> Statement[ControlState]:
-        params = {"worker_id": worker_id, "acked_generation": acked_generation}
+    def read_control(
+        self, worker_id: str, queues: Sequence[str] | None, acked_generation: int
+    ) -> Statement[ControlState]:
+        params = {
+            "worker_id": worker_id,
+            "queues": list(queues) if queues is not None else None,
+            "acked_generation": acked_generation,
+        }
         return Statement(self._q["read_control"], params, _decode_control(worker_id))
+
+    def recover_worker_jobs(self, worker_ids: Sequence[str], why: str) -> Statement[list[RecoveredJob]]:
+        """Take back every job the given (dead) workers hold: requeued, failed when out of attempts, or
+        cancelled when cancellation was asked for."""
+        params = {"worker_ids": list(worker_ids), "why": why, "channel": self.channel}
+        return Statement(self._q["recover_worker_jobs"], params, decode_recovered, prepare=False)

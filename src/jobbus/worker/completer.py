@@ -5,6 +5,11 @@ outcomes of other jobs accumulate and go out together in the next statement, so 
 is one commit for many jobs and when idle a single outcome is written at once (no timer to wait
 for). The backlog is bounded: the worker stops claiming while `concurrency` outcomes are waiting.
 Each outcome is fenced by its own lease token; a stale token is reported back as a lost lease.
+
+One bad row never takes the batch down: when the database refuses the batch for its data, the
+outcomes are written one by one and a refused one is replaced by a non-retryable failure that says
+why. The completer never dies: a fatal error is reported to the worker and the round's writes come
+back "not applied" (those jobs are recovered when their leases expire).
 """
 
 from __future__ import annotations
@@ -16,10 +21,17 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from jobbus.models import JobStatus
+from jobbus.resilience import Backoff, ErrorKind, Outage, classify
 from jobbus.store import JobStore, Outcome, Statement
-from jobbus.worker.resilience import TRANSIENT_ERRORS, Backoff, Outage
+from jobbus.worker.outcomes import error_text
 
 logger = logging.getLogger("jobbus.worker")
+
+
+#: What became of each outcome of a round: job id → None (written as handed in) or the message of the
+#: non-retryable failure written instead (the database refused the outcome). Missing: the lease was lost.
+Written = dict[uuid.UUID, str | None]
 
 
 @dataclass(slots=True)
@@ -28,13 +40,22 @@ class _Round:
 
     outcomes: list[Outcome] = field(default_factory=list)
     deadlines: list[float] = field(default_factory=list)  # monotonic: after this the lease is surely gone
-    done: asyncio.Future[set[uuid.UUID]] | None = None
+    done: asyncio.Future[Written] | None = None
 
 
 class Completer:
-    def __init__(self, store: JobStore, run: Callable[[Statement[set[uuid.UUID]]], Awaitable[set[uuid.UUID]]]):
+    def __init__(
+        self,
+        store: JobStore,
+        run: Callable[[Statement[set[uuid.UUID]]], Awaitable[set[uuid.UUID]]],
+        *,
+        write_lock: asyncio.Lock,
+        on_fatal: Callable[[str, BaseException], None],
+    ) -> None:
         self._store = store
         self._run = run
+        self._write_lock = write_lock
+        self._on_fatal = on_fatal
         self._round = _Round()
         self._wakeup = asyncio.Event()
         self._closing = False
@@ -44,26 +65,41 @@ class Completer:
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="jobbus-completer")
 
-    async def write(self, outcome: Outcome, lease_deadline: float) -> bool:
-        """Wait until the outcome is durable: True if applied, False if the lease was lost.
+    async def write(self, outcome: Outcome, lease_deadline: float) -> tuple[bool, str | None]:
+        """Wait until the outcome is durable. Returns (written, refusal): written False means the lease
+        was lost (or the completer stopped first); a refusal is the message of the non-retryable
+        failure written instead of an outcome the database refused.
 
         Every outcome of a round waits on one shared future (one allocation per round, not per job);
-        the worker never cancels a task in this wait, so the shared future is never cancelled.
+        it is shielded, so a cancelled waiter never cancels the others' result.
         """
+        if self._closing and (self._task is None or self._task.done()):
+            return False, None
         current = self._round
         if current.done is None:
             current.done = asyncio.get_running_loop().create_future()
         current.outcomes.append(outcome)
         current.deadlines.append(lease_deadline)
         self._wakeup.set()
-        return outcome.job_id in await current.done
+        written = await asyncio.shield(current.done)
+        if outcome.job_id not in written:
+            return False, None
+        return True, written[outcome.job_id]
 
-    async def close(self) -> None:
-        """Flush what is pending, then stop."""
+    async def close(self, timeout: float) -> None:
+        """Flush what is pending (at most `timeout` seconds), then stop."""
         self._closing = True
         self._wakeup.set()
-        if self._task is not None:
-            await self._task
+        if self._task is None:
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), timeout)
+        except TimeoutError:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        pending = self._round.done
+        if pending is not None and not pending.done():
+            pending.set_result({})
 
     async def _loop(self) -> None:
         while True:
@@ -71,34 +107,60 @@ class Completer:
             self._wakeup.clear()
             while self._round.outcomes:
                 current, self._round = self._round, _Round()
-                await self._flush(current)
+                done = current.done
+                assert done is not None
+                try:
+                    written = await self._flush(current.outcomes, current.deadlines)
+                except BaseException:
+                    if not done.done():
+                        done.set_result({})  # cancelled at close: nothing is known to be written
+                    raise
+                if not done.done():
+                    done.set_result(written)
             if self._closing:
                 return
 
-    async def _flush(self, current: _Round) -> None:
-        done = current.done
-        assert done is not None
-        outcomes, deadlines = current.outcomes, current.deadlines
+    async def _flush(self, outcomes: list[Outcome], deadlines: list[float]) -> Written:
         backoff = Backoff()
         while True:
             try:
-                applied = await self._run(self._store.record_outcomes(outcomes))
-            except TRANSIENT_ERRORS as exc:
-                self._outage.failed(exc)
-                now = time.monotonic()
-                live = [i for i, deadline in enumerate(deadlines) if deadline > now]
-                outcomes, deadlines = [outcomes[i] for i in live], [deadlines[i] for i in live]
-                if not outcomes:  # every lease is gone: the jobs will be recovered and run again
-                    applied = set()
-                    break
-                await asyncio.sleep(backoff.next_delay())
-                continue
-            except Exception as exc:  # a bug or a constraint: fail these writes loudly, keep the worker
-                logger.exception("writing %d job outcome(s) failed", len(outcomes))
-                if not done.done():
-                    done.set_exception(exc)
-                return
+                async with self._write_lock:
+                    applied = await self._run(self._store.record_outcomes(outcomes))
+            except Exception as exc:
+                kind = classify(exc)
+                if kind is ErrorKind.TRANSIENT:
+                    self._outage.failed(exc)
+                    now = time.monotonic()
+                    live = [i for i, deadline in enumerate(deadlines) if deadline > now]
+                    outcomes, deadlines = [outcomes[i] for i in live], [deadlines[i] for i in live]
+                    if not outcomes:  # every lease is gone: the jobs will be recovered and run again
+                        return {}
+                    if self._closing and backoff.attempt >= 3:
+                        return {}  # stopping: an outage does not hold the exit (the leases expire)
+                    await asyncio.sleep(backoff.next_delay())
+                    continue
+                if kind is ErrorKind.DATA and len(outcomes) > 1:
+                    return await self._one_by_one(outcomes)
+                if kind is ErrorKind.DATA:
+                    return await self._refused(outcomes[0], exc)
+                self._on_fatal("completer", exc)
+                return {}
             self._outage.recovered()
-            break
-        if not done.done():
-            done.set_result(applied)
+            return dict.fromkeys(applied)
+
+    async def _one_by_one(self, outcomes: list[Outcome]) -> Written:
+        """The database refused the batch for its data: find the row, write every other one."""
+        written: Written = {}
+        for outcome in outcomes:
+            written.update(await self._flush([outcome], [float("inf")]))
+        return written
+
+    async def _refused(self, outcome: Outcome, exc: BaseException) -> Written:
+        """This one outcome cannot be stored: fail its job, non-retryably, saying why."""
+        if outcome.status is JobStatus.FAILED and outcome.result_json is None:
+            self._on_fatal("completer", exc)  # even a plain failure is refused: not a problem of this row
+            return {}
+        message = error_text(exc, f"its {outcome.status.value} outcome could not be stored: ")
+        logger.error("job %s: %s", outcome.job_id, message, extra={"job_id": str(outcome.job_id)})
+        failure = Outcome(outcome.job_id, outcome.lease_token, JobStatus.FAILED, error=message)
+        return {job_id: message for job_id in await self._flush([failure], [float("inf")])}

@@ -1,5 +1,6 @@
 """LISTEN on one dedicated connection per worker: wake-ups for new jobs and control commands.
 
+A job notification carries its queue: only a worker that serves the queue wakes up to claim.
 Notifications only shorten waits; the worker also polls, so a lost notification (or a listener that
 is reconnecting) delays work by at most one poll interval and never loses it.
 """
@@ -8,21 +9,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
-from jobbus.worker.resilience import TRANSIENT_ERRORS, Backoff, Outage
+from jobbus.resilience import Backoff, Outage
 
 
 class Listener:
-    def __init__(self, dsn: str, job_channel: str, control_channel: str, wake: asyncio.Event) -> None:
-        self._wake = wake
+    def __init__(
+        self,
+        dsn: str,
+        job_channel: str,
+        control_channel: str,
+        *,
+        on_jobs: Callable[[str | None], None],
+        on_control: Callable[[], None],
+    ) -> None:
         self._dsn = dsn
         self._job_channel = job_channel
         self._control_channel = control_channel
-        self.control_changed = asyncio.Event()
+        self._on_jobs = on_jobs
+        self._on_control = on_control
         self._task: asyncio.Task[None] | None = None
         self._outage = Outage("listener")
 
@@ -46,12 +56,13 @@ class Listener:
                     self._outage.recovered()
                     backoff.reset()
                     # Anything may have happened while we were not listening.
-                    self.control_changed.set()
-                    self._wake.set()
+                    self._on_control()
+                    self._on_jobs(None)
                     async for notify in conn.notifies():
                         if notify.channel == self._control_channel:
-                            self.control_changed.set()
-                        self._wake.set()
-            except TRANSIENT_ERRORS as exc:
+                            self._on_control()
+                        else:
+                            self._on_jobs(notify.payload or None)
+            except Exception as exc:  # polling covers for the listener: it never stops the worker
                 self._outage.failed(exc)
                 await asyncio.sleep(backoff.next_delay())

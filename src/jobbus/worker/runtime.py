@@ -1,8 +1,17 @@
-"""The worker: one asyncio event loop running up to `concurrency` jobs at once.
+"""`Worker`: one asyncio event loop running up to `concurrency` jobs at once, until it is stopped.
 
-Flow of one job: claim (lease) → enter the job scope → run the handler while the monitor renews
-every lease in one statement → write the outcome, fenced by the lease token, through the batched
-completer → exit the scope. See docs/worker.md for the timeline.
+The runtime wires the parts and owns the lifecycle; each part is its own module:
+claimer (what and when to claim) → executor (one attempt) → completer (batched, fenced outcomes),
+with the monitor (leases, registry, fencing), the control reader and the listener on the side.
+See docs/worker.md for the timeline of a job and of a shutdown.
+
+A host process embeds a worker with the same object the CLI uses::
+
+    worker = jobbus.Worker(app, concurrency=20)
+    task = worker.start()           # runs in the current event loop
+    ...
+    worker.request_stop()           # or request_drain()
+    exit_code = await task          # 0, 75 (restart asked for), 70 (fatal database error)
 """
 
 from __future__ import annotations
@@ -16,133 +25,191 @@ import socket
 import sys
 import threading
 import time
-import traceback
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from jobbus.errors import InvalidJobError, LeaseLostError, NonRetryableError
-from jobbus.events import JobCancelled, JobCompleted, JobEvent, JobFailed, JobRetried, JobStarted
-from jobbus.execution import JobExecution, SyncJobExecution
+from psycopg_pool import AsyncConnectionPool
+
+from jobbus.errors import JobbusError
+from jobbus.events import EventHub, JobCancelled, JobFailed, JobRetried
+from jobbus.execution import AttemptSignals, JobExecution, StopReason
 from jobbus.models import ClaimedJob, JobStatus
-from jobbus.requests import json_text
-from jobbus.retry import backoff_seconds
-from jobbus.store import ControlState, Outcome, Statement, WorkerStore, run_async
+from jobbus.resilience import Backoff, Outage, first_line, is_transient, retrying
+from jobbus.store import RecoveredJob, Registration, Statement, WorkerStore, run_async
+from jobbus.store.statements import configure_async
+from jobbus.worker.attempt import Attempt, Phase
+from jobbus.worker.claimer import CLAIM_BATCH_WAIT_SECONDS, Claimer
 from jobbus.worker.completer import Completer
+from jobbus.worker.control import ControlReader
+from jobbus.worker.executor import Executor
 from jobbus.worker.listener import Listener
 from jobbus.worker.memory import rss_bytes
-from jobbus.worker.resilience import TRANSIENT_ERRORS, Backoff, Outage, retrying
+from jobbus.worker.monitor import Monitor
+from jobbus.worker.options import WorkerOptions
+from jobbus.worker.outcomes import OutcomePolicy
+from jobbus.worker.watchdog import LoopWatchdog
 
 if TYPE_CHECKING:
-    from jobbus.app import App, Handler
+    from jobbus.app import App
 
 logger = logging.getLogger("jobbus.worker")
 T = TypeVar("T")
 
 EXIT_OK = 0
+EXIT_SOFTWARE = 70
 EXIT_RESTART = 75
-#: After the shutdown timeout, handlers get this long to honour `cancellation_requested`.
+EXIT_CONFIG = 78
+#: After the shutdown timeout, handlers get min(this, --shutdown-timeout) to honour `cancellation_requested`.
 COOPERATIVE_GRACE_SECONDS = 3.0
-#: With a backlog, a free slot waits at most this long for others to free up before it is claimed
-#: for. Claiming a quarter of the concurrency at once instead of one slot at a time measured +12%
-#: drain rate at concurrency 200 (16.6k–17.1k against 14.9k–15.3k jobs/s, fresh 100k backlog).
-CLAIM_BATCH_WAIT_SECONDS = 0.02
+#: After async handlers are cancelled at shutdown, how long their releases may take to be written
+#: (after a second signal, or a fatal error: RELEASE_HURRY_SECONDS).
+RELEASE_WAIT_SECONDS = 10.0
+RELEASE_HURRY_SECONDS = 2.0
 #: Closing the listener and marking the registry row stopped may take this long at exit, no more.
 HOUSEKEEPING_TIMEOUT_SECONDS = 5.0
 #: How long start-up statements are retried when the connection drops (the server was reachable).
 STARTUP_RETRY_SECONDS = 60.0
+#: Connections of the worker's own pool: claims, outcomes, renewals, control, maintenance. Separate
+#: from the App's pool, which handlers and job scopes may hold for as long as they like.
+SYSTEM_POOL_SIZE = 4
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerOptions:
-    queues: Sequence[str] | None = None
-    types: Sequence[str] | None = None
-    concurrency: int = 10
-    worker_id: str | None = None
-    poll_interval: float | None = None
-    memory_limit: int | None = None  # bytes
-    run_once: bool = False
-    limit: int | None = None
-    stop_when_empty: bool = False
-    shutdown_timeout: float = 30.0
-    install_signal_handlers: bool = True
-
-    def __post_init__(self) -> None:
-        if isinstance(self.concurrency, bool) or not isinstance(self.concurrency, int) or self.concurrency < 1:
-            raise ValueError(f"concurrency must be an integer >= 1, got {self.concurrency!r}")
-        if self.limit is not None and (not isinstance(self.limit, int) or self.limit < 1):
-            raise ValueError(f"limit must be an integer >= 1, got {self.limit!r}")
-        if self.poll_interval is not None and not self.poll_interval > 0:
-            raise ValueError(f"poll_interval must be > 0, got {self.poll_interval!r}")
-        if self.memory_limit is not None and self.memory_limit <= 0:
-            raise ValueError(f"memory_limit must be > 0 bytes, got {self.memory_limit!r}")
-        if not self.shutdown_timeout >= 0:
-            raise ValueError(f"shutdown_timeout must be >= 0, got {self.shutdown_timeout!r}")
-        if self.worker_id is not None and not (0 < len(self.worker_id) <= 255):
-            raise ValueError(f"worker_id must be 1 to 255 characters, got {self.worker_id!r}")
-        for name, values in (("queues", self.queues), ("types", self.types)):
-            if values is not None and (isinstance(values, str) or not all(isinstance(v, str) and v for v in values)):
-                raise ValueError(f"{name} must be a list of non-empty strings, got {values!r}")
-
-    @property
-    def job_limit(self) -> int | None:
-        return 1 if self.run_once else self.limit
-
-
-@dataclass(eq=False, slots=True)
-class _Attempt:
-    """One in-flight attempt."""
-
-    claimed: ClaimedJob
-    handler: Handler
-    execution: JobExecution
-    lease_deadline: float
-    task: asyncio.Task[None] | None = field(default=None, repr=False)
+class WorkerIdInUseError(JobbusError):
+    """Another live process holds this worker id; the CLI exits 78."""
 
 
 class Worker:
-    def __init__(self, app: App, options: WorkerOptions) -> None:
+    """One worker: claims, runs and completes jobs in this event loop until it is stopped.
+
+    `Worker(app, options)` or `Worker(app, concurrency=..., queues=[...], ...)` (the fields of
+    `WorkerOptions`). `run()` returns the exit code: 0 (stopped or drained), 75 (a restart was asked
+    for: control command or memory limit), 70 (a fatal database error; what it held was given back).
+    """
+
+    def __init__(self, app: App, options: WorkerOptions | None = None, **kwargs: Any) -> None:
+        if options is not None and kwargs:
+            raise TypeError("pass either WorkerOptions or keyword options, not both")
         self.app = app
-        self.options = options
+        self.options = options if options is not None else WorkerOptions(**kwargs)
         self.settings = app.settings
         self.store = app.store
-        self.workers = WorkerStore(self.settings.schema)
-        self.worker_id = options.worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        self.poll_interval = options.poll_interval or self.settings.poll_interval_seconds
+        self.worker_id = self.options.worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.instance_id = uuid.uuid4()
+        self.poll_interval = self.options.poll_interval or self.settings.poll_interval_seconds
         self.types = self._types()
-        #: Every attempt from claim until its outcome is durable and its scope exited.
-        self._in_flight: dict[uuid.UUID, _Attempt] = {}
-        #: The attempts whose handler is still running: these hold the concurrency slots.
-        self._running: set[uuid.UUID] = set()
-        self._wake = asyncio.Event()
-        self._stop_claiming = False
-        self._hurry = False
-        self._draining = options.stop_when_empty
-        self._exit_code = EXIT_OK
-        self._paused = False
-        self._paused_queues: frozenset[str] = frozenset()
-        self._acked_generation = 0
-        self._claimed_total = 0
         self.completed = 0
         self.failed = 0
-        self._executor = ThreadPoolExecutor(max_workers=options.concurrency, thread_name_prefix="jobbus-job")
-        self._outage = Outage("worker")
-        self._completer = Completer(self.store, self._run)
+        self.abandoned = 0
+        self._in_flight: dict[uuid.UUID, Attempt] = {}
+        self._running = 0  # attempts holding a slot (phase RUNNING)
+        self._claimed_total = 0
+        self._wake = asyncio.Event()
+        self._control_due = True
+        self._stop_claiming = False
+        self._hurry = False
+        self._draining = self.options.stop_when_empty
+        self._exit_code = EXIT_OK
+        self._signals_received = 0
+        self._ready = asyncio.Event()
+        self._task: asyncio.Task[int] | None = None
+        self._write_lock = asyncio.Lock()
+        self._threads = ThreadPoolExecutor(max_workers=self.options.concurrency, thread_name_prefix="jobbus-job")
+        self._pool: AsyncConnectionPool[Any] | None = None
+        self._handler_pool: AsyncConnectionPool[Any] | None = None
+        self.workers = WorkerStore(self.settings.schema, self.store.channel, self.store.control_channel)
+        self.policy = OutcomePolicy(self.settings, self.worker_id)
+        self.completer = Completer(self.store, self._run, write_lock=self._write_lock, on_fatal=self._fatal)
+        self.executor = Executor(
+            app,
+            policy=self.policy,
+            completer=self.completer,
+            threads=self._threads,
+            worker_id=self.worker_id,
+            on_slot_free=self._slot_freed,
+            on_finished=self._finished,
+        )
+        self.claimer = Claimer(
+            store=self.store,
+            run=self._run,
+            settings=self.settings,
+            worker_id=self.worker_id,
+            types=self.types,
+            queues=self.options.queues,
+            concurrency=self.options.concurrency,
+        )
+        self.control = ControlReader(
+            store=self.workers,
+            run=self._run,
+            worker_id=self.worker_id,
+            queues=self.options.queues,
+            on_drain=self.request_drain,
+            on_stop=self.request_stop,
+            on_acked=self._acknowledge,
+        )
+        self.monitor = Monitor(
+            settings=self.settings,
+            store=self.store,
+            run=self._run,
+            attempts=self._in_flight.values,
+            touch=self._touch,
+            write_lock=self._write_lock,
+            worker_id=self.worker_id,
+            on_fatal=self._fatal,
+            on_registration_lost=self._registration_lost,
+        )
+        self.watchdog = LoopWatchdog(self._in_flight.values, self.worker_id)
         listen_dsn = self.settings.notification_dsn
         self._listener = (
-            Listener(listen_dsn, self.store.channel, self.workers.control_channel, self._wake) if listen_dsn else None
+            Listener(
+                listen_dsn,
+                self.store.channel,
+                self.store.control_channel,
+                on_jobs=self._jobs_notified,
+                on_control=self._control_notified,
+            )
+            if listen_dsn
+            else None
         )
-        self._last_recovery = float("-inf")  # both due at the first iteration
-        self._last_control = float("-inf")
-        self._last_claim = 0.0
-        self._backlog = False
-        #: With a backlog, claim when this many slots are free (or CLAIM_BATCH_WAIT_SECONDS passed).
-        self._claim_batch = max(1, options.concurrency // 4)
 
-    # -- setup -------------------------------------------------------------------------------------
+    # -- the public handle --------------------------------------------------------------------------
+
+    def start(self) -> asyncio.Task[int]:
+        """Run the worker in the current event loop; await the task for the exit code."""
+        if self._task is None:
+            self._task = asyncio.create_task(self.run(), name=f"jobbus-worker-{self.worker_id}")
+        return self._task
+
+    async def wait(self) -> int:
+        """The exit code, once the worker started with `start()` has stopped."""
+        return await self.start()
+
+    async def ready(self) -> None:
+        """Wait until the worker is registered and claiming."""
+        await self._ready.wait()
+
+    def request_stop(self, exit_code: int = EXIT_OK) -> None:
+        """Stop claiming, let in-flight jobs finish (the shutdown sequence), then exit with `exit_code`."""
+        self._stop_claiming = True
+        if self._exit_code not in (EXIT_SOFTWARE, EXIT_CONFIG):
+            self._exit_code = max(self._exit_code, exit_code)
+        self._wake.set()
+
+    def request_drain(self) -> None:
+        """Run until no job is available for this worker, then stop with exit code 0."""
+        self._draining = True
+        self._wake.set()
+
+    @property
+    def state(self) -> str:
+        if self._stop_claiming:
+            return "stopping"
+        if self._draining:
+            return "draining"
+        return "paused" if self.control.paused else "running"
+
+    # -- lifecycle ----------------------------------------------------------------------------------
 
     def _types(self) -> list[str]:
         known = sorted(self.app.handlers)
@@ -155,42 +222,110 @@ class Worker:
             raise ValueError(f"--type {', '.join(unknown)}: no handler for it in this app (known: {', '.join(known)})")
         return sorted(set(self.options.types))
 
-    async def _run(self, statement: Statement[T]) -> T:
-        async with self.app.pool.connection() as conn:
-            return await run_async(conn, statement)
-
     async def run(self) -> int:
-        """Run until stopped; returns 0 (normal stop) or 75 (restart requested)."""
+        """Run until stopped; returns the exit code (0, 70 or 75)."""
         await self.app.open()
         try:
+            self._pool = await self._open_pool("jobbus-worker", 1, SYSTEM_POOL_SIZE)
+            self._handler_pool = await self._open_pool("jobbus-handlers", 0, self.settings.pool_max_size)
             await self._starting(self.app.check_schema)
-            return await self._run_registered()
+            await self._register()
+            return await self._serve()
         finally:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._threads.shutdown(wait=False, cancel_futures=True)
+            for pool in (self._pool, self._handler_pool):
+                if pool is not None:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(pool.close(), HOUSEKEEPING_TIMEOUT_SECONDS)
             await self.app.close()
+
+    async def _open_pool(self, name: str, min_size: int, max_size: int) -> AsyncConnectionPool[Any]:
+        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+            self.app.dsn,
+            min_size=min_size,
+            max_size=max_size,
+            kwargs=self.settings.connection_kwargs,
+            configure=configure_async,
+            open=False,
+            name=f"{name}-{self.settings.schema}",
+        )
+        await pool.open(wait=min_size > 0, timeout=30.0)
+        return pool
+
+    async def _run(self, statement: Statement[T]) -> T:
+        assert self._pool is not None
+        async with self._pool.connection() as conn:
+            return await run_async(conn, statement)
+
+    async def _run_for_handler(self, statement: Statement[T]) -> T:
+        """Fenced writes a handler asks for (checkpoint, progress, heartbeat): their own pool, so many
+        handlers writing at once never queue in front of the worker's own statements."""
+        assert self._handler_pool is not None
+        async with self._handler_pool.connection() as conn:
+            return await run_async(conn, statement)
 
     async def _starting(self, call: Callable[[], Awaitable[T]]) -> T:
         """Start-up statements ride out a connection lost right after the server was reached."""
         return await retrying(call, Outage("worker start"), deadline=time.monotonic() + STARTUP_RETRY_SECONDS)
 
-    async def _run_registered(self) -> int:
-        reclaimed = await self._starting(lambda: self._run(self.workers.reclaim_own_orphans(self.worker_id)))
-        if reclaimed:
-            logger.warning(
-                "worker %s reclaimed %d job(s) its previous run left running",
-                self.worker_id,
-                reclaimed,
-                extra={"worker_id": self.worker_id},
-            )
-        registration = self.workers.register_worker(
+    def _registration(self) -> Registration:
+        return Registration(
             worker_id=self.worker_id,
+            instance_id=self.instance_id,
             host=socket.gethostname(),
             pid=os.getpid(),
             queues=self.options.queues,
             types=self.types,
             concurrency=self.options.concurrency,
+            lease_seconds=self.settings.lease_seconds,
+            dead_after_seconds=self.settings.worker_dead_after_seconds,
+            heartbeat_seconds=self.settings.heartbeat_seconds,
         )
-        self._acked_generation = await self._starting(lambda: self._run(registration))
+
+    async def _register(self) -> None:
+        """Take the worker id (refused while a live process holds it), then take back what a dead
+        predecessor under the same id left running."""
+        registration = self._registration()
+        acked = await self._starting(lambda: self._run(self.workers.register_worker(registration)))
+        if acked is None:
+            holder = await self._run(self.workers.worker_holding_id(self.worker_id))
+            if holder is not None and holder.host == registration.host and not _process_alive(holder.pid):
+                # The process that held the id on this host is gone (a restart of a killed worker):
+                # take over now instead of waiting for its row to go silent.
+                statement = self.workers.register_worker(registration, replaces=holder.instance_id)
+                acked = await self._run(statement)
+        if acked is None:
+            raise await self._id_in_use()
+        self.control.acked_generation = acked
+        self.monitor.last_contact = time.monotonic()
+        recovered = await self._starting(
+            lambda: self._run(
+                self.workers.recover_worker_jobs([self.worker_id], "reclaimed when a new process took over its id")
+            )
+        )
+        if recovered:
+            logger.warning(
+                "worker %s reclaimed %d job(s) its previous run left running",
+                self.worker_id,
+                len(recovered),
+                extra={"worker_id": self.worker_id},
+            )
+            await announce_recovered(self.app.events, recovered)
+
+    async def _id_in_use(self) -> WorkerIdInUseError:
+        holder = await self._run(self.workers.worker_holding_id(self.worker_id))
+        where = ""
+        if holder is not None:
+            where = (
+                f" (host {holder.host}, pid {holder.pid}, seen {holder.seen_seconds_ago:.0f} s ago; it counts as "
+                f"gone once silent for {holder.silent_after_seconds:g} s)"
+            )
+        return WorkerIdInUseError(
+            f"worker id {self.worker_id!r} is in use by a live worker{where}: give every worker process its "
+            f"own --worker-id, or start this one after the other stops"
+        )
+
+    async def _serve(self) -> int:
         logger.info(
             "worker %s started: queues=%s types=%s concurrency=%d",
             self.worker_id,
@@ -201,24 +336,29 @@ class Worker:
         )
         if self._listener is not None:
             self._listener.start()
-        self._completer.start()
-        monitor = asyncio.create_task(self._monitor(), name="jobbus-monitor")
+        self.completer.start()
+        self.monitor.start()
+        self.watchdog.start()
         installed = self._install_signals()
+        self._ready.set()
         try:
             await self._main_loop()
             await self._shutdown()
         finally:
-            monitor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await monitor
-            await self._completer.close()
+            await self.monitor.close()
+            self.watchdog.stop()
+            await self.completer.close(HOUSEKEEPING_TIMEOUT_SECONDS)
             # The rest is housekeeping: it never keeps a stopping worker from exiting.
             if self._listener is not None:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._listener.close(), HOUSEKEEPING_TIMEOUT_SECONDS)
             self._remove_signals(installed)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._touch("stopped"), HOUSEKEEPING_TIMEOUT_SECONDS)
+            self.abandoned = len(self._in_flight)
+            # Jobs still running in threads keep their leases until this process exits: the row is not
+            # marked stopped, so it goes silent and the leader recovers them once the process is gone.
+            final_state = "stopped" if not self.abandoned else "stopping"
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._touch(final_state), HOUSEKEEPING_TIMEOUT_SECONDS)
         logger.info(
             "worker %s stopped: %d completed, %d failed, exit %d",
             self.worker_id,
@@ -229,7 +369,35 @@ class Worker:
         )
         return self._exit_code
 
-    # -- signals -----------------------------------------------------------------------------------
+    # -- failures -----------------------------------------------------------------------------------
+
+    def _fatal(self, component: str, exc: BaseException, exit_code: int = EXIT_SOFTWARE) -> None:
+        """A non-transient error: stop claiming, give back what is held within a bounded time, exit 70."""
+        if self._exit_code not in (EXIT_SOFTWARE, EXIT_CONFIG):
+            logger.error(
+                "%s failed with a non-transient database error (%s: %s): stopping the worker, giving back "
+                "its jobs, exit %d",
+                component,
+                type(exc).__name__,
+                first_line(exc),
+                exit_code,
+                exc_info=exc,
+                extra={"worker_id": self.worker_id},
+            )
+            self._exit_code = exit_code
+        self._hurry = True
+        self._stop_claiming = True
+        self._wake.set()
+
+    async def _registration_lost(self) -> None:
+        """Our row is gone or belongs to another instance: register again, or stop if the id is taken."""
+        acked = await self._run(self.workers.register_worker(self._registration()))
+        if acked is None:
+            self._fatal("worker registry", await self._id_in_use(), EXIT_CONFIG)
+            return
+        logger.warning("worker %s registered again (its registry row was gone)", self.worker_id)
+
+    # -- signals ------------------------------------------------------------------------------------
 
     def _install_signals(self) -> list[signal.Signals]:
         if not self.options.install_signal_handlers or threading.current_thread() is not threading.main_thread():
@@ -249,8 +417,11 @@ class Worker:
             loop.remove_signal_handler(sig)
 
     def _on_signal(self, sig: signal.Signals) -> None:
-        if self._stop_claiming and not self._hurry:
-            logger.warning("second %s: skipping the wait for in-flight jobs", sig.name)
+        """The first signal stops the worker gracefully; the second skips every remaining wait."""
+        self._signals_received += 1
+        if self._signals_received >= 2:
+            if not self._hurry:
+                logger.warning("second %s: skipping the wait for in-flight jobs", sig.name)
             self._hurry = True
         else:
             logger.info(
@@ -261,64 +432,73 @@ class Worker:
             )
         self.request_stop()
 
-    def request_stop(self, exit_code: int = EXIT_OK) -> None:
-        """Stop claiming, let in-flight jobs finish, then return `exit_code` (the larger one wins)."""
-        self._stop_claiming = True
-        self._exit_code = max(self._exit_code, exit_code)
+    # -- notifications ------------------------------------------------------------------------------
+
+    def _jobs_notified(self, queue: str | None) -> None:
+        if self.claimer.serves(queue):
+            self._wake.set()
+
+    def _control_notified(self) -> None:
+        self._control_due = True
         self._wake.set()
 
-    # -- main loop ---------------------------------------------------------------------------------
+    # -- the main loop ------------------------------------------------------------------------------
 
     def _free_slots(self) -> int:
         """Slots are held by running handlers; outcomes waiting for the completer do not hold one, but
         more of them than `concurrency` stops claiming (backpressure)."""
         concurrency = self.options.concurrency
-        if len(self._in_flight) - len(self._running) >= concurrency:
+        if len(self._in_flight) - self._running >= concurrency:
             return 0
-        free = concurrency - len(self._running)
+        free = concurrency - self._running
         limit = self.options.job_limit
         if limit is not None:
             free = min(free, limit - self._claimed_total)
         return max(free, 0)
 
-    def _worth_claiming(self, free: int) -> bool:
-        """With a backlog, wait for a batch of free slots rather than claim one slot at a time."""
-        return (
-            not self._backlog
-            or free >= self._claim_batch
-            or time.monotonic() - self._last_claim >= CLAIM_BATCH_WAIT_SECONDS
-        )
-
     async def _main_loop(self) -> None:
         backoff = Backoff()
+        outage = Outage("worker")
+        last_control = last_recovery = float("-inf")
         while not self._stop_claiming:
             self._wake.clear()
+            claimed = 0
+            free = 0
+            deferred = False
+            idle_before_claim = False
             try:
-                await self._housekeeping()
+                now = time.monotonic()
+                if self._control_due or now - last_control >= self.poll_interval:
+                    self._control_due = False
+                    last_control = now
+                    await self.control.read()
+                if now - last_recovery >= self.poll_interval:
+                    last_recovery = now
+                    await self._recover_expired_leases()
                 if self._stop_claiming:
                     break
                 free = self._free_slots()
                 # An outcome committed during the claim is invisible to it: "nothing available" only
                 # counts when nothing was in flight before the claim started.
                 idle_before_claim = not self._in_flight
-                claimed = 0
-                deferred = False
-                if free > 0 and not self._paused:
-                    if self._worth_claiming(free):
-                        claimed = await self._claim(free)
-                        self._backlog = claimed == free
+                if free > 0 and not self.control.paused and not self.monitor.fenced:
+                    if self.claimer.worth_claiming(free):
+                        claimed = self._start(*await self.claimer.claim(free, self.control.paused_queues))
                     else:
                         deferred = True
                 backoff.reset()
-                self._outage.recovered()
-            except TRANSIENT_ERRORS as exc:
-                self._outage.failed(exc)
+                outage.recovered()
+            except Exception as exc:
+                if not is_transient(exc):
+                    self._fatal("claim loop", exc)
+                    break
+                outage.failed(exc)
                 await self._sleep(backoff.next_delay())
                 continue
             limit = self.options.job_limit
             if limit is not None and self._claimed_total >= limit and not self._in_flight:
                 break  # --limit / --run-once: every job we may take has finished
-            if claimed == 0 and idle_before_claim and not self._in_flight and self._draining and not self._paused:
+            if self._draining and not self._in_flight and (self.control.paused or (claimed == 0 and idle_before_claim)):
                 logger.info("no job available: worker %s is done draining", self.worker_id)
                 break
             if claimed and claimed == free:
@@ -329,199 +509,43 @@ class Worker:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), seconds)
 
-    async def _housekeeping(self) -> None:
-        now = time.monotonic()
-        if now - self._last_control >= self.poll_interval or self._listener_control():
-            await self._read_control()
-            self._last_control = now
-        if now - self._last_recovery >= self.poll_interval:
-            self._last_recovery = now
-            for expired in await self._run(self.store.recover_expired_leases()):
-                logger.warning(
-                    "job %s: lease expired (worker died or lost its connection); now %s",
-                    expired.job_id,
-                    expired.status.value,
-                    extra={
-                        "job_id": str(expired.job_id),
-                        "job_type": expired.type,
-                        "attempt": expired.attempts,
-                    },
-                )
-
-    def _listener_control(self) -> bool:
-        if self._listener is not None and self._listener.control_changed.is_set():
-            self._listener.control_changed.clear()
-            return True
-        return False
-
-    async def _claim(self, free: int) -> int:
-        sent = time.monotonic()
-        jobs = await self._run(
-            self.store.claim_jobs(
-                worker_id=self.worker_id,
-                limit=free,
-                types=self.types,
-                queues=self.options.queues,
-                paused_queues=sorted(self._paused_queues),
-                lease_seconds=self.settings.lease_seconds,
-            )
-        )
-        self._claimed_total += len(jobs)
-        self._last_claim = time.monotonic()
+    def _start(self, jobs: list[ClaimedJob], sent: float) -> int:
+        """Every claimed job becomes an attempt with its own task; its lease started after `sent`."""
         for claimed in jobs:
             handler = self.app.handlers[claimed.type]
+            signals = AttemptSignals(cancelled=claimed.cancellation_requested)
             execution = JobExecution(
-                claimed, self.store, self._run, self.settings.lease_seconds, self.settings.max_payload_bytes
+                claimed,
+                self.store,
+                self._run_for_handler,
+                self.settings.lease_seconds,
+                self.settings.max_payload_bytes,
+                signals,
             )
-            attempt = _Attempt(claimed, handler, execution, sent + self.settings.lease_seconds)
+            attempt = Attempt(claimed, handler, signals, execution, sent + self.settings.lease_seconds)
             self._in_flight[claimed.id] = attempt
-            self._running.add(claimed.id)
-            attempt.task = asyncio.create_task(self._execute(attempt), name=f"jobbus-job-{claimed.id}")
+            self._running += 1
+            self.executor.start(attempt)
+        self._claimed_total += len(jobs)
         return len(jobs)
 
-    # -- control -----------------------------------------------------------------------------------
+    def _slot_freed(self, attempt: Attempt) -> None:
+        self._running -= 1
+        self._wake.set()
 
-    async def _read_control(self) -> None:
-        state: ControlState = await self._run(self.workers.read_control(self.worker_id, self._acked_generation))
-        queues = self.options.queues
-        self._paused_queues = state.paused_queues
-        was_paused = self._paused
-        self._paused = (
-            state.paused_all
-            or state.paused_worker
-            or (queues is not None and all(q in state.paused_queues for q in queues))
-        )
-        if self._paused != was_paused:
-            logger.info("worker %s %s", self.worker_id, "paused" if self._paused else "resumed")
-        for generation, action in state.commands:
-            logger.info("worker %s: control command %s (generation %d)", self.worker_id, action, generation)
-            if action == "drain":
-                self._draining = True
-            elif action == "stop":
-                self.request_stop(EXIT_OK)
-            elif action == "restart":
-                self.request_stop(EXIT_RESTART)
-        if state.latest_generation > self._acked_generation:
-            self._acked_generation = state.latest_generation
-            await self._touch(self._state())
-
-    def _state(self) -> str:
-        if self._stop_claiming:
-            return "stopping"
-        if self._draining:
-            return "draining"
-        return "paused" if self._paused else "running"
-
-    async def _touch(self, state: str) -> None:
-        with contextlib.suppress(*TRANSIENT_ERRORS):
-            await self._run(
-                self.workers.touch_worker(
-                    worker_id=self.worker_id,
-                    state=state,
-                    in_flight=len(self._in_flight),
-                    completed=self.completed,
-                    failed=self.failed,
-                    acked_generation=self._acked_generation,
-                )
-            )
-
-    # -- lease monitor -----------------------------------------------------------------------------
-
-    async def _monitor(self) -> None:
-        """Renew all leases in one statement, refresh cancellation flags, keep the registry row fresh."""
-        outage = Outage("lease monitor")
-        while True:
-            await asyncio.sleep(self.settings.heartbeat_seconds)
-            try:
-                await self._heartbeat()
-                await self._touch(self._state())
-                outage.recovered()
-            except TRANSIENT_ERRORS as exc:
-                outage.failed(exc)
-
-    async def _heartbeat(self) -> None:
-        # Only running handlers: a finished job's outcome is being written by the completer, and
-        # renewing its lease meanwhile would make the two batched updates contend for its row.
-        attempts = {
-            job_id: a for job_id, a in self._in_flight.items() if job_id in self._running and not a.execution.lease_lost
-        }
-        if not attempts:
-            return
-        sent = time.monotonic()
-        live = await self._run(
-            self.store.heartbeat_leases(
-                {job_id: a.claimed.lease_token for job_id, a in attempts.items()}, self.settings.lease_seconds
-            )
-        )
-        for job_id, attempt in attempts.items():
-            if job_id in live:
-                attempt.lease_deadline = sent + self.settings.lease_seconds
-                attempt.execution._note_cancellation(live[job_id])
-            elif job_id in self._running:
-                # Only a running handler has lost anything: once it returned, a missing lease means its
-                # outcome was written meanwhile (or the write will report the loss itself).
-                attempt.execution._mark_lease_lost()
-                logger.warning(
-                    "job %s: lease lost during attempt %d (expired or taken over); its result will not be written",
-                    job_id,
-                    attempt.claimed.attempts,
-                    extra=self._log_extra(attempt.claimed),
-                )
-
-    # -- one job -----------------------------------------------------------------------------------
-
-    async def _execute(self, attempt: _Attempt) -> None:
-        claimed = attempt.claimed
-        events = self.app.events
-        try:
-            scope: AbstractAsyncContextManager[Any] | None = None
-            error: BaseException | None = None
-            outcome: Outcome | None
-            event: JobEvent | None
-            try:
-                if events:
-                    await events.emit(JobStarted(claimed.id, claimed.type, claimed.queue, claimed.attempts))
-                if self.app.job_scope is not None:
-                    scope = self.app.job_scope(attempt.execution)
-                    attempt.execution.scope = await scope.__aenter__()
-            except asyncio.CancelledError:  # shutdown before the handler started
-                _uncancel()
-                scope, outcome, event = None, self._release(attempt), None
-            except Exception as exc:
-                scope = None
-                outcome, event = self._failure(attempt, exc, "entering the job scope failed: ")
-            else:
-                outcome, event, error = await self._call_handler(attempt)
-            # The handler is done: its slot is free for the next claim while the outcome is written.
-            self._running.discard(claimed.id)
-            self._wake.set()
-            applied = False
-            if outcome is not None:
-                applied = await self._write_outcome(attempt, outcome)
-            if scope is not None:
-                try:
-                    await scope.__aexit__(type(error) if error else None, error, error.__traceback__ if error else None)
-                except Exception:
-                    logger.exception("job %s: exiting the job scope failed", claimed.id, extra=self._log_extra(claimed))
-            if applied and outcome is not None:
-                self._count(outcome)
-                if event is not None and events:
-                    await events.emit(event)
-        except Exception:
-            logger.exception("job %s: internal error in the worker", claimed.id, extra=self._log_extra(claimed))
-        finally:
-            self._running.discard(claimed.id)
-            self._in_flight.pop(claimed.id, None)
-            self._after_job()
-            self._wake.set()
-
-    def _count(self, outcome: Outcome) -> None:
-        if outcome.status is JobStatus.COMPLETED:
+    def _finished(self, attempt: Attempt, status: JobStatus | None) -> None:
+        if attempt.phase is Phase.RUNNING:  # ended before reaching its outcome (internal error)
+            attempt.phase = Phase.WRITING
+            self._running -= 1
+        self._in_flight.pop(attempt.id, None)
+        if status is JobStatus.COMPLETED:
             self.completed += 1
-        elif outcome.status is JobStatus.FAILED:
+        elif status is JobStatus.FAILED:
             self.failed += 1
+        self._check_memory()
+        self._wake.set()
 
-    def _after_job(self) -> None:
+    def _check_memory(self) -> None:
         limit = self.options.memory_limit
         if limit is not None and not self._stop_claiming:
             rss = rss_bytes()
@@ -536,154 +560,108 @@ class Worker:
                 )
                 self.request_stop(EXIT_RESTART)
 
-    async def _call_handler(self, attempt: _Attempt) -> tuple[Outcome | None, JobEvent | None, BaseException | None]:
-        claimed, execution, handler = attempt.claimed, attempt.execution, attempt.handler
-        try:
-            if handler.is_async:
-                result = await handler.func(execution)
-            else:
-                loop = asyncio.get_running_loop()
-                result = await loop.run_in_executor(self._executor, handler.func, SyncJobExecution(execution, loop))
-        except asyncio.CancelledError as exc:
-            # Only the shutdown sequence cancels job tasks: give the job back, available at once.
-            _uncancel()
-            return self._release(attempt), None, exc
-        except LeaseLostError as exc:
-            logger.warning("job %s: %s", claimed.id, exc, extra=self._log_extra(claimed))
-            return None, None, exc
-        except Exception as exc:
-            outcome, event = self._failure(attempt, exc)
-            return outcome, event, exc
-        if execution.lease_lost:
-            return None, None, None
-        if execution.cancelled_by_user:
-            outcome = Outcome(claimed.id, claimed.lease_token, JobStatus.CANCELLED)
-            return outcome, JobCancelled(claimed.id, claimed.type, claimed.queue, JobStatus.RUNNING), None
-        if execution.cancellation_requested:  # returned early because the worker is shutting down
-            return self._release(attempt), None, None
-        try:
-            result_json = (
-                None
-                if result is None
-                else json_text("the handler's return value", result, self.settings.max_payload_bytes)
-            )
-        except InvalidJobError as exc:
-            message = str(exc)
-            outcome = Outcome(claimed.id, claimed.lease_token, JobStatus.FAILED, error=message)
-            return (
-                outcome,
-                JobFailed(claimed.id, claimed.type, claimed.queue, claimed.attempts, message),
-                None,
-            )
-        outcome = Outcome(claimed.id, claimed.lease_token, JobStatus.COMPLETED, result_json=result_json)
-        return outcome, JobCompleted(claimed.id, claimed.type, claimed.queue, claimed.attempts, result), None
-
-    def _release(self, attempt: _Attempt) -> Outcome:
-        claimed = attempt.claimed
-        logger.info("job %s: released at shutdown, available again at once", claimed.id)
-        return Outcome(claimed.id, claimed.lease_token, JobStatus.QUEUED, released=True)
-
-    def _failure(self, attempt: _Attempt, exc: BaseException, prefix: str = "") -> tuple[Outcome, JobEvent]:
-        claimed = attempt.claimed
-        message = prefix + traceback.format_exception_only(exc)[-1].strip()
-        extra = self._log_extra(claimed)
-        if isinstance(exc, NonRetryableError):
-            logger.warning("job %s failed (not retryable): %s", claimed.id, message, extra=extra)
-            return (
-                Outcome(claimed.id, claimed.lease_token, JobStatus.FAILED, error=message),
-                JobFailed(claimed.id, claimed.type, claimed.queue, claimed.attempts, message),
-            )
-        if claimed.attempts >= claimed.max_attempts:
-            logger.error(
-                "job %s failed on its last attempt (%d of %d): %s",
-                claimed.id,
-                claimed.attempts,
-                claimed.max_attempts,
-                message,
-                exc_info=exc,
-                extra=extra,
-            )
-            return (
-                Outcome(claimed.id, claimed.lease_token, JobStatus.FAILED, error=message),
-                JobFailed(claimed.id, claimed.type, claimed.queue, claimed.attempts, message),
-            )
-        delay = backoff_seconds(
-            claimed.attempts,
-            base_seconds=self.settings.retry_base_delay_seconds,
-            max_seconds=self.settings.retry_max_delay_seconds,
-            jitter=self.settings.retry_jitter,
-        )
-        logger.warning(
-            "job %s attempt %d of %d failed, retrying in %.1f s: %s",
-            claimed.id,
-            claimed.attempts,
-            claimed.max_attempts,
-            delay,
-            message,
-            exc_info=exc,
-            extra=extra,
-        )
-        return (
-            Outcome(claimed.id, claimed.lease_token, JobStatus.QUEUED, error=message, delay_seconds=delay),
-            JobRetried(claimed.id, claimed.type, claimed.queue, claimed.attempts, message, delay),
-        )
-
-    def _log_extra(self, claimed: ClaimedJob) -> dict[str, Any]:
-        """Structured fields of a log line about a job; built only when a line is written."""
-        return {
-            "job_id": str(claimed.id),
-            "job_type": claimed.type,
-            "attempt": claimed.attempts,
-            "worker_id": self.worker_id,
-        }
-
-    async def _write_outcome(self, attempt: _Attempt, outcome: Outcome) -> bool:
-        extra = self._log_extra(attempt.claimed)
-        try:
-            applied = await self._completer.write(outcome, attempt.lease_deadline)
-        except Exception:
-            logger.exception("job %s: writing its outcome failed", attempt.claimed.id, extra=extra)
-            return False
-        if not applied:
+    async def _recover_expired_leases(self) -> None:
+        recovered = await self._run(self.store.recover_expired_leases())
+        for job in recovered:
             logger.warning(
-                "job %s: lease lost before its outcome (%s) could be written; another attempt owns the job now",
-                attempt.claimed.id,
-                outcome.status.value,
-                extra=extra,
+                "job %s: lease expired (worker died or lost its connection); now %s",
+                job.job_id,
+                job.status.value,
+                extra={"job_id": str(job.job_id), "job_type": job.type, "attempt": job.attempts},
             )
-        return applied
+        await announce_recovered(self.app.events, recovered)
 
-    # -- shutdown ----------------------------------------------------------------------------------
+    async def _acknowledge(self) -> None:
+        await self._touch()
+
+    async def _touch(self, state: str | None = None) -> bool | None:
+        return await self._run(
+            self.workers.touch_worker(
+                worker_id=self.worker_id,
+                instance_id=self.instance_id,
+                state=state or self.state,
+                in_flight=len(self._in_flight),
+                completed=self.completed,
+                failed=self.failed,
+                acked_generation=self.control.acked_generation,
+            )
+        )
+
+    # -- shutdown -----------------------------------------------------------------------------------
 
     async def _shutdown(self) -> None:
-        """Finish in-flight jobs within the timeout, then ask them to stop, then release their leases."""
+        """Finish in-flight jobs within the timeout, then ask them to stop, then cancel async handlers
+        and write their releases. Threads that still run keep their leases until the process exits."""
         if not self._in_flight:
             return
         if not self._hurry:
             await self._wait_in_flight(self.options.shutdown_timeout)
-        if self._in_flight:
-            logger.warning("asking %d unfinished job(s) to stop", len(self._in_flight))
-            for attempt in self._in_flight.values():
-                attempt.execution._request_stop()
+        running = self._running_attempts()
+        if running:
+            logger.warning("asking %d unfinished job(s) to stop", len(running))
+            for attempt in running:
+                attempt.signals.request(StopReason.SHUTDOWN)
             if not self._hurry:
                 await self._wait_in_flight(min(COOPERATIVE_GRACE_SECONDS, self.options.shutdown_timeout or 0.5))
+        running = self._running_attempts()
+        if running:
+            logger.warning("releasing %d unfinished job(s): they are available again at once", len(running))
+            for attempt in running:
+                attempt.interrupt(StopReason.SHUTDOWN)
+        await self._wait_in_flight(RELEASE_HURRY_SECONDS if self._hurry else RELEASE_WAIT_SECONDS, releases=True)
         if self._in_flight:
-            logger.warning("releasing %d unfinished job(s): they are available again at once", len(self._in_flight))
-            for attempt in list(self._in_flight.values()):
-                # Only tasks still in their handler; the others are writing their outcome already.
-                if attempt.task is not None and attempt.claimed.id in self._running:
-                    attempt.task.cancel()
-            await self._wait_in_flight(self.settings.lease_seconds, interruptible=False)
+            threads = sum(1 for a in self._in_flight.values() if not a.handler.is_async)
+            logger.warning(
+                "%d job(s) did not end (%d in threads, which cannot be interrupted): they keep their leases "
+                "until this process exits, then they are recovered",
+                len(self._in_flight),
+                threads,
+            )
 
-    async def _wait_in_flight(self, timeout: float, *, interruptible: bool = True) -> None:
-        """Wait for in-flight jobs to end; a second signal cuts an interruptible wait short."""
+    def _running_attempts(self) -> list[Attempt]:
+        return [a for a in self._in_flight.values() if a.phase is Phase.RUNNING]
+
+    async def _wait_in_flight(self, timeout: float, *, releases: bool = False) -> None:
+        """Wait for in-flight jobs to end. A second signal cuts the wait for handlers short; the wait for
+        releases is only shortened to RELEASE_HURRY_SECONDS."""
         deadline = time.monotonic() + timeout
-        while self._in_flight and not (interruptible and self._hurry):
+        while self._in_flight:
+            if self._hurry:
+                if not releases:
+                    return
+                deadline = min(deadline, time.monotonic() + RELEASE_HURRY_SECONDS)
+                releases = False
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
             self._wake.clear()
             await self._sleep(remaining)
+
+
+async def announce_recovered(events: EventHub, recovered: Iterable[RecoveredJob]) -> None:
+    """Lifecycle events for jobs recovery decided about: retried, failed or cancelled."""
+    if not events:
+        return
+    for job in recovered:
+        if job.status is JobStatus.QUEUED:
+            await events.emit(JobRetried(job.job_id, job.type, job.queue, job.attempts, job.error, 0.0))
+        elif job.status is JobStatus.FAILED:
+            await events.emit(JobFailed(job.job_id, job.type, job.queue, job.attempts, job.error))
+        elif job.status is JobStatus.CANCELLED:
+            await events.emit(JobCancelled(job.job_id, job.type, job.queue, JobStatus.RUNNING))
+
+
+def _process_alive(pid: int) -> bool:
+    """Whether a process of this host exists (a pid equal to ours is another, earlier process)."""
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _dump_tasks() -> None:
@@ -694,11 +672,12 @@ def _dump_tasks() -> None:
         task.print_stack(limit=8, file=sys.stderr)
 
 
-def _uncancel() -> None:
-    """The job task was cancelled on purpose (shutdown) and goes on to write the release."""
-    task = asyncio.current_task()
-    if task is not None:
-        task.uncancel()
-
-
-__all__ = ["EXIT_OK", "EXIT_RESTART", "Worker", "WorkerOptions", "retrying"]
+__all__ = [
+    "EXIT_CONFIG",
+    "EXIT_OK",
+    "EXIT_RESTART",
+    "EXIT_SOFTWARE",
+    "Worker",
+    "WorkerIdInUseError",
+    "WorkerOptions",
+]

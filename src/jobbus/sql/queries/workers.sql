@@ -1,46 +1,89 @@
--- Named queries of the worker registry and the control plane. Each block starts with `-- name: <query_name>`; {schema} is the
--- quoted schema identifier. Parameters are psycopg named placeholders.
-
--- name: reclaim_own_orphans
--- A worker restarted under the same id takes back what its dead predecessor held, at once instead of
--- after lease expiry. Worker ids must therefore be unique among live workers.
-UPDATE {schema}.job
-SET status = CASE WHEN attempts >= max_attempts THEN 'failed' ELSE 'queued' END,
-    finished_at = CASE WHEN attempts >= max_attempts THEN now() END,
-    available_at = now(),
-    last_error = format('worker %%s died during attempt %%s of %%s (reclaimed at its restart)',
-                        worker_id, attempts, max_attempts),
-    lease_token = NULL,
-    lease_expires_at = NULL
-WHERE worker_id = %(worker_id)s AND status = 'running'
-RETURNING id, status;
+-- Named queries of the worker registry and the worker's side of the control plane. Each block starts
+-- with `-- name: <query_name>`; {schema} is the quoted schema identifier. Parameters are psycopg named
+-- placeholders.
+--
+-- A worker is silent when its row has not been refreshed for the shorter of its own lease and its own
+-- dead-after time: it died, hangs, or lost the database. Silent workers' ids can be taken over.
 
 -- name: register_worker
--- The worker row is the worker's registry entry; starting acknowledges every command issued before,
--- since one-shot commands are for the workers alive when they were issued.
-INSERT INTO {schema}.worker AS w (id, host, pid, queues, types, concurrency, state, acked_generation)
-VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s, %(types)s, %(concurrency)s, 'running',
-        (SELECT coalesce(max(generation), 0) FROM {schema}.command))
+-- Takes the id for this process (a new instance) unless a live, different instance holds it. A row
+-- that stopped or went silent is taken over, and so is the instance named by %(replaces)s (a process
+-- of this host that no longer exists); the acknowledged generation restarts at the latest, since
+-- one-shot commands are for the processes alive when they were issued. Returns no row when the id is
+-- held by a live worker: the caller refuses to start.
+INSERT INTO {schema}.worker AS w (id, instance_id, host, pid, queues, types, concurrency, state, acked_generation,
+                                 lease_seconds, dead_after_seconds, heartbeat_seconds)
+VALUES (%(id)s, %(instance_id)s, %(host)s, %(pid)s, %(queues)s, %(types)s, %(concurrency)s, 'running',
+        (SELECT coalesce(max(generation), 0) FROM {schema}.command),
+        %(lease_seconds)s, %(dead_after_seconds)s, %(heartbeat_seconds)s)
 ON CONFLICT (id) DO UPDATE
-SET host = excluded.host, pid = excluded.pid, queues = excluded.queues, types = excluded.types,
-    concurrency = excluded.concurrency, state = 'running', in_flight = 0, completed = 0, failed = 0,
-    acked_generation = excluded.acked_generation, started_at = now(), last_seen_at = now(),
-    stopped_at = NULL
+SET instance_id = excluded.instance_id, host = excluded.host, pid = excluded.pid, queues = excluded.queues,
+    types = excluded.types, concurrency = excluded.concurrency, state = 'running', in_flight = 0, completed = 0,
+    failed = 0, acked_generation = excluded.acked_generation, started_at = now(), last_seen_at = now(),
+    stopped_at = NULL, declared_dead_at = NULL, lease_seconds = excluded.lease_seconds,
+    dead_after_seconds = excluded.dead_after_seconds, heartbeat_seconds = excluded.heartbeat_seconds
+WHERE w.state = 'stopped'
+   OR w.last_seen_at < now() - make_interval(secs => least(w.lease_seconds, w.dead_after_seconds))
+   OR w.instance_id = %(replaces)s::uuid
 RETURNING acked_generation;
 
--- name: touch_worker
-UPDATE {schema}.worker
-SET last_seen_at = now(), state = %(state)s, in_flight = %(in_flight)s, completed = %(completed)s,
-    failed = %(failed)s, acked_generation = greatest(acked_generation, %(acked_generation)s),
-    stopped_at = CASE WHEN %(state)s = 'stopped' THEN now() END
+-- name: worker_holding_id
+-- Who holds an id that `register_worker` could not take, for the refusal message.
+SELECT host, pid, extract(epoch FROM now() - last_seen_at)::float8, state, instance_id,
+       least(lease_seconds, dead_after_seconds)
+FROM {schema}.worker
 WHERE id = %(id)s;
 
+-- name: touch_worker
+-- Refreshes this instance's row; no row back means the id now belongs to another instance (or the row
+-- was forgotten). `was_declared_dead` tells the worker that its jobs were recovered while it was silent.
+UPDATE {schema}.worker AS w
+SET last_seen_at = now(), state = %(state)s, in_flight = %(in_flight)s, completed = %(completed)s,
+    failed = %(failed)s, acked_generation = greatest(w.acked_generation, %(acked_generation)s),
+    stopped_at = CASE WHEN %(state)s = 'stopped' THEN now() END,
+    declared_dead_at = NULL
+FROM (SELECT declared_dead_at FROM {schema}.worker WHERE id = %(id)s) AS before
+WHERE w.id = %(id)s AND w.instance_id = %(instance_id)s
+RETURNING before.declared_dead_at IS NOT NULL;
+
 -- name: read_control
--- Everything a worker needs to steer itself, in one round trip: the durable pause targets and the
--- one-shot commands addressed to it since the generation it acknowledged last.
+-- Everything a worker needs to steer itself, in one round trip: the durable pause targets, the one-shot
+-- commands issued since the generation it acknowledged last whose target matches it now (so a command
+-- issued while it was away reaches it when it is back), and the latest generation.
 SELECT 'pause' AS kind, target_kind, target, 0::bigint AS generation FROM {schema}.pause
 UNION ALL
-SELECT 'command', action, '', generation FROM {schema}.command
-WHERE generation > %(acked_generation)s AND %(worker_id)s = ANY(worker_ids)
+SELECT 'command', action, '', generation
+FROM {schema}.command
+WHERE generation > %(acked_generation)s
+  AND CASE target_kind
+          WHEN 'all' THEN true
+          WHEN 'worker' THEN target = %(worker_id)s
+          ELSE %(queues)s::text[] IS NULL OR target = ANY(%(queues)s::text[])
+      END
 UNION ALL
 SELECT 'latest', '', '', coalesce(max(generation), 0) FROM {schema}.command;
+
+-- name: recover_worker_jobs
+-- Takes back what dead workers held, at once instead of after lease expiry: a job whose cancellation
+-- was asked for becomes cancelled, one out of attempts fails, the others are queued again (the attempt
+-- already counted at claim time).
+UPDATE {schema}.job AS j
+SET status = CASE WHEN j.cancellation_requested_at IS NOT NULL THEN 'cancelled'
+                  WHEN j.attempts >= j.max_attempts THEN 'failed'
+                  ELSE 'queued' END,
+    finished_at = CASE WHEN j.cancellation_requested_at IS NOT NULL OR j.attempts >= j.max_attempts
+                       THEN now() END,
+    available_at = now(),
+    last_error = format('worker %%s died during attempt %%s of %%s (%%s)',
+                        j.worker_id, j.attempts, j.max_attempts, %(why)s::text),
+    lease_token = NULL,
+    lease_expires_at = NULL
+FROM (
+    SELECT id FROM {schema}.job
+    WHERE worker_id = ANY(%(worker_ids)s::text[]) AND status = 'running'
+    ORDER BY id
+    FOR UPDATE SKIP LOCKED
+) AS dead
+WHERE j.id = dead.id
+RETURNING j.id, j.type, j.queue, j.status, j.attempts, j.last_error,
+          (SELECT pg_notify(%(channel)s, j.queue) IS NULL);

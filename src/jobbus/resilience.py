@@ -1,0 +1,154 @@
+"""Which database errors jobbus rides out, and how it waits them out (workers and producers alike).
+
+Every error of a database call is classified once, by SQLSTATE class rather than by Python class
+(psycopg files "index row too large" under OperationalError, and a read-only transaction under
+InternalError):
+
+- transient: the server or the connection is away or busy, or the statement lost a race. A worker
+  retries with capped exponential backoff (a producer within `database_wait_seconds`); the outage
+  is logged when it starts and when it ends, never per attempt. Connection failures, admin or crash
+  shutdown, "cannot connect now", too many connections, out of memory or disk, serialization
+  failures and deadlocks, statement and lock timeouts, a read-only transaction (a demoted primary,
+  or a failover behind stale DNS), an idle session killed.
+- data: the database refuses this row (a value out of range, bad text, a constraint). Isolated to
+  that row: the rest of a batch is written.
+- fatal: anything else (a missing table or function, a privilege revoked, an internal error). The
+  worker stops claiming, gives back what it holds within a bounded time and exits 70.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import psycopg
+import psycopg_pool
+
+logger = logging.getLogger("jobbus.worker")
+T = TypeVar("T")
+
+
+class ErrorKind(enum.Enum):
+    TRANSIENT = "transient"
+    DATA = "data"
+    FATAL = "fatal"
+
+
+#: SQLSTATEs (or their two-character classes) that a worker retries.
+_TRANSIENT_STATES = frozenset(
+    {
+        "08",  # connection exception
+        "40",  # transaction rollback: serialization failure, deadlock
+        "53",  # insufficient resources: disk full, out of memory, too many connections
+        "57P01",  # admin shutdown
+        "57P02",  # crash shutdown
+        "57P03",  # cannot connect now (starting up, recovering)
+        "57P05",  # idle session timeout
+        "57014",  # query canceled (statement_timeout, pg_cancel_backend)
+        "55P03",  # lock not available (lock_timeout)
+        "55006",  # object in use
+        "25006",  # read-only SQL transaction: a demoted primary, a failover behind stale DNS
+        "25P03",  # idle-in-transaction session timeout
+        "58030",  # I/O error
+    }
+)
+#: Classes whose errors belong to the row being written.
+_DATA_CLASSES = frozenset({"22", "23", "54"})
+
+
+def classify(exc: BaseException) -> ErrorKind:
+    if isinstance(exc, psycopg_pool.PoolTimeout | psycopg.InterfaceError):
+        return ErrorKind.TRANSIENT
+    if not isinstance(exc, psycopg.Error):
+        return ErrorKind.FATAL
+    state = exc.sqlstate
+    if state is None:  # raised by the client: the connection broke or could not be made
+        return ErrorKind.TRANSIENT if isinstance(exc, psycopg.OperationalError) else ErrorKind.FATAL
+    if state in _TRANSIENT_STATES or state[:2] in _TRANSIENT_STATES:
+        return ErrorKind.TRANSIENT
+    if state[:2] in _DATA_CLASSES:
+        return ErrorKind.DATA
+    return ErrorKind.FATAL
+
+
+def is_transient(exc: BaseException) -> bool:
+    return classify(exc) is ErrorKind.TRANSIENT
+
+
+class Backoff:
+    """Capped exponential delays: 0.1 s doubling to `cap`."""
+
+    def __init__(self, first: float = 0.1, cap: float = 5.0) -> None:
+        self.first = first
+        self.cap = cap
+        self.attempt = 0
+
+    def next_delay(self) -> float:
+        delay = min(self.cap, self.first * 2.0**self.attempt)
+        self.attempt = min(self.attempt + 1, 32)
+        return delay
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+class Outage:
+    """Remembers whether a component is in an outage, so it logs the start and the end once each."""
+
+    def __init__(self, component: str) -> None:
+        self.component = component
+        self.since: float | None = None
+
+    def failed(self, exc: BaseException) -> None:
+        if self.since is None:
+            self.since = time.monotonic()
+            connection_lost = isinstance(exc, psycopg_pool.PoolTimeout | psycopg.InterfaceError) or (
+                isinstance(exc, psycopg.Error) and (exc.sqlstate is None or exc.sqlstate[:2] in ("08", "57"))
+            )
+            what = "lost the database" if connection_lost else "hit a transient database error"
+            logger.warning(
+                "%s %s (%s: %s); retrying with backoff",
+                self.component,
+                what,
+                type(exc).__name__,
+                first_line(exc),
+                extra={"component": self.component},
+            )
+
+    def recovered(self) -> None:
+        if self.since is not None:
+            logger.warning(
+                "%s recovered after %.1f s",
+                self.component,
+                time.monotonic() - self.since,
+                extra={"component": self.component},
+            )
+            self.since = None
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""
+
+
+async def retrying(call: Callable[[], Awaitable[T]], outage: Outage, *, deadline: float | None = None) -> T:
+    """Run `call` until it succeeds; transient errors are retried until `deadline` (monotonic) passes."""
+    backoff = Backoff()
+    while True:
+        try:
+            result = await call()
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            outage.failed(exc)
+            delay = backoff.next_delay()
+            if deadline is not None and time.monotonic() + delay > deadline:
+                raise
+            await asyncio.sleep(delay)
+            continue
+        outage.recovered()
+        return result

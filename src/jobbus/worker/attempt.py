@@ -1,0 +1,73 @@
+"""`Attempt`: one in-flight attempt, from its claim until its outcome is durable and its scope exited."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from jobbus.execution import AttemptSignals, JobExecution, StopReason
+from jobbus.models import ClaimedJob
+
+if TYPE_CHECKING:
+    from jobbus.app import Handler
+
+
+class Phase(enum.Enum):
+    #: The handler runs (or its thread does): the attempt holds a concurrency slot and a renewed lease.
+    RUNNING = "running"
+    #: The handler is done; the outcome is being written. No slot, no lease renewal.
+    WRITING = "writing"
+
+
+@dataclass(eq=False, slots=True)
+class Attempt:
+    claimed: ClaimedJob
+    handler: Handler
+    signals: AttemptSignals
+    execution: JobExecution
+    #: Monotonic time after which the lease has surely expired (from the send time of the last renewal).
+    lease_deadline: float
+    started: float = field(default_factory=time.monotonic)
+    phase: Phase = Phase.RUNNING
+    task: asyncio.Task[None] | None = field(default=None, repr=False)
+    #: True while the handler's own code runs in the job task (async handlers): only then may the
+    #: worker cancel the task, and a CancelledError it did not cause is the handler's own failure.
+    in_handler: bool = False
+    #: The reason the worker cancelled the handler's task, if it did.
+    cancelled_for: StopReason | None = None
+    #: Seconds the handler may run; None: no limit.
+    timeout: float | None = None
+    timer: asyncio.TimerHandle | None = field(default=None, repr=False)
+
+    @property
+    def id(self) -> Any:
+        return self.claimed.id
+
+    @property
+    def holds_slot(self) -> bool:
+        return self.phase is Phase.RUNNING
+
+    def interrupt(self, reason: StopReason) -> None:
+        """Tell the handler to stop; an async handler's task is also cancelled (a thread cannot be)."""
+        self.signals.request(reason)
+        if (
+            self.handler.is_async
+            and self.in_handler
+            and self.cancelled_for is None
+            and self.task is not None
+            and not self.task.done()
+        ):
+            self.cancelled_for = reason
+            self.task.cancel()
+
+    def log_extra(self, worker_id: str) -> dict[str, Any]:
+        """Structured fields of a log line about this attempt; built only when a line is written."""
+        return {
+            "job_id": str(self.claimed.id),
+            "job_type": self.claimed.type,
+            "attempt": self.claimed.attempts,
+            "worker_id": worker_id,
+        }

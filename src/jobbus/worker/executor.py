@@ -1,0 +1,200 @@
+"""The executor: runs one attempt from its claim to its durable outcome.
+
+claim → JobStarted → enter the job scope → run the handler (async in the job's task, sync in the
+worker's thread pool, bounded by `concurrency`) → decide the outcome (`outcomes.py`) → free the slot →
+write the outcome through the completer → exit the scope → count and announce.
+
+Nothing a handler does can end the worker: every `BaseException` it raises is an outcome. Only a
+cancellation the worker itself started (shutdown, timeout, a lost lease) cancels a handler's task,
+and only while the handler's own code runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Any
+
+from jobbus.events import JobEvent, JobFailed, JobStarted
+from jobbus.execution import StopReason, SyncJobExecution
+from jobbus.models import JobStatus
+from jobbus.store.statements import UndecodableJson
+from jobbus.worker.attempt import Attempt, Phase
+from jobbus.worker.completer import Completer
+from jobbus.worker.outcomes import Decision, OutcomePolicy
+
+if TYPE_CHECKING:
+    from jobbus.app import App
+
+logger = logging.getLogger("jobbus.worker")
+
+
+class Executor:
+    def __init__(
+        self,
+        app: App,
+        *,
+        policy: OutcomePolicy,
+        completer: Completer,
+        threads: ThreadPoolExecutor,
+        worker_id: str,
+        on_slot_free: Callable[[Attempt], None],
+        on_finished: Callable[[Attempt, JobStatus | None], None],
+    ) -> None:
+        self.app = app
+        self.policy = policy
+        self.completer = completer
+        self.threads = threads
+        self.worker_id = worker_id
+        self._on_slot_free = on_slot_free
+        self._on_finished = on_finished
+
+    def start(self, attempt: Attempt) -> None:
+        attempt.task = asyncio.create_task(self.run(attempt), name=f"jobbus-job-{attempt.id}")
+
+    async def run(self, attempt: Attempt) -> None:
+        status: JobStatus | None = None
+        try:
+            scope: AbstractAsyncContextManager[Any] | None = None
+            error: BaseException | None = None
+            events = self.app.events
+            if events:
+                claimed = attempt.claimed
+                await events.emit(JobStarted(claimed.id, claimed.type, claimed.queue, claimed.attempts))
+            decision = self._undecodable(attempt)
+            if decision is None:
+                scope, decision = await self._enter_scope(attempt)
+            if decision is None:
+                decision, error = await self._call_handler(attempt)
+            attempt.phase = Phase.WRITING
+            self._on_slot_free(attempt)  # the next claim may use the slot while the outcome is written
+            status, event = await self._write(attempt, decision)
+            attempt.signals.close()
+            if scope is not None:
+                await self._exit_scope(attempt, scope, error)
+            if event is not None and events:
+                await events.emit(event)
+        except Exception:
+            logger.exception("job %s: internal error in the worker", attempt.id, extra=self._extra(attempt))
+        finally:
+            if attempt.timer is not None:
+                attempt.timer.cancel()
+            attempt.signals.close()
+            self._on_finished(attempt, status)
+
+    # -- steps --------------------------------------------------------------------------------------
+
+    def _undecodable(self, attempt: Attempt) -> Decision | None:
+        """A job whose stored JSON is too large or cannot be decoded here (nested too deeply) fails at once."""
+        oversized = attempt.claimed.oversized_bytes
+        if oversized is not None:
+            limit = self.policy.settings.max_payload_bytes
+            return self.policy.failed_for_good(
+                attempt,
+                f"the job's configuration is {oversized} bytes as stored, over this worker's max_payload_bytes "
+                f"({limit}): it was not loaded",
+            )
+        for what, value in (
+            ("configuration", attempt.claimed.configuration_data),
+            ("execution data", attempt.claimed.execution_data),
+        ):
+            if isinstance(value, UndecodableJson):
+                return self.policy.failed_for_good(attempt, f"the job's {what} cannot be decoded: {value.reason}")
+        return None
+
+    async def _enter_scope(self, attempt: Attempt) -> tuple[AbstractAsyncContextManager[Any] | None, Decision | None]:
+        factory = self.app.job_scope
+        if factory is None:
+            return None, None
+        try:
+            scope = factory(attempt.execution)
+            attempt.execution.scope = await scope.__aenter__()
+        except asyncio.CancelledError:
+            raise  # cancelled from outside the worker: the host is tearing the loop down
+        except BaseException as exc:
+            return None, self.policy.failure(attempt, exc, "entering the job scope failed: ")
+        return scope, None
+
+    async def _call_handler(self, attempt: Attempt) -> tuple[Decision, BaseException | None]:
+        if attempt.timeout is not None:
+            loop = asyncio.get_running_loop()
+            attempt.timer = loop.call_later(attempt.timeout, attempt.interrupt, StopReason.TIMEOUT)
+        if attempt.handler.is_async:
+            return await self._call_async(attempt)
+        return await self._call_sync(attempt)
+
+    async def _call_async(self, attempt: Attempt) -> tuple[Decision, BaseException | None]:
+        task = asyncio.current_task()
+        attempt.in_handler = True
+        try:
+            result = await attempt.handler.func(attempt.execution)
+        except asyncio.CancelledError as exc:
+            attempt.in_handler = False
+            if attempt.cancelled_for is not None:  # the worker cancelled it: shutdown, timeout, lost lease
+                if task is not None:
+                    task.uncancel()
+                return self.policy.after_error(attempt, exc, cancelled_by_worker=True), exc
+            if task is not None and task.cancelling():
+                raise  # cancelled from outside the worker: the host is tearing the loop down
+            return self.policy.after_error(attempt, exc), exc  # the handler's own CancelledError
+        except BaseException as exc:
+            attempt.in_handler = False
+            if attempt.cancelled_for is not None and task is not None:
+                task.uncancel()
+            return self.policy.after_error(attempt, exc), exc
+        attempt.in_handler = False
+        if attempt.cancelled_for is not None and task is not None:
+            task.uncancel()  # it swallowed the worker's cancellation and returned
+        return self.policy.after_return(attempt, result), None
+
+    async def _call_sync(self, attempt: Attempt) -> tuple[Decision, BaseException | None]:
+        """In the worker's thread pool (as many threads as `concurrency`). A thread cannot be
+        interrupted: the attempt keeps its slot and its lease until the function returns."""
+        loop = asyncio.get_running_loop()
+        execution = SyncJobExecution(attempt.execution, loop)
+        try:
+            result = await loop.run_in_executor(self.threads, attempt.handler.func, execution)
+        except asyncio.CancelledError:
+            raise  # the worker never cancels a sync attempt's task: this comes from outside
+        except BaseException as exc:
+            return self.policy.after_error(attempt, exc), exc
+        return self.policy.after_return(attempt, result), None
+
+    async def _write(self, attempt: Attempt, decision: Decision) -> tuple[JobStatus | None, JobEvent | None]:
+        """Write the outcome; returns the status it recorded and the event to announce (None: nothing)."""
+        outcome = decision.outcome
+        if outcome is None:
+            return None, None
+        try:
+            written, refusal = await self.completer.write(outcome, attempt.lease_deadline)
+        except Exception:
+            logger.exception("job %s: writing its outcome failed", attempt.id, extra=self._extra(attempt))
+            return None, None
+        if not written:
+            logger.warning(
+                "job %s: lease lost before its outcome (%s) could be written; another attempt owns the job now",
+                attempt.id,
+                outcome.status.value,
+                extra=self._extra(attempt),
+            )
+            return None, None
+        if refusal is not None:
+            claimed = attempt.claimed
+            return JobStatus.FAILED, JobFailed(claimed.id, claimed.type, claimed.queue, claimed.attempts, refusal)
+        return outcome.status, decision.event
+
+    async def _exit_scope(
+        self, attempt: Attempt, scope: AbstractAsyncContextManager[Any], error: BaseException | None
+    ) -> None:
+        try:
+            await scope.__aexit__(type(error) if error else None, error, error.__traceback__ if error else None)
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            logger.exception("job %s: exiting the job scope failed", attempt.id, extra=self._extra(attempt))
+
+    def _extra(self, attempt: Attempt) -> dict[str, Any]:
+        return attempt.log_extra(self.worker_id)

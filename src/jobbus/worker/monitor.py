@@ -1,0 +1,173 @@
+"""The monitor: keeps the worker's leases and registry row alive, and fences the worker when it cannot.
+
+Two loops:
+- `renew` (every heartbeat interval): renews the leases of every running handler in one statement,
+  refreshes their cancellation flags, and refreshes the worker's registry row.
+- `watch` (several times a second, no database): a handler whose lease has surely expired is told so
+  (`lease_lost`); when the registry row could not be refreshed for `fence_after_seconds`, every
+  running handler is fenced, before the leader may declare the worker dead and recover its jobs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, TypeVar
+
+from jobbus.execution import StopReason
+from jobbus.resilience import Backoff, Outage, is_transient
+from jobbus.settings import Settings
+from jobbus.store import JobStore, Statement
+from jobbus.worker.attempt import Attempt, Phase
+
+logger = logging.getLogger("jobbus.worker")
+T = TypeVar("T")
+
+#: How often the watch loop compares deadlines with the clock.
+WATCH_INTERVAL_SECONDS = 0.25
+
+
+class Monitor:
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        store: JobStore,
+        run: Callable[[Statement[Any]], Awaitable[Any]],
+        attempts: Callable[[], Iterable[Attempt]],
+        touch: Callable[[], Awaitable[bool | None]],
+        write_lock: asyncio.Lock,
+        worker_id: str,
+        on_fatal: Callable[[str, BaseException], None],
+        on_registration_lost: Callable[[], Awaitable[None]],
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self._run = run
+        self._attempts = attempts
+        self._touch = touch
+        self._write_lock = write_lock
+        self.worker_id = worker_id
+        self._on_fatal = on_fatal
+        self._on_registration_lost = on_registration_lost
+        #: Monotonic send time of the last registry refresh that succeeded.
+        self.last_contact = time.monotonic()
+        self.fenced = False
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._renew_loop(), name="jobbus-monitor"),
+            asyncio.create_task(self._watch_loop(), name="jobbus-watch"),
+        ]
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # -- renewals -----------------------------------------------------------------------------------
+
+    async def _renew_loop(self) -> None:
+        """Every heartbeat interval; after a failure sooner (backoff), so a fence lifts quickly."""
+        outage = Outage("lease monitor")
+        backoff = Backoff(first=0.2, cap=self.settings.heartbeat_seconds)
+        delay = self.settings.heartbeat_seconds
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                await self.renew()
+            except Exception as exc:
+                if not is_transient(exc):
+                    self._on_fatal("lease monitor", exc)
+                    return
+                outage.failed(exc)
+                delay = backoff.next_delay()
+                continue
+            outage.recovered()
+            backoff.reset()
+            delay = self.settings.heartbeat_seconds
+
+    async def renew(self) -> None:
+        """One round: renew the running handlers' leases, then refresh the registry row."""
+        await self._renew_leases()
+        sent = time.monotonic()
+        declared_dead = await self._touch()
+        if declared_dead is None:
+            await self._on_registration_lost()
+            return
+        if declared_dead:
+            self._declared_dead(sent)
+        self.last_contact = sent
+        if self.fenced:
+            logger.warning("worker %s reached the database again: claiming again", self.worker_id)
+            self.fenced = False
+
+    async def _renew_leases(self) -> None:
+        # Only running handlers: a finished job's outcome is being written by the completer.
+        attempts = {a.id: a for a in self._attempts() if a.phase is Phase.RUNNING and not a.signals.lease_lost}
+        if not attempts:
+            return
+        sent = time.monotonic()
+        async with self._write_lock:  # never concurrently with an outcome batch: the two cannot deadlock
+            live = await self._run(
+                self.store.heartbeat_leases(
+                    {job_id: a.claimed.lease_token for job_id, a in attempts.items()}, self.settings.lease_seconds
+                )
+            )
+        for job_id, attempt in attempts.items():
+            if job_id in live:
+                attempt.lease_deadline = sent + self.settings.lease_seconds
+                if live[job_id]:
+                    attempt.interrupt(StopReason.CANCELLED)
+            elif attempt.phase is Phase.RUNNING:
+                # Once the handler returned, a missing lease means its outcome was written meanwhile.
+                self._lose(attempt, "expired or taken over")
+
+    def _declared_dead(self, sent: float) -> None:
+        """The leader recovered this worker's jobs while it was silent: those attempts are over."""
+        for attempt in self._attempts():
+            if attempt.started < sent and attempt.phase is Phase.RUNNING:
+                self._lose(attempt, "recovered while this worker was silent")
+
+    def _lose(self, attempt: Attempt, why: str) -> None:
+        if StopReason.LEASE_LOST in attempt.signals:
+            return
+        attempt.interrupt(StopReason.LEASE_LOST)
+        logger.warning(
+            "job %s: lease lost during attempt %d (%s); its outcome is not written",
+            attempt.id,
+            attempt.claimed.attempts,
+            why,
+            extra=attempt.log_extra(self.worker_id),
+        )
+
+    # -- deadlines ----------------------------------------------------------------------------------
+
+    async def _watch_loop(self) -> None:
+        while True:
+            await asyncio.sleep(WATCH_INTERVAL_SECONDS)
+            self.check_deadlines()
+
+    def check_deadlines(self) -> None:
+        now = time.monotonic()
+        silent = now - self.last_contact
+        if silent >= self.settings.fence_after_seconds:
+            if not self.fenced:
+                self.fenced = True
+                logger.error(
+                    "worker %s could not reach the database for %.1f s: fencing its running jobs (they may be "
+                    "recovered by another worker); their handlers are asked to stop and their outcomes are "
+                    "not written",
+                    self.worker_id,
+                    silent,
+                    extra={"worker_id": self.worker_id},
+                )
+            for attempt in self._attempts():
+                if attempt.phase is Phase.RUNNING:
+                    attempt.interrupt(StopReason.FENCED)
+        for attempt in self._attempts():
+            if attempt.phase is Phase.RUNNING and now > attempt.lease_deadline:
+                self._lose(attempt, "its lease expired before it could be renewed")

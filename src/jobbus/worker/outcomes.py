@@ -1,0 +1,225 @@
+"""How the end of an attempt becomes its outcome: completed, retried, failed, cancelled or given back.
+
+The rules, in order (docs/worker.md):
+1. A lost lease writes nothing: another attempt may own the job.
+2. A cancellation asked for by a user ends as `cancelled`, whatever the handler did next.
+3. A cancellation the worker itself started (shutdown, timeout) gives the job back or fails it with
+   "timed out"; a fenced attempt (the worker lost the database) gives the job up, counted.
+4. A normal return is `completed` with its result, unless the handler saw a shutdown request and
+   returned: then it stopped early and the job is given back.
+5. Any other exception, every `BaseException` included (a `CancelledError` the worker did not cause,
+   `KeyboardInterrupt`, `SystemExit`), is a failed attempt: retried with backoff, or failed for good
+   when it is `NonRetryableError` or the last attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from jobbus.errors import InvalidJobError, LeaseLostError, NonRetryableError
+from jobbus.events import JobCancelled, JobCompleted, JobEvent, JobFailed, JobRetried
+from jobbus.execution import StopReason
+from jobbus.models import JobStatus
+from jobbus.requests import json_text
+from jobbus.retry import backoff_seconds
+from jobbus.settings import Settings
+from jobbus.store import Outcome
+from jobbus.worker.attempt import Attempt
+
+logger = logging.getLogger("jobbus.worker")
+
+#: last_error keeps at most this many characters: a hostile exception message cannot bloat the row.
+MAX_ERROR_LENGTH = 4000
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What to write for one attempt (None: nothing, the lease is gone) and what to announce after."""
+
+    outcome: Outcome | None
+    event: JobEvent | None = None
+
+
+NOTHING = Decision(None)
+
+
+def error_text(exc: BaseException, prefix: str = "") -> str:
+    """One storable line: the exception's last line, bounded, without NUL or unpaired surrogates."""
+    try:
+        line = traceback.format_exception_only(exc)[-1].strip()
+    except Exception:  # a hostile __str__
+        line = type(exc).__qualname__
+    return storable_text(prefix + line)
+
+
+def storable_text(text: str) -> str:
+    """Text PostgreSQL accepts: no NUL, valid UTF-8 (unpaired surrogates escaped), bounded."""
+    text = text.replace("\x00", "\\0")
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    if len(text) > MAX_ERROR_LENGTH:
+        text = text[: MAX_ERROR_LENGTH - 20] + f"... ({len(text)} chars)"
+    return text
+
+
+class OutcomePolicy:
+    def __init__(self, settings: Settings, worker_id: str) -> None:
+        self.settings = settings
+        self.worker_id = worker_id
+
+    # -- the two ways a handler ends ----------------------------------------------------------------
+
+    def after_return(self, attempt: Attempt, result: Any) -> Decision:
+        signals = attempt.signals
+        if StopReason.LEASE_LOST in signals:
+            return self._lease_lost(attempt)
+        if StopReason.CANCELLED in signals:
+            return self.cancelled(attempt)
+        if StopReason.TIMEOUT in signals:
+            return self.timed_out(attempt)
+        if signals.observed:  # it saw a stop request and returned: it stopped early, it did not finish
+            if StopReason.FENCED in signals:
+                return self.fenced(attempt)
+            if StopReason.SHUTDOWN in signals:
+                return self.release(attempt)
+        return self._completed(attempt, result)
+
+    def after_error(self, attempt: Attempt, exc: BaseException, *, cancelled_by_worker: bool = False) -> Decision:
+        signals = attempt.signals
+        if StopReason.LEASE_LOST in signals or isinstance(exc, LeaseLostError):
+            return self._lease_lost(attempt, exc)
+        if StopReason.CANCELLED in signals:
+            return self.cancelled(attempt)
+        if StopReason.TIMEOUT in signals:
+            return self.timed_out(attempt)
+        if cancelled_by_worker:
+            return self.fenced(attempt) if StopReason.FENCED in signals else self.release(attempt)
+        return self.failure(attempt, exc)
+
+    # -- outcomes -----------------------------------------------------------------------------------
+
+    def release(self, attempt: Attempt) -> Decision:
+        """Shutdown: the job is available again at once and the attempt does not count."""
+        logger.info("job %s: released at shutdown, available again at once", attempt.id)
+        claimed = attempt.claimed
+        return Decision(Outcome(claimed.id, claimed.lease_token, JobStatus.QUEUED, released=True))
+
+    def fenced(self, attempt: Attempt) -> Decision:
+        """The worker lost the database: the job goes back (the attempt counts), unless already recovered."""
+        claimed = attempt.claimed
+        message = (
+            f"worker {self.worker_id} lost the database during attempt {claimed.attempts} of "
+            f"{claimed.max_attempts} and gave the job up"
+        )
+        return self._retry_or_fail(attempt, message, None, delay=0.0)
+
+    def cancelled(self, attempt: Attempt) -> Decision:
+        claimed = attempt.claimed
+        outcome = Outcome(claimed.id, claimed.lease_token, JobStatus.CANCELLED)
+        return Decision(outcome, JobCancelled(claimed.id, claimed.type, claimed.queue, JobStatus.RUNNING))
+
+    def timed_out(self, attempt: Attempt) -> Decision:
+        return self._retry_or_fail(attempt, f"timed out after {attempt.timeout or 0.0:g} s", None)
+
+    def failure(self, attempt: Attempt, exc: BaseException, prefix: str = "") -> Decision:
+        message = storable_text(error_text(exc, prefix) + _note(exc))
+        if isinstance(exc, NonRetryableError):
+            return self.failed_for_good(attempt, message, level=logging.WARNING)
+        return self._retry_or_fail(attempt, message, exc)
+
+    def failed_for_good(self, attempt: Attempt, message: str, *, level: int = logging.ERROR) -> Decision:
+        claimed = attempt.claimed
+        message = storable_text(message)
+        logger.log(
+            level,
+            "job %s failed (not retryable): %s",
+            claimed.id,
+            message,
+            extra=attempt.log_extra(self.worker_id),
+        )
+        return Decision(
+            Outcome(claimed.id, claimed.lease_token, JobStatus.FAILED, error=message),
+            JobFailed(claimed.id, claimed.type, claimed.queue, claimed.attempts, message),
+        )
+
+    # -- helpers ------------------------------------------------------------------------------------
+
+    def _completed(self, attempt: Attempt, result: Any) -> Decision:
+        claimed = attempt.claimed
+        if result is None:
+            result_json = None
+        else:
+            try:
+                result_json = json_text("the handler's return value", result, self.settings.max_payload_bytes)
+            except InvalidJobError as exc:
+                return self.failed_for_good(attempt, str(exc))
+            except Exception as exc:  # a hostile __str__, __len__ or encoder hook
+                return self.failed_for_good(attempt, error_text(exc, "the handler's return value cannot be stored: "))
+        outcome = Outcome(claimed.id, claimed.lease_token, JobStatus.COMPLETED, result_json=result_json)
+        return Decision(outcome, JobCompleted(claimed.id, claimed.type, claimed.queue, claimed.attempts, result))
+
+    def _retry_or_fail(
+        self, attempt: Attempt, message: str, exc: BaseException | None, *, delay: float | None = None
+    ) -> Decision:
+        claimed = attempt.claimed
+        extra = attempt.log_extra(self.worker_id)
+        if claimed.attempts >= claimed.max_attempts:
+            logger.error(
+                "job %s failed on its last attempt (%d of %d): %s",
+                claimed.id,
+                claimed.attempts,
+                claimed.max_attempts,
+                message,
+                exc_info=exc,
+                extra=extra,
+            )
+            return Decision(
+                Outcome(claimed.id, claimed.lease_token, JobStatus.FAILED, error=message),
+                JobFailed(claimed.id, claimed.type, claimed.queue, claimed.attempts, message),
+            )
+        if delay is None:
+            delay = backoff_seconds(
+                claimed.attempts,
+                base_seconds=self.settings.retry_base_delay_seconds,
+                max_seconds=self.settings.retry_max_delay_seconds,
+                jitter=self.settings.retry_jitter,
+            )
+        logger.warning(
+            "job %s attempt %d of %d failed, retrying in %.1f s: %s",
+            claimed.id,
+            claimed.attempts,
+            claimed.max_attempts,
+            delay,
+            message,
+            exc_info=exc,
+            extra=extra,
+        )
+        return Decision(
+            Outcome(claimed.id, claimed.lease_token, JobStatus.QUEUED, error=message, delay_seconds=delay),
+            JobRetried(claimed.id, claimed.type, claimed.queue, claimed.attempts, message, delay),
+        )
+
+    def _lease_lost(self, attempt: Attempt, exc: BaseException | None = None) -> Decision:
+        if StopReason.FENCED in attempt.signals and StopReason.LEASE_LOST not in attempt.signals:
+            return self.fenced(attempt)
+        detail = f": {exc}" if isinstance(exc, LeaseLostError) else ""
+        logger.warning(
+            "job %s: lease lost during attempt %d (expired or taken over); its outcome is not written%s",
+            attempt.id,
+            attempt.claimed.attempts,
+            detail,
+            extra=attempt.log_extra(self.worker_id),
+        )
+        return NOTHING
+
+
+def _note(exc: BaseException) -> str:
+    """What a `BaseException` from a handler means: a failed attempt, never a stop of the worker."""
+    if isinstance(exc, Exception):
+        return ""
+    if isinstance(exc, asyncio.CancelledError):
+        return " (escaped the handler; the worker did not cancel it: an inner task's cancellation?)"
+    return f" ({type(exc).__name__} raised by the handler fails the attempt; it does not stop the worker)"
