@@ -83,3 +83,11 @@ def executions(dsn: str, job_id: uuid.UUID | None = None) -> list[tuple[Any, ...
 def finish(proc: subprocess.Popen[str], timeout: float = 60) -> tuple[int, str]:
     out, _ = proc.communicate(timeout=timeout)
     return proc.returncode, out
+
+
+async def until_stop_requested(job: Any, poll: float = 0.02) -> None:
+    """What a cooperative handler does: work in small steps until the job is asked to stop."""
+    import asyncio
+
+    while not job.cancellation_requested:  # noqa: ASYNC110 - a handler polls its flag between steps
+        await asyncio.sleep(poll)

@@ -18,7 +18,7 @@ from jobbus import control, schema
 @pytest.fixture
 def roles(dsn: str) -> Iterator[dict[str, str]]:
     suffix = uuid.uuid4().hex[:8]
-    names = {kind: f"jobbus_{kind}_{suffix}" for kind in ("worker", "operator", "observer")}
+    names = {kind: f"jobbus_{kind}_{suffix}" for kind in ("worker", "operator", "observer", "producer")}
     with psycopg.connect(dsn, autocommit=True) as conn:
         for name in names.values():
             conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
@@ -83,6 +83,32 @@ async def test_observer_role_reads_but_cannot_write(roles: dict[str, str], sync_
             await app.schedule("t")
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             await app.cancel(job_id)
+
+
+async def test_producer_role_schedules_and_deduplicates_with_insert_and_select_only(
+    roles: dict[str, str], sync_app: jobbus.App
+) -> None:
+    running_id = sync_app.sync.schedule("t", unique_key="busy")
+    with psycopg.connect(sync_app.dsn, autocommit=True) as conn:  # the key's job is running
+        conn.execute(
+            "UPDATE jobbus.job SET status = 'running', lease_token = gen_random_uuid() WHERE id = %s", (running_id,)
+        )
+    app = _app(roles["producer"])
+    async with app:
+        ids = await app.schedule_many("t", [{}, {}])
+        assert await app.schedule("t", unique_key="k") == await app.schedule("t", unique_key="k")
+        assert await app.schedule("t", unique_key="busy") == running_id
+        assert app.sync.schedule("t", unique_key="busy") == running_id
+        assert {j.id for j in await app.list_jobs()} >= set(ids)
+        assert (await app.find(ids[0])) is not None
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            await app.cancel(ids[0])
+    app.sync.close()
+    with (
+        psycopg.connect(roles["producer"], autocommit=True) as conn,
+        pytest.raises(psycopg.errors.InsufficientPrivilege),
+    ):
+        conn.execute("SELECT * FROM jobbus.claim_jobs('x', 1, '{t}', true, '{}', '{}', 60, 1000000)")
 
 
 def test_role_names_are_validated() -> None:

@@ -95,10 +95,15 @@ def script(schema: str = "jobbus") -> str:
 
 def roles_script(schema: str, *, worker: str, operator: str, observer: str, producer: str | None = None) -> str:
     """GRANTs giving existing roles exactly what workers, operators, observers and (optionally) producers
-    need (docs/security.md). Without `producer`, the worker role is the one producers use."""
-    template = resources.files("jobbus").joinpath("sql/roles.sql").read_text(encoding="utf-8")
-    roles = (("worker", worker), ("operator", operator), ("observer", observer), ("producer", producer or worker))
+    need (docs/security.md). Without `producer`, producers use the worker role."""
+    sql_dir = resources.files("jobbus").joinpath("sql")
+    template = sql_dir.joinpath("roles.sql").read_text(encoding="utf-8")
+    if producer is not None:
+        template += "\n" + sql_dir.joinpath("roles_producer.sql").read_text(encoding="utf-8")
+    roles = (("worker", worker), ("operator", operator), ("observer", observer), ("producer", producer))
     for kind, role in roles:
+        if role is None:
+            continue
         quoted = sql.Identifier(validate_identifier(f"{kind} role", role)).as_string(None)
         template = template.replace("{" + kind + "}", quoted)
     return render(template, schema)

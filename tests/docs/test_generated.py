@@ -17,5 +17,7 @@ def test_security_doc_shows_the_grants_roles_script_prints() -> None:
     text = (ROOT / "docs" / "security.md").read_text()
     shown = re.search(r"```sql\n(.*?)```", text, re.DOTALL)
     assert shown is not None, "docs/security.md has no ```sql block"
-    generated = schema.roles_script("jobbus", worker="app_worker", operator="app_ops", observer="app_ro")
+    generated = schema.roles_script(
+        "jobbus", worker="app_worker", operator="app_ops", observer="app_ro", producer="app_web"
+    )
     assert _statements(shown[1]) == _statements(generated)

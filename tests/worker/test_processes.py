@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import time
 import uuid
 from collections import Counter
 
+import psycopg
 import pytest
 
 import jobbus
@@ -212,3 +215,52 @@ def test_lifespan_is_exited_on_sigterm(db: str, sync_app: jobbus.App) -> None:
         code, out = finish(worker)
     assert code == 0, out
     assert [e for (e,) in query(db, "SELECT event FROM public.lifecycle ORDER BY at")] == ["enter", "exit"]
+
+
+def test_a_second_process_under_a_live_worker_id_is_refused_and_the_first_keeps_running(
+    db: str, sync_app: jobbus.App
+) -> None:
+    with workers(db, 1, "--worker-id", "pod-x") as (first,):
+        wait_until(lambda: query(db, "SELECT 1 FROM jobbus.worker WHERE id = 'pod-x'"), what="registration")
+        second = start_worker(db, "--worker-id", "pod-x")
+        code, out = finish(second, timeout=30)
+        assert code == 78, out
+        assert "worker id 'pod-x' is in use by a live worker" in out and f"pid {first.pid}" in out
+        job_id = sync_app.sync.schedule("record")
+        wait_until(lambda: status_of(db, job_id) == "completed", what="the first worker to keep working")
+        assert [pid for _, _, pid in executions(db, job_id)] == [first.pid]
+
+
+def test_after_a_stop_command_one_sigterm_does_not_skip_the_wait(db: str, sync_app: jobbus.App) -> None:
+    job_id = sync_app.sync.schedule("record", {"sleep": 3})
+    with workers(db, 1, "--worker-id", "pod-stop") as (worker,):
+        wait_until(lambda: executions(db, job_id), what="the job to start")
+        stop = subprocess.run(
+            [sys.executable, "-m", "jobbus", "stop", "--worker-id", "pod-stop", "--wait", "--dsn", db],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert stop.returncode == 0, stop.stderr
+        worker.send_signal(signal.SIGTERM)  # the first signal: still the graceful stop, not the second
+        code, out = finish(worker, timeout=30)
+    assert code == 0, out
+    assert "skipping the wait" not in out
+    assert status_of(db, job_id) == "completed"
+
+
+def test_a_second_signal_ends_a_shutdown_stuck_on_the_database_within_seconds(db: str, sync_app: jobbus.App) -> None:
+    job_id = sync_app.sync.schedule("record", {"sleep": 1})
+    with workers(db, 1) as (worker,), psycopg.connect(db) as blocker:
+        wait_until(lambda: executions(db, job_id), what="the job to start")
+        # Its outcome write now waits on this row lock, like a database that stopped answering.
+        blocker.execute("SELECT 1 FROM jobbus.job WHERE id = %s FOR UPDATE", (job_id,))
+        worker.send_signal(signal.SIGTERM)
+        time.sleep(2)  # the job has finished; its outcome cannot be written
+        assert worker.poll() is None
+        worker.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        code, _ = finish(worker, timeout=30)
+        assert time.monotonic() - started < 15
+        blocker.rollback()
+    assert code == 0

@@ -1,13 +1,18 @@
 """`MessageBus`: messages under stable wire names, inline and queued bindings, and dispatch.
 
-`dispatch` runs a message's inline bindings at once, in registration order, then persists one job per
-queued binding in a single `schedule_many` round trip (inside the caller's transaction when
-`connection=` is given). Every bus job has the type `BUS_JOB_TYPE` and an `Envelope` as configuration;
-the worker runs exactly the binding the envelope names, never dispatching again.
+`dispatch` first validates everything, builds every job it will write and proves that the payload
+decodes back into an equal message; only then does it run the message's inline bindings, in
+registration order, and insert one job per queued binding in a single round trip (inside the
+caller's transaction when `connection=` is given). A bad dispatch has no effect.
+
+Each queued binding is its own job type, `binding_job_type(name)` (``jobbus.message:<binding name>``),
+registered on the App as an ordinary handler: sync for a sync binding (it runs in the worker's
+threads, within `concurrency`), async for an async one. A worker therefore claims only the bus jobs
+whose binding it has, and runs exactly that binding, never dispatching again. Jobs of the single type
+`BUS_JOB_TYPE` that earlier releases wrote still run, through a compatibility handler.
 
 `bus.sync` is the blocking twin for Django, Flask and scripts. Both front-ends share one planning step
-(`MessageBus._plan`: resolve, validate, encode, build the job requests) and differ only in how they run
-inline handlers and which `schedule_many` they call.
+(`MessageBus._plan`) and differ only in how they run inline handlers and which insert they call.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import json
 import logging
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import MappingProxyType
@@ -25,20 +31,26 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 
+from jobbus import encoding
 from jobbus.bus.codecs import Codec, CodecError, JsonCodec, is_typeddict
 from jobbus.bus.envelope import CORRELATION_ID, DEFAULT_CODEC, Envelope, EnvelopeError, correlation_scope, make_headers
+from jobbus.encoding import EncodingError
 from jobbus.errors import InvalidJobError
 from jobbus.execution import JobExecution, SyncJobExecution
-from jobbus.requests import JobRequest
+from jobbus.models import JobSpec
+from jobbus.requests import JobRequest, build_spec, resolve_available_at
 
 if TYPE_CHECKING:
     from jobbus.app import App
 
 logger = logging.getLogger("jobbus.bus")
 
-#: The one job type of every queued binding; a worker with a `MessageBus` claims all of them.
+#: The job type that all queued bindings shared before each got its own; workers still run jobs stored under it.
 BUS_JOB_TYPE = "jobbus.message"
+JOB_TYPE_PREFIX = f"{BUS_JOB_TYPE}:"
 MAX_NAME_LENGTH = 255
+#: Job types are at most 255 bytes, and a queued binding's type is its name behind `JOB_TYPE_PREFIX`.
+MAX_BINDING_NAME_BYTES = MAX_NAME_LENGTH - len(JOB_TYPE_PREFIX.encode())
 
 M = TypeVar("M")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -67,39 +79,31 @@ class Binding:
     max_attempts: int | None = None
     priority: int = 0
 
+    @property
+    def job_type(self) -> str:
+        """The job type of this binding's jobs (queued bindings only): see `binding_job_type`."""
+        return binding_job_type(self.name)
 
-class JobIds(dict[str, uuid.UUID]):
-    """The jobs one dispatch created: binding name → job id, one per queued binding, in binding order.
 
-    A dict keyed by binding name (``ids["geocode"]``, ``ids.items()``), which also reads as the list of
-    job ids that ``result.job_ids`` is in the SPEC: iterating yields the ids, ``ids[0]`` is the first
-    queued binding's job, and ``job_id in ids`` accepts an id as well as a binding name.
+def binding_job_type(binding_name: str) -> str:
+    """The job type of a queued binding: ``"jobbus.message:" + binding_name``, stable as the name is.
+
+    A worker claims only the job types it has handlers for, so a worker without the binding leaves
+    its jobs queued for one that has it (a rolling deploy), instead of failing them.
     """
-
-    def __iter__(self) -> Iterator[uuid.UUID]:  # type: ignore[override]
-        return iter(self.values())
-
-    def __reversed__(self) -> Iterator[uuid.UUID]:  # type: ignore[override]
-        return reversed(self.values())
-
-    def __getitem__(self, key: str | int) -> uuid.UUID:
-        if isinstance(key, str):
-            return super().__getitem__(key)
-        if isinstance(key, int) and not isinstance(key, bool):
-            return list(self.values())[key]
-        raise KeyError(key)
-
-    def __contains__(self, key: object) -> bool:
-        if isinstance(key, uuid.UUID):
-            return key in self.values()
-        return super().__contains__(key)
+    return JOB_TYPE_PREFIX + binding_name
 
 
 @dataclass(frozen=True, slots=True)
 class DispatchResult:
-    """What `dispatch` did: the job of each queued binding, and the correlation id the message carries."""
+    """What `dispatch` did: the job of each queued binding, and the correlation id the message carries.
 
-    job_ids: JobIds
+    `job_ids` lists one job id per queued binding, in binding (registration) order; `jobs_by_binding`
+    maps each queued binding's name to its job id. Both are empty when the message has no queued binding.
+    """
+
+    job_ids: list[uuid.UUID]
+    jobs_by_binding: dict[str, uuid.UUID]
     correlation_id: str
 
 
@@ -110,23 +114,24 @@ class _Plan:
     message: MessageType
     inline: tuple[Binding, ...]
     queued: tuple[Binding, ...]
-    requests: tuple[JobRequest, ...]
+    specs: tuple[JobSpec, ...]
     correlation_id: str
 
-    def result(self, ids: Iterable[uuid.UUID]) -> DispatchResult:
-        job_ids = JobIds(zip((binding.name for binding in self.queued), ids, strict=True))
-        logger.debug(
-            "dispatched %s: %d inline binding(s) ran, %d job(s) enqueued",
-            self.message.name,
-            len(self.inline),
-            len(job_ids),
-            extra={
-                "bus_message": self.message.name,
-                "correlation_id": self.correlation_id,
-                "job_ids": {name: str(job_id) for name, job_id in job_ids.items()},
-            },
-        )
-        return DispatchResult(job_ids, self.correlation_id)
+    def result(self, ids: list[uuid.UUID]) -> DispatchResult:
+        jobs = dict(zip((binding.name for binding in self.queued), ids, strict=True))
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "dispatched %s: %d inline binding(s) ran, %d job(s) enqueued",
+                self.message.name,
+                len(self.inline),
+                len(jobs),
+                extra={
+                    "bus_message": self.message.name,
+                    "correlation_id": self.correlation_id,
+                    "job_ids": {name: str(job_id) for name, job_id in jobs.items()},
+                },
+            )
+        return DispatchResult(list(ids), jobs, self.correlation_id)
 
 
 class MessageBus:
@@ -153,7 +158,7 @@ class MessageBus:
             self.register_codec(JsonCodec())
         for codec in codecs:
             self.register_codec(codec)
-        app.job(BUS_JOB_TYPE)(self._run_job)
+        app.job(BUS_JOB_TYPE)(self._run_stored_job)
         self.sync = SyncMessageBus(self)
 
     # -- registry ----------------------------------------------------------------------------------
@@ -228,11 +233,12 @@ class MessageBus:
         """Bind a function to a message (its class or wire name).
 
         Inline (default): ``func(message)``, sync or async, runs inside `dispatch`, in registration order.
-        Queued: ``func(message, job)`` runs as its own job in a worker; an async function gets a
-        `JobExecution`, a sync one a `SyncJobExecution` (and runs in a thread). Its return value is the
-        job's result. `name` is the binding's stable identity in stored envelopes: it defaults to
-        ``module.qualname`` of the function, so pin it with ``name=`` before you move or rename the
-        function while jobs may be queued.
+        Queued: ``func(message, job)`` runs as its own job, of type `binding_job_type(name)`, in a
+        worker; an async function gets a `JobExecution`, a sync one a `SyncJobExecution` and runs in
+        the worker's threads, like any sync handler. Its return value is the job's result. `name` is
+        the binding's stable identity in job types and envelopes (at most `MAX_BINDING_NAME_BYTES`
+        bytes): it defaults to ``module.qualname`` of the function, so pin it with ``name=`` before you
+        move or rename the function while jobs may be queued.
         """
         message_type = self._message_type(message)
         options = _binding_options(queued, queue, max_attempts, priority)
@@ -241,7 +247,7 @@ class MessageBus:
             if not callable(func):
                 raise TypeError(f"@bus.handler({message_type.name!r}) decorates a function, got {func!r}")
             binding_name = name if name is not None else f"{func.__module__}.{func.__qualname__}"
-            _check_name("binding name", binding_name)
+            _check_binding_name(binding_name)
             taken = self._bindings.get(binding_name)
             if taken is not None:
                 raise ValueError(
@@ -250,6 +256,10 @@ class MessageBus:
                 )
             _check_signature(func, queued=queued, binding_name=binding_name)
             binding = Binding(binding_name, message_type, func, inspect.iscoroutinefunction(func), queued, *options)
+            if queued:
+                self.app.job(
+                    binding.job_type, queue=binding.queue, max_attempts=binding.max_attempts, priority=binding.priority
+                )(self._job_handler(binding))
             self._bindings[binding_name] = binding
             self._bindings_by_message.setdefault(message_type.name, []).append(binding)
             return func
@@ -285,14 +295,16 @@ class MessageBus:
         headers: Mapping[str, str] | None = None,
         message_type: type[Any] | str | None = None,
     ) -> DispatchResult:
-        """Run the inline bindings, then enqueue one job per queued binding in one round trip.
+        """Validate, run the inline bindings, then enqueue one job per queued binding in one round trip.
 
-        If an inline binding raises, nothing is enqueued and the error propagates. With `connection=`
-        (an async psycopg connection inside your open transaction) the jobs are written in that
-        transaction: workers see them when it commits, and they vanish if it rolls back; inline
+        Every job is built and validated (options, payload size, unique keys, `available_at`) and the
+        payload proven to decode back equal before any inline binding runs: a bad dispatch raises and
+        has no effect. If an inline binding raises, nothing is enqueued and the error propagates. With
+        `connection=` (an async psycopg connection inside your open transaction) the jobs are written in
+        that transaction: workers see them when it commits, and they vanish if it rolls back; inline
         bindings have run either way. `unique_key` is a str applied to every queued binding, or a
-        mapping binding name → key; the stored key is ``f"{binding}:{key}"``. `message_type` (class or
-        wire name) is needed only for messages that do not carry their class, such as TypedDicts.
+        mapping binding name → key. `message_type` (class or wire name) is needed only for messages
+        that do not carry their class, such as TypedDicts.
         """
         if connection is not None and not isinstance(connection, psycopg.AsyncConnection):
             raise TypeError(
@@ -300,8 +312,7 @@ class MessageBus:
             )
         plan = self._plan(message, message_type, available_at, unique_key, headers)
         await self._run_inline(plan, message)
-        ids = await self.app.schedule_many(plan.requests, connection=connection) if plan.requests else []
-        return plan.result(ids)
+        return plan.result(await self.app.insert_specs(plan.specs, connection=connection))
 
     def _plan(
         self,
@@ -311,31 +322,44 @@ class MessageBus:
         unique_key: UniqueKey | None,
         headers: Mapping[str, str] | None,
     ) -> _Plan:
-        """Resolve and validate everything before any handler runs, so a bad dispatch has no effect."""
+        """Resolve, validate and build every job before any handler runs, so a bad dispatch has no effect."""
         registered = self._message_of(message, message_type)
         bindings = self._bindings_by_message.get(registered.name, [])
         inline = tuple(b for b in bindings if not b.queued)
         queued = tuple(b for b in bindings if b.queued)
         header_map = make_headers(headers)
         keys = _unique_keys(unique_key, queued, registered)
-        _check_available_at(available_at)
-        requests: tuple[JobRequest, ...] = ()
+        specs: tuple[JobSpec, ...] = ()
         if queued:
             payload = _encode_checked(registered, message)
-            requests = tuple(
-                JobRequest(
-                    BUS_JOB_TYPE,
-                    Envelope(registered.name, b.name, registered.codec.name, payload, header_map).to_configuration(),
-                    name=b.name,
-                    unique_key=keys.get(b.name),
-                    max_attempts=b.max_attempts,
-                    available_at=available_at,
-                    queue=b.queue,
-                    priority=b.priority,
+            specs = tuple(
+                self._job_spec(
+                    b, Envelope(registered.name, b.name, registered.codec.name, payload, header_map), keys, available_at
                 )
                 for b in queued
             )
-        return _Plan(registered, inline, queued, requests, header_map[CORRELATION_ID])
+        elif available_at is not None:
+            resolve_available_at(available_at)  # validated even when no job is written
+        return _Plan(registered, inline, queued, specs, header_map[CORRELATION_ID])
+
+    def _job_spec(
+        self,
+        binding: Binding,
+        envelope: Envelope,
+        unique_keys: Mapping[str, str],
+        available_at: datetime | timedelta | None,
+    ) -> JobSpec:
+        """One queued binding's job, validated by the App exactly as `schedule_many` validates a job."""
+        request = JobRequest(
+            binding.job_type,
+            envelope.to_configuration(),
+            name=binding.name,
+            unique_key=unique_keys.get(binding.name),
+            available_at=available_at,
+        )
+        settings = self.app.settings
+        defaults = self.app.job_defaults(binding.job_type)
+        return build_spec(request, defaults, settings.default_max_attempts, settings.max_payload_bytes)
 
     def _message_of(self, message: object, message_type: type[Any] | str | None) -> MessageType:
         if message_type is not None:
@@ -383,17 +407,56 @@ class MessageBus:
 
     # -- worker side -------------------------------------------------------------------------------
 
-    async def _run_job(self, job: JobExecution) -> Any:
-        """Run exactly the binding the job's envelope names; unresolvable envelopes fail at once."""
-        envelope = Envelope.from_configuration(job.configuration)
-        binding, codec = self._resolve(envelope)
+    def _job_handler(self, binding: Binding) -> Callable[..., Any]:
+        """The App handler of a queued binding: async for an async binding, sync (run in the worker's
+        threads, within its `concurrency`) for a sync one."""
+        if binding.is_async:
+
+            async def run_async_binding(job: JobExecution) -> Any:
+                envelope, message = self._open(job, binding)
+                with self._handling(job, binding, envelope):
+                    return await binding.func(message, job)
+
+            return run_async_binding
+
+        def run_sync_binding(job: SyncJobExecution) -> Any:
+            envelope, message = self._open(job, binding)
+            with self._handling(job, binding, envelope):
+                return binding.func(message, job)
+
+        return run_sync_binding
+
+    def _open(self, job: JobExecution | SyncJobExecution, binding: Binding) -> tuple[Envelope, Any]:
+        """The job's envelope and its decoded message; anything unresolvable fails the job at once."""
+        envelope = Envelope.from_configuration(job.configuration, binding=binding.name)
+        if envelope.binding != binding.name:
+            raise EnvelopeError(
+                f"job type {job.type!r} runs binding {binding.name!r}, but its envelope names binding "
+                f"{envelope.binding!r}"
+            )
+        if envelope.message != binding.message.name:
+            self._registered_message(envelope)
+            raise EnvelopeError(
+                f"binding {binding.name!r} handles message {binding.message.name!r} in this worker, "
+                f"not {envelope.message!r}"
+            )
+        codec = self._codecs.get(envelope.codec)
+        if codec is None:
+            raise EnvelopeError(
+                f"codec {envelope.codec!r} of message {envelope.message!r} is not registered in this worker "
+                f"(known: {_names(self._codecs)}): pass it to MessageBus(app, codecs=[...])"
+            )
         try:
-            message = codec.decode(binding.message.cls, envelope.payload)
+            return envelope, codec.decode(binding.message.cls, envelope.payload)
         except Exception as exc:
             raise EnvelopeError(
                 f"the payload of message {envelope.message!r} (binding {envelope.binding!r}) does not decode "
                 f"into {_class_path(binding.message.cls)} with codec {codec.name!r}: {exc}"
             ) from exc
+
+    @contextmanager
+    def _handling(self, job: JobExecution | SyncJobExecution, binding: Binding, envelope: Envelope) -> Iterator[None]:
+        """Make the envelope's correlation id current and log the binding's outcome."""
         extra = {
             "job_id": str(job.id),
             "job_type": job.type,
@@ -405,11 +468,7 @@ class MessageBus:
         logger.debug("job %s: binding %s handles %s", job.id, binding.name, envelope.message, extra=extra)
         with correlation_scope(envelope.correlation_id):
             try:
-                if binding.is_async:
-                    result = await binding.func(message, job)
-                else:
-                    sync_job = SyncJobExecution(job, asyncio.get_running_loop())
-                    result = await asyncio.to_thread(binding.func, message, sync_job)
+                yield
             except Exception as exc:
                 logger.info(
                     "job %s: binding %s raised %s (correlation %s)",
@@ -428,9 +487,18 @@ class MessageBus:
             envelope.correlation_id,
             extra=extra,
         )
-        return result
 
-    def _resolve(self, envelope: Envelope) -> tuple[Binding, Codec]:
+    async def _run_stored_job(self, job: JobExecution) -> Any:
+        """Jobs of type `BUS_JOB_TYPE`, which releases before per-binding job types wrote: run the
+        binding the envelope names, through that binding's own handler."""
+        envelope = Envelope.from_configuration(job.configuration)
+        binding = self._stored_binding(envelope)
+        handler = self.app.handlers[binding.job_type].func
+        if binding.is_async:
+            return await handler(job)
+        return await asyncio.to_thread(handler, SyncJobExecution(job, asyncio.get_running_loop()))
+
+    def _registered_message(self, envelope: Envelope) -> MessageType:
         registered = self._messages.get(envelope.message)
         if registered is None:
             raise EnvelopeError(
@@ -438,6 +506,10 @@ class MessageBus:
                 f"{_names(self._messages)}): register it with @bus.message({envelope.message!r}) in the "
                 f"worker's app, then retry the job"
             )
+        return registered
+
+    def _stored_binding(self, envelope: Envelope) -> Binding:
+        registered = self._registered_message(envelope)
         binding = self._bindings.get(envelope.binding)
         if binding is None:
             queued = [b.name for b in self._bindings_by_message.get(registered.name, []) if b.queued]
@@ -446,20 +518,9 @@ class MessageBus:
                 f"(queued bindings of that message here: {_names(queued)}): register it with "
                 f"@bus.handler(..., queued=True, name={envelope.binding!r}), then retry the job"
             )
-        if binding.message is not registered:
-            raise EnvelopeError(
-                f"binding {envelope.binding!r} handles message {binding.message.name!r} in this worker, "
-                f"not {envelope.message!r}"
-            )
         if not binding.queued:
             raise EnvelopeError(f"binding {envelope.binding!r} is inline in this worker, not queued")
-        codec = self._codecs.get(envelope.codec)
-        if codec is None:
-            raise EnvelopeError(
-                f"codec {envelope.codec!r} of message {envelope.message!r} is not registered in this worker "
-                f"(known: {_names(self._codecs)}): pass it to MessageBus(app, codecs=[...])"
-            )
-        return binding, codec
+        return binding
 
 
 class SyncMessageBus:
@@ -484,8 +545,7 @@ class SyncMessageBus:
         bus = self._bus
         plan = bus._plan(message, message_type, available_at, unique_key, headers)
         bus._run_inline_blocking(plan, message)
-        ids = bus.app.sync.schedule_many(plan.requests, connection=connection) if plan.requests else []
-        return plan.result(ids)
+        return plan.result(bus.app.sync.insert_specs(plan.specs, connection=connection))
 
 
 # -- helpers ----------------------------------------------------------------------------------------
@@ -499,24 +559,28 @@ def _check_name(what: str, value: object) -> str:
     return value
 
 
+def _check_binding_name(value: object) -> str:
+    name = _check_name("binding name", value)
+    size = len(name.encode())
+    if size > MAX_BINDING_NAME_BYTES:
+        raise ValueError(
+            f"binding name {name[:60]!r}... is {size} bytes in UTF-8, at most {MAX_BINDING_NAME_BYTES} are "
+            f"allowed: a queued binding's jobs have the type {JOB_TYPE_PREFIX!r} + its name, and job types "
+            f"are at most {MAX_NAME_LENGTH} bytes"
+        )
+    return name
+
+
 def _binding_options(
     queued: bool, queue: str | None, max_attempts: int | None, priority: int | None
 ) -> tuple[str, int | None, int]:
+    """The job options of a binding; the App validates a queued binding's when it registers its job type."""
     if not queued:
         options = (("queue", queue), ("max_attempts", max_attempts), ("priority", priority))
         given = [option for option, value in options if value is not None]
         if given:
             raise ValueError(f"{', '.join(given)} only apply to queued bindings: pass queued=True or drop them")
-        return "default", None, 0
-    if max_attempts is not None and (
-        isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
-    ):
-        raise ValueError(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
-    if priority is not None and (
-        isinstance(priority, bool) or not isinstance(priority, int) or not -(2**31) <= priority < 2**31
-    ):
-        raise ValueError(f"priority must be an integer that fits 32 bits, got {priority!r}")
-    return _check_name("queue", "default" if queue is None else queue), max_attempts, priority or 0
+    return "default" if queue is None else queue, max_attempts, 0 if priority is None else priority
 
 
 def _check_signature(func: Callable[..., Any], *, queued: bool, binding_name: str) -> None:
@@ -536,77 +600,61 @@ def _check_signature(func: Callable[..., Any], *, queued: bool, binding_name: st
 
 
 def _unique_keys(unique_key: UniqueKey | None, queued: tuple[Binding, ...], message: MessageType) -> dict[str, str]:
+    """The unique key of each queued binding's job; each binding has its own job type, so keys stay apart."""
     if unique_key is None:
         return {}
     if isinstance(unique_key, str):
-        given: Mapping[str, str] = {b.name: unique_key for b in queued}
-    elif isinstance(unique_key, Mapping):
-        names = [b.name for b in queued]
-        unknown = sorted(set(unique_key) - set(names))
-        if unknown:
-            raise InvalidJobError(
-                f"unique_key names {unknown[0]!r}, which is not a queued binding of message {message.name!r} "
-                f"(its queued bindings: {_names(names)})"
-            )
-        given = unique_key
-    else:
+        return {b.name: unique_key for b in queued}
+    if not isinstance(unique_key, Mapping):
         raise InvalidJobError(f"unique_key must be a str or a mapping binding name -> str, got {unique_key!r}")
-    keys: dict[str, str] = {}
-    for binding_name, key in given.items():
-        if not isinstance(key, str) or not key:
-            raise InvalidJobError(f"unique_key for binding {binding_name!r} must be a non-empty string, got {key!r}")
-        keys[binding_name] = f"{binding_name}:{key}"  # bus jobs share one type: keep bindings apart
-    return keys
-
-
-def _check_available_at(value: datetime | timedelta | None) -> None:
-    if value is None or isinstance(value, timedelta):
-        return
-    if isinstance(value, datetime):
-        if value.tzinfo is None or value.utcoffset() is None:
-            raise InvalidJobError(f"available_at must be an aware datetime (with a timezone), got naive {value}")
-        return
-    raise InvalidJobError(f"available_at must be an aware datetime or a timedelta, got {value!r}")
+    names = [b.name for b in queued]
+    unknown = sorted(set(unique_key) - set(names))
+    if unknown:
+        raise InvalidJobError(
+            f"unique_key names {unknown[0]!r}, which is not a queued binding of message {message.name!r} "
+            f"(its queued bindings: {_names(names)})"
+        )
+    return dict(unique_key)
 
 
 def _encode_checked(message_type: MessageType, message: object) -> Any:
-    """Encode, then prove the payload is storable JSON that decodes back, so no worker fails on it later."""
-    codec = message_type.codec
+    """The payload, proven to be storable JSON that decodes back into a message equal to `message`.
+
+    A worker can then never meet a payload its own producer could not read, nor receive a message
+    other than the one dispatched.
+    """
+    codec, name = message_type.codec, message_type.name
+    if type(codec) is JsonCodec:
+        try:
+            return encoding.encode(message, message_type.cls, what="message")
+        except EncodingError as exc:
+            raise CodecError(
+                f"message {name!r} cannot travel as JSON exactly, so nothing was dispatched: {exc}"
+            ) from None
     try:
         payload = codec.encode(message)
-    except CodecError:
-        raise
     except Exception as exc:
-        raise CodecError(f"codec {codec.name!r} could not encode message {message_type.name!r}: {exc}") from exc
+        raise CodecError(f"codec {codec.name!r} could not encode message {name!r}: {exc}") from exc
     try:
         text = json.dumps(payload, allow_nan=False, ensure_ascii=False)
         text.encode("utf-8")  # lone surrogates cannot be stored
     except (TypeError, ValueError) as exc:
         raise CodecError(
-            f"codec {codec.name!r} turned message {message_type.name!r} into data that is not storable JSON: {exc}"
+            f"codec {codec.name!r} turned message {name!r} into data that is not storable JSON: {exc}"
         ) from exc
     stored = json.loads(text)
-    if _has_nul(stored):
-        raise CodecError(f"message {message_type.name!r} contains a NUL character, which PostgreSQL jsonb cannot store")
     try:
-        codec.decode(message_type.cls, stored)
+        decoded = codec.decode(message_type.cls, stored)
     except Exception as exc:
         raise CodecError(
-            f"the payload of message {message_type.name!r} does not decode back into "
-            f"{_class_path(message_type.cls)} with codec {codec.name!r} ({exc}); a worker would fail the job, "
-            f"so nothing was dispatched"
+            f"the payload of message {name!r} does not decode back into {_class_path(message_type.cls)} with "
+            f"codec {codec.name!r} ({exc}); a worker would fail the job, so nothing was dispatched"
         ) from exc
+    try:
+        encoding.require_same(message, decoded, what="message")
+    except EncodingError as exc:
+        raise CodecError(f"codec {codec.name!r} does not round-trip message {name!r} exactly: {exc}") from None
     return stored
-
-
-def _has_nul(value: Any) -> bool:
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_has_nul(item) for item in value)
-    return False
 
 
 def _loop_running() -> bool:

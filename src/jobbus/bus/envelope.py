@@ -62,8 +62,11 @@ class Envelope:
         }
 
     @classmethod
-    def from_configuration(cls, configuration: Mapping[str, Any]) -> Envelope:
-        """Read an envelope back; anything malformed raises `EnvelopeError` naming the faulty part."""
+    def from_configuration(cls, configuration: Mapping[str, Any], *, binding: str | None = None) -> Envelope:
+        """Read an envelope back; anything malformed raises `EnvelopeError` naming the faulty part.
+
+        `binding` is the binding the job's type names: a hand-written envelope may then leave it out.
+        """
         if not isinstance(configuration, Mapping):
             raise EnvelopeError(
                 f"the job configuration is not a message envelope (a JSON object): {configuration!r:.80}"
@@ -77,8 +80,10 @@ class Envelope:
         if "message" not in configuration and "payload" not in configuration:
             keys = ", ".join(sorted(configuration)) or "none"
             raise EnvelopeError(f"the job configuration is not a message envelope (keys: {keys})")
-        names = {key: _name_field(configuration, key) for key in ("message", "binding")}
-        codec = _name_field(configuration, "codec") if "codec" in configuration else DEFAULT_CODEC
+        names = {
+            key: _name_field(configuration, key) if key in configuration or default is None else default
+            for key, default in (("message", None), ("binding", binding), ("codec", DEFAULT_CODEC))
+        }
         if "payload" not in configuration:
             raise EnvelopeError(f"the envelope of message {names['message']!r} has no 'payload'")
         headers = configuration.get("headers", {})
@@ -89,7 +94,7 @@ class Envelope:
         return cls(
             message=names["message"],
             binding=names["binding"],
-            codec=codec,
+            codec=names["codec"],
             payload=configuration["payload"],
             headers=dict(headers),
         )

@@ -1,11 +1,7 @@
 -- Least-privilege grants for one jobbus schema, to existing roles. Run as the role that owns the schema
 -- (the one that ran `jobbus migrate`).
 
-GRANT USAGE ON SCHEMA {schema} TO {worker}, {operator}, {observer}, {producer};
-
--- Producers (web apps enqueueing jobs): insert jobs and read them back; dedupe never updates the
--- existing job, so a producer needs neither UPDATE nor DELETE.
-GRANT SELECT, INSERT ON {schema}.job TO {producer};
+GRANT USAGE ON SCHEMA {schema} TO {worker}, {operator}, {observer};
 
 -- Producers and workers: schedule jobs, claim them, renew leases, write outcomes, keep the registry row
 -- fresh and read the control plane. No DELETE, no DDL.
@@ -13,9 +9,7 @@ GRANT SELECT, INSERT, UPDATE ON {schema}.job TO {worker}, {operator};
 GRANT SELECT, INSERT, UPDATE ON {schema}.worker TO {worker}, {operator};
 GRANT SELECT ON {schema}.pause, {schema}.command, {schema}.migration TO {worker}, {operator};
 GRANT EXECUTE ON FUNCTION {schema}.uuid_generate_v7() TO {worker}, {operator};
-GRANT EXECUTE ON FUNCTION {schema}.claim_jobs(
-    text, integer, text[], boolean, text[], text[], double precision, integer
-)
+GRANT EXECUTE ON FUNCTION {schema}.claim_jobs(text, integer, text[], boolean, text[], text[], double precision, integer)
     TO {worker}, {operator};
 
 -- Operators (the CLI): in addition, control commands, pruning, and forgetting old registry rows.

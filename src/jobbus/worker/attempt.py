@@ -50,9 +50,17 @@ class Attempt:
     def holds_slot(self) -> bool:
         return self.phase is Phase.RUNNING
 
-    def interrupt(self, reason: StopReason) -> None:
-        """Tell the handler to stop; an async handler's task is also cancelled (a thread cannot be)."""
+    def interrupt(self, reason: StopReason, *, grace: float = 0.0) -> None:
+        """Tell the handler to stop; an async handler's task is also cancelled, after `grace` seconds
+        in which a cooperative handler can see `cancellation_requested` and return (a thread cannot be
+        cancelled at all)."""
         self.signals.request(reason)
+        if grace > 0:
+            asyncio.get_running_loop().call_later(grace, self._cancel_task, reason)
+        else:
+            self._cancel_task(reason)
+
+    def _cancel_task(self, reason: StopReason) -> None:
         if (
             self.handler.is_async
             and self.in_handler

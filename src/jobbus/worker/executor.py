@@ -41,6 +41,7 @@ class Executor:
         completer: Completer,
         threads: ThreadPoolExecutor,
         worker_id: str,
+        on_handler_done: Callable[[Attempt], None],
         on_slot_free: Callable[[Attempt], None],
         on_finished: Callable[[Attempt, JobStatus | None], None],
     ) -> None:
@@ -49,6 +50,7 @@ class Executor:
         self.completer = completer
         self.threads = threads
         self.worker_id = worker_id
+        self._on_handler_done = on_handler_done
         self._on_slot_free = on_slot_free
         self._on_finished = on_finished
 
@@ -126,6 +128,10 @@ class Executor:
             return await self._call_async(attempt)
         return await self._call_sync(attempt)
 
+    def _returned(self, attempt: Attempt) -> None:
+        """The handler's code ended: note a lease that expired or a fence that fell meanwhile."""
+        self._on_handler_done(attempt)
+
     async def _call_async(self, attempt: Attempt) -> tuple[Decision, BaseException | None]:
         task = asyncio.current_task()
         attempt.in_handler = True
@@ -133,6 +139,7 @@ class Executor:
             result = await attempt.handler.func(attempt.execution)
         except asyncio.CancelledError as exc:
             attempt.in_handler = False
+            self._returned(attempt)
             if attempt.cancelled_for is not None:  # the worker cancelled it: shutdown, timeout, lost lease
                 if task is not None:
                     task.uncancel()
@@ -142,10 +149,12 @@ class Executor:
             return self.policy.after_error(attempt, exc), exc  # the handler's own CancelledError
         except BaseException as exc:
             attempt.in_handler = False
+            self._returned(attempt)
             if attempt.cancelled_for is not None and task is not None:
                 task.uncancel()
             return self.policy.after_error(attempt, exc), exc
         attempt.in_handler = False
+        self._returned(attempt)
         if attempt.cancelled_for is not None and task is not None:
             task.uncancel()  # it swallowed the worker's cancellation and returned
         return self.policy.after_return(attempt, result), None
@@ -156,11 +165,14 @@ class Executor:
         loop = asyncio.get_running_loop()
         execution = SyncJobExecution(attempt.execution, loop)
         try:
-            result = await loop.run_in_executor(self.threads, attempt.handler.func, execution)
+            result = await loop.run_in_executor(self.threads, _in_thread, attempt.handler.func, execution)
         except asyncio.CancelledError:
             raise  # the worker never cancels a sync attempt's task: this comes from outside
         except BaseException as exc:
-            return self.policy.after_error(attempt, exc), exc
+            self._returned(attempt)
+            raised = exc.raised if isinstance(exc, _Raised) else exc
+            return self.policy.after_error(attempt, raised), raised
+        self._returned(attempt)
         return self.policy.after_return(attempt, result), None
 
     async def _write(self, attempt: Attempt, decision: Decision) -> tuple[JobStatus | None, JobEvent | None]:
@@ -198,3 +210,21 @@ class Executor:
 
     def _extra(self, attempt: Attempt) -> dict[str, Any]:
         return attempt.log_extra(self.worker_id)
+
+
+class _Raised(Exception):
+    """Carries a `BaseException` out of a handler's thread as data: re-raised through the event loop,
+    `GeneratorExit` or `KeyboardInterrupt` would be mistaken for the loop's own."""
+
+    def __init__(self, raised: BaseException) -> None:
+        super().__init__(repr(raised))
+        self.raised = raised
+
+
+def _in_thread(func: Callable[[SyncJobExecution], Any], execution: SyncJobExecution) -> Any:
+    try:
+        return func(execution)
+    except Exception:
+        raise
+    except BaseException as exc:
+        raise _Raised(exc) from None

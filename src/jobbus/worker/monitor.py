@@ -1,8 +1,10 @@
 """The monitor: keeps the worker's leases and registry row alive, and fences the worker when it cannot.
 
-Two loops:
-- `renew` (every heartbeat interval): renews the leases of every running handler in one statement,
-  refreshes their cancellation flags, and refreshes the worker's registry row.
+Three loops:
+- `leases` (every heartbeat interval): renews the leases of every running handler in one statement
+  and refreshes their cancellation flags.
+- `registry` (every heartbeat interval): refreshes the worker's registry row. Separate from the
+  leases, so a job row someone holds locked delays that job's renewal, not the worker's liveness.
 - `watch` (several times a second, no database): a handler whose lease has surely expired is told so
   (`lease_lost`); when the registry row could not be refreshed for `fence_after_seconds`, every
   running handler is fenced, before the leader may declare the worker dead and recover its jobs.
@@ -27,6 +29,9 @@ T = TypeVar("T")
 
 #: How often the watch loop compares deadlines with the clock.
 WATCH_INTERVAL_SECONDS = 0.25
+#: A handler told that its lease is lost (or that the worker is fenced) gets this long to see
+#: `cancellation_requested` and return before its task is cancelled.
+LOSS_GRACE_SECONDS = 0.5
 
 
 class Monitor:
@@ -59,7 +64,8 @@ class Monitor:
 
     def start(self) -> None:
         self._tasks = [
-            asyncio.create_task(self._renew_loop(), name="jobbus-monitor"),
+            asyncio.create_task(self._every_heartbeat("lease monitor", self._renew_leases), name="jobbus-leases"),
+            asyncio.create_task(self._every_heartbeat("worker registry", self.refresh), name="jobbus-registry"),
             asyncio.create_task(self._watch_loop(), name="jobbus-watch"),
         ]
 
@@ -70,18 +76,18 @@ class Monitor:
 
     # -- renewals -----------------------------------------------------------------------------------
 
-    async def _renew_loop(self) -> None:
+    async def _every_heartbeat(self, component: str, call: Callable[[], Awaitable[None]]) -> None:
         """Every heartbeat interval; after a failure sooner (backoff), so a fence lifts quickly."""
-        outage = Outage("lease monitor")
+        outage = Outage(component)
         backoff = Backoff(first=0.2, cap=self.settings.heartbeat_seconds)
         delay = self.settings.heartbeat_seconds
         while True:
             await asyncio.sleep(delay)
             try:
-                await self.renew()
+                await call()
             except Exception as exc:
                 if not is_transient(exc):
-                    self._on_fatal("lease monitor", exc)
+                    self._on_fatal(component, exc)
                     return
                 outage.failed(exc)
                 delay = backoff.next_delay()
@@ -90,9 +96,8 @@ class Monitor:
             backoff.reset()
             delay = self.settings.heartbeat_seconds
 
-    async def renew(self) -> None:
-        """One round: renew the running handlers' leases, then refresh the registry row."""
-        await self._renew_leases()
+    async def refresh(self) -> None:
+        """Refresh the registry row; the fence lifts once it is refreshed again."""
         sent = time.monotonic()
         declared_dead = await self._touch()
         if declared_dead is None:
@@ -135,7 +140,7 @@ class Monitor:
     def _lose(self, attempt: Attempt, why: str) -> None:
         if StopReason.LEASE_LOST in attempt.signals:
             return
-        attempt.interrupt(StopReason.LEASE_LOST)
+        attempt.interrupt(StopReason.LEASE_LOST, grace=LOSS_GRACE_SECONDS)
         logger.warning(
             "job %s: lease lost during attempt %d (%s); its outcome is not written",
             attempt.id,
@@ -150,6 +155,15 @@ class Monitor:
         while True:
             await asyncio.sleep(WATCH_INTERVAL_SECONDS)
             self.check_deadlines()
+
+    def check(self, attempt: Attempt) -> None:
+        """Before an attempt's outcome is decided: a lease that surely expired, or a worker that was cut
+        off long enough to be fenced (its loop may have been blocked meanwhile), is noted now."""
+        now = time.monotonic()
+        if now > attempt.lease_deadline:
+            self._lose(attempt, "its lease expired before the handler returned")
+        elif now - self.last_contact >= self.settings.fence_after_seconds:
+            attempt.signals.request(StopReason.FENCED)
 
     def check_deadlines(self) -> None:
         now = time.monotonic()
@@ -166,8 +180,8 @@ class Monitor:
                     extra={"worker_id": self.worker_id},
                 )
             for attempt in self._attempts():
-                if attempt.phase is Phase.RUNNING:
-                    attempt.interrupt(StopReason.FENCED)
+                if attempt.phase is Phase.RUNNING and StopReason.FENCED not in attempt.signals:
+                    attempt.interrupt(StopReason.FENCED, grace=LOSS_GRACE_SECONDS)
         for attempt in self._attempts():
             if attempt.phase is Phase.RUNNING and now > attempt.lease_deadline:
                 self._lose(attempt, "its lease expired before it could be renewed")

@@ -127,6 +127,7 @@ class Worker:
             completer=self.completer,
             threads=self._threads,
             worker_id=self.worker_id,
+            on_handler_done=self._handler_done,
             on_slot_free=self._slot_freed,
             on_finished=self._finished,
         )
@@ -528,6 +529,9 @@ class Worker:
             self.executor.start(attempt)
         self._claimed_total += len(jobs)
         return len(jobs)
+
+    def _handler_done(self, attempt: Attempt) -> None:
+        self.monitor.check(attempt)
 
     def _slot_freed(self, attempt: Attempt) -> None:
         self._running -= 1

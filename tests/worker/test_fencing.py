@@ -1,0 +1,181 @@
+"""Fencing from the inside: a worker that cannot renew stops its handlers' outcomes; its own writes never
+deadlock; a producer's open transaction never blocks it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+
+import psycopg
+import pytest
+
+import jobbus
+from jobbus import JobStatus, control
+from tests.conftest import FAST
+from tests.processes import until_stop_requested
+
+
+async def _status(app: jobbus.App, job_id: uuid.UUID) -> JobStatus | None:
+    job = await app.find(job_id)
+    return job.status if job else None
+
+
+async def _until(app: jobbus.App, job_id: uuid.UUID, *statuses: JobStatus, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while (status := await _status(app, job_id)) not in statuses:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"job {job_id} is {status}, expected {statuses}")
+        await asyncio.sleep(0.02)
+
+
+def _observer(app: jobbus.App, seen: list[tuple[int, bool, bool]]) -> None:
+    @app.job("observer")
+    async def observer(job: jobbus.JobExecution) -> str:
+        """The first attempt works until told to stop and notes what it was told; later ones finish."""
+        if job.attempt > 1:
+            return "finished"
+        await until_stop_requested(job)
+        seen.append((job.attempt, job.cancellation_requested, job.lease_lost))
+        return "stopped"
+
+
+async def test_a_worker_cut_off_from_its_registry_fences_its_handlers_and_writes_no_result(dsn: str) -> None:
+    app = jobbus.App(dsn=dsn, heartbeat_interval_seconds=0.2, worker_dead_after_seconds=1.5, **FAST)
+    seen: list[tuple[int, bool, bool]] = []
+    _observer(app, seen)
+    async with app, await psycopg.AsyncConnection.connect(dsn) as blocker:
+        job_id = await app.schedule("observer")
+        worker = jobbus.Worker(app, worker_id="cut-off")
+        task = worker.start()
+        await _until(app, job_id, JobStatus.RUNNING)
+        # The registry refresh now waits on this lock: to the worker, the database is away.
+        await blocker.execute("SELECT 1 FROM jobbus.worker WHERE id = 'cut-off' FOR UPDATE")
+        started = time.monotonic()
+        await _until(app, job_id, JobStatus.QUEUED)
+        fenced_after = time.monotonic() - started
+        await blocker.rollback()
+        await _until(app, job_id, JobStatus.COMPLETED)  # the fence lifts once the worker is heard again
+        worker.request_stop()
+        await task
+        job = await app.find(job_id)
+    assert seen[0] == (1, True, True)  # told to stop, and told that its lease may be gone
+    assert 0.8 < fenced_after < 5
+    assert job is not None and job.result == "finished" and job.attempts == 2
+    assert "lost the database" in (job.last_error or "")
+
+
+async def test_a_handler_past_its_lease_deadline_is_told_and_nothing_of_it_is_written(dsn: str) -> None:
+    app = jobbus.App(dsn=dsn, lease_seconds=1.5, heartbeat_interval_seconds=0.2, worker_dead_after_seconds=10, **FAST)
+    seen: list[tuple[int, bool, bool]] = []
+    _observer(app, seen)
+    async with app, await psycopg.AsyncConnection.connect(dsn) as blocker:
+        job_id = await app.schedule("observer")
+        worker = jobbus.Worker(app)
+        task = worker.start()
+        await _until(app, job_id, JobStatus.RUNNING)
+        # Lease renewals of this job now wait on its row lock, as if the database were unreachable.
+        await blocker.execute("SELECT 1 FROM jobbus.job WHERE id = %s FOR UPDATE", (job_id,))
+        deadline = time.monotonic() + 10
+        while not seen and time.monotonic() < deadline:  # noqa: ASYNC110 - waiting on another task's list
+            await asyncio.sleep(0.05)
+        await blocker.rollback()
+        await _until(app, job_id, JobStatus.COMPLETED)  # recovered after its lease, run again
+        worker.request_stop()
+        await task
+        job = await app.find(job_id)
+    assert seen and seen[0] == (1, True, True)
+    assert job is not None and job.result == "finished" and job.attempts == 2
+    assert "lease expired" in (job.last_error or "")
+
+
+async def test_renewals_and_outcome_batches_never_deadlock_on_shared_rows(
+    dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Lease renewals every 20 ms over hundreds of jobs whose outcomes are written in batches meanwhile."""
+    app = jobbus.App(dsn=dsn, heartbeat_interval_seconds=0.02, worker_dead_after_seconds=1, **FAST)
+
+    @app.job("t")
+    async def handler(job: jobbus.JobExecution) -> None:
+        await asyncio.sleep(0.01 * (job.configuration["n"] % 7))
+
+    caplog.set_level(logging.WARNING, logger="jobbus.worker")
+    async with app:
+        await app.schedule_many("t", [{"n": n} for n in range(3000)])
+        assert await jobbus.Worker(app, concurrency=100, stop_when_empty=True).run() == 0
+        done = await app.list_jobs(status="completed", limit=10_000)
+    assert len(done) == 3000 and all(j.attempts == 1 for j in done)
+    assert not [r for r in caplog.records if "eadlock" in r.getMessage() or "transient" in r.getMessage()]
+
+
+async def test_a_producer_transaction_on_a_running_jobs_key_never_blocks_its_worker(dsn: str) -> None:
+    app = jobbus.App(dsn=dsn, heartbeat_interval_seconds=0.1, **FAST)
+
+    @app.job("t")
+    async def handler(job: jobbus.JobExecution) -> str:
+        await asyncio.sleep(0.5)  # several lease renewals while the producer's transaction is open
+        await job.checkpoint({"halfway": True})
+        await asyncio.sleep(0.3)
+        return "done"
+
+    async with app:
+        job_id = await app.schedule("t", unique_key="order:1")
+        worker = jobbus.Worker(app, stop_when_empty=True)
+        task = worker.start()
+        await _until(app, job_id, JobStatus.RUNNING)
+        async with await psycopg.AsyncConnection.connect(dsn) as producer:
+            assert await app.schedule("t", unique_key="order:1", connection=producer) == job_id
+            # the transaction stays open while the worker renews, checkpoints and completes the job
+            assert await asyncio.wait_for(task, 10) == 0
+            job = await app.find(job_id)
+            assert job is not None and (job.status, job.result) == (JobStatus.COMPLETED, "done")
+            await producer.commit()
+
+
+async def test_concurrent_batches_with_overlapping_unique_keys_do_not_deadlock(app: jobbus.App) -> None:
+    import random
+
+    keys = [f"k{n}" for n in range(60)]
+
+    async def batch(seed: int) -> list[uuid.UUID]:
+        shuffled = random.Random(seed).sample(keys, len(keys))
+        return await app.schedule_many([jobbus.JobRequest("t", {"seed": seed}, unique_key=k) for k in shuffled])
+
+    for round_ in range(5):
+        results = await asyncio.gather(*(batch(round_ * 10 + n) for n in range(6)))
+        by_key: dict[str, set[uuid.UUID]] = {}
+        for seed_ids, seed in zip(results, range(6), strict=True):
+            shuffled = random.Random(round_ * 10 + seed).sample(keys, len(keys))
+            for key, job_id in zip(shuffled, seed_ids, strict=True):
+                by_key.setdefault(key, set()).add(job_id)
+        assert all(len(ids) == 1 for ids in by_key.values())  # one active job per key, whoever won
+
+
+@pytest.mark.parametrize("length", [20, 63])
+async def test_schema_names_up_to_the_longest_allowed_enqueue_notify_and_steer(admin_dsn: str, length: int) -> None:
+    from tests.dbserver import fresh_database
+
+    name = ("s" * length)[:length]
+    with fresh_database(admin_dsn, None) as dsn:
+        app = jobbus.App(dsn=dsn, schema=name, **FAST)
+        app.sync.migrate()
+        app.sync.close()
+        assert len(app.store.channel.encode()) <= 63 and len(app.store.control_channel.encode()) <= 63
+        assert app.store.channel != app.store.control_channel
+
+        @app.job("t")
+        async def handler(job: jobbus.JobExecution) -> int:
+            return 1
+
+        async with app:
+            worker = jobbus.Worker(app, poll_interval=30)  # a wake-up can only come from a notification
+            task = worker.start()
+            await worker.ready()
+            await asyncio.sleep(0.3)
+            job_id = await app.schedule("t")
+            await asyncio.wait_for(_until(app, job_id, JobStatus.COMPLETED), 10)
+            issued = await control.stop(app, all=True)
+            report = await control.wait_for_acks(app, issued, timeout=10)
+            assert report.complete
+            assert await asyncio.wait_for(task, 10) == 0
