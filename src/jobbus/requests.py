@@ -83,8 +83,10 @@ def build_spec(
         if defaults.max_attempts is not None
         else default_max_attempts,
     )
-    if not 1 <= max_attempts <= INT32_MAX:
-        raise InvalidJobError(f"max_attempts must be between 1 and {INT32_MAX}, got {max_attempts}")
+    if max_attempts < 1:
+        raise InvalidJobError(f"max_attempts must be >= 1, got {max_attempts}")
+    if max_attempts > INT32_MAX:
+        raise InvalidJobError(f"max_attempts must be at most {INT32_MAX} (32 bits), got {max_attempts}")
     priority = _int("priority", request.priority if request.priority is not None else defaults.priority)
     if not INT32_MIN <= priority <= INT32_MAX:
         raise InvalidJobError(f"priority must be between {INT32_MIN} and {INT32_MAX} (32 bits), got {priority}")
@@ -160,8 +162,12 @@ def json_text(what: str, value: Any, limit: int | None = None) -> str:
         raise InvalidJobError(f"{what} is nested too deeply (at most {MAX_JSON_DEPTH} levels)") from None
     except (TypeError, ValueError) as exc:
         circular = "Circular reference" in str(exc)  # a walk of a cyclic value would not end
-        where = None if circular else _find(what, value, _unencodable)
-        raise InvalidJobError(f"{where or what} is not JSON serialisable: {exc}") from None
+        found = None if circular else _find(what, value, _unencodable)
+        if found is not None and isinstance(found[1], float):
+            raise InvalidJobError(
+                f"{found[0]} is {found[1]!r}: JSON has no NaN or Infinity; use None or a string"
+            ) from None
+        raise InvalidJobError(f"{found[0] if found else what} is not JSON serialisable: {exc}") from None
     # With ASCII-only output, NUL is always written `\u0000` and every non-BMP character as a
     # `\udXXX\udXXX` pair: a lone surrogate can only appear where the text has `\ud`.
     if "\\u0000" in text:
@@ -191,13 +197,13 @@ _SCALARS = (str, int, float, bool, type(None))
 def _refuse(what: str, value: Any, predicate: Callable[[object], bool], problem: str) -> None:
     """Raise with the path of the first string that has the problem; a false alarm of the text scan
     (a literal backslash followed by `u0000` or `ud800`) finds none and returns."""
-    where = _find(what, value, predicate)
-    if where is not None:
-        raise InvalidJobError(f"{where} {problem}")
+    found = _find(what, value, predicate)
+    if found is not None:
+        raise InvalidJobError(f"{found[0]} {problem}")
 
 
-def _find(what: str, value: Any, predicate: Callable[[object], bool]) -> str | None:
-    """`what` and the key path of the first item (or dict key) for which `predicate` holds, if any."""
+def _find(what: str, value: Any, predicate: Callable[[object], bool]) -> tuple[str, object] | None:
+    """The first item (or dict key) for which `predicate` holds, if any, with `what` and its key path."""
     stack: list[tuple[str, Any]] = [("", value)]
     while stack:
         path, item = stack.pop()
@@ -206,13 +212,13 @@ def _find(what: str, value: Any, predicate: Callable[[object], bool]) -> str | N
             for key, child in item.items():
                 step = f"{path}[{json.dumps(key) if isinstance(key, str) else repr(key)}]"
                 if predicate(key) or not isinstance(key, _SCALARS):
-                    return f"{what} at {step} (a key)"
+                    return f"{what} at {step} (a key)", key
                 children.append((step, child))
             stack.extend(reversed(children))
         elif isinstance(item, list | tuple):
             stack.extend(reversed([(f"{path}[{index}]", child) for index, child in enumerate(item)]))
         elif predicate(item):
-            return f"{what} at {path}" if path else what
+            return (f"{what} at {path}" if path else what), item
     return None
 
 
