@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import jobbus
 from jobbus import JobRequest, JobStatus
+from jobbus.requests import EARLIEST_AVAILABLE_AT, LATEST_AVAILABLE_AT, MAX_JSON_DEPTH, json_text
 
 
 def _count(dsn: str) -> int:
@@ -163,11 +167,23 @@ def test_connection_of_the_wrong_kind_is_refused(sync_app: jobbus.App, dsn: str)
         asyncio.run(sync_app.schedule("t", connection=conn))  # type: ignore[arg-type]
 
 
+#: 1,000 CJK characters that do not compress: 3,000 bytes, over PostgreSQL's btree entry limit.
+RANDOM_CJK = "".join(chr(0x4E00 + (i * 7919) % 20000) for i in range(2000))
+
+
+def nested(depth: int) -> dict[str, Any]:
+    """A configuration whose containers nest `depth + 1` levels deep."""
+    value: dict[str, Any] = {}
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
 BAD_INPUTS: list[tuple[dict[str, Any], str]] = [
     ({"configuration": [1, 2]}, "JSON object"),
     ({"configuration": "text"}, "JSON object"),
     ({"configuration": {"when": datetime.now(UTC)}}, "JSON serialisable"),
-    ({"configuration": {"x": float("nan")}}, "JSON serialisable"),
+    ({"configuration": {"x": float("nan")}}, "is nan: JSON has no NaN or Infinity"),
     ({"configuration": {1: "int key"}}, "keys must be strings"),
     ({"configuration": {"s": "nul\x00"}}, "NUL"),
     ({"type": ""}, "type must not be empty"),
@@ -180,6 +196,22 @@ BAD_INPUTS: list[tuple[dict[str, Any], str]] = [
     ({"priority": 2**40}, "priority"),
     ({"group_id": "not-a-uuid"}, "group_id"),
     ({"unique_key": ""}, "unique_key"),
+    ({"max_attempts": 2**40}, r"max_attempts must be at most 2147483647 \(32 bits\)"),
+    ({"unique_key": RANDOM_CJK[:1000]}, "unique_key is 3000 bytes long in UTF-8, at most 1000"),
+    ({"type": "é" * 128}, "type is 256 bytes long in UTF-8, at most 255"),
+    ({"queue": "队" * 86}, "queue is 258 bytes"),
+    ({"name": "名" * 334}, "name is 1002 bytes"),
+    ({"queue": "q\ud800"}, "queue contains a lone surrogate"),
+    ({"available_at": timedelta(days=10**8)}, "available_at: a delay of 100000000 days.* is out of range"),
+    ({"available_at": timedelta(days=-(10**6))}, "out of range"),
+    ({"available_at": datetime.fromisoformat("9999-12-31T23:00:00-14:00")}, "23:00:00-14:00 is out of range"),
+    ({"available_at": datetime.fromisoformat("0001-01-01T00:00:00+01:00")}, "out of range"),
+    ({"configuration": {"prompt": "\ud800"}}, r'configuration at \["prompt"\] contains a lone surrogate'),
+    ({"configuration": {"a": [{"\udfff": 1}]}}, r'configuration at \["a"\]\[0\]\["\\udfff"\] \(a key\)'),
+    ({"configuration": {"a": {"b": [1, float("inf")]}}}, r'configuration at \["a"\]\["b"\]\[1\] is inf: JSON has no'),
+    ({"configuration": {"a": {"s": "x\x00"}}}, r'configuration at \["a"\]\["s"\] contains a NUL'),
+    ({"configuration": nested(MAX_JSON_DEPTH)}, "configuration is nested too deeply"),
+    ({"configuration": nested(5000)}, "configuration is nested too deeply"),
 ]
 
 
@@ -252,3 +284,92 @@ async def test_payloads_over_the_limit_are_refused_naming_the_setting(dsn: str) 
             await app.schedule("t", {"blob": "x" * 5000})
         assert await app.list_jobs() == []
         assert await app.schedule("t", {"blob": "x" * 1000}) is not None
+
+
+async def test_the_largest_accepted_values_are_stored_and_read_back(app: jobbus.App) -> None:
+    """At every limit, the row is written and every read of it works (no btree, timestamp or recursion error)."""
+    job_type, queue = "類" * 85, "列" * 85  # 255 bytes each
+    unique_key = RANDOM_CJK[:333]  # 999 bytes that do not compress
+    ids = [
+        await app.schedule(
+            job_type,
+            nested(MAX_JSON_DEPTH - 1),
+            queue=queue,
+            unique_key=unique_key,
+            name="名" * 333,
+            max_attempts=2**31 - 1,
+            priority=-(2**31),
+            available_at=LATEST_AVAILABLE_AT,
+        ),
+        await app.schedule("t", available_at=EARLIEST_AVAILABLE_AT, priority=2**31 - 1),
+        await app.schedule("t", available_at=LATEST_AVAILABLE_AT - datetime.now(UTC) - timedelta(days=1)),
+    ]
+    latest = await app.find(ids[0])
+    assert latest is not None
+    assert (latest.type, latest.queue, latest.unique_key) == (job_type, queue, unique_key)
+    assert latest.available_at == LATEST_AVAILABLE_AT and latest.configuration_data == nested(MAX_JSON_DEPTH - 1)
+    earliest = await app.find(ids[1])
+    assert earliest is not None and earliest.available_at == EARLIEST_AVAILABLE_AT
+    assert {job.id for job in await app.list_jobs()} == set(ids)
+
+
+async def test_retry_refuses_an_available_at_out_of_range_and_leaves_the_job_failed(app: jobbus.App, dsn: str) -> None:
+    job_id = await app.schedule("t")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("UPDATE jobbus.job SET status = 'failed', finished_at = now() WHERE id = %s", (job_id,))
+    for available_at in (timedelta(days=10**8), datetime.fromisoformat("9999-12-31T23:00:00-14:00")):
+        with pytest.raises(jobbus.InvalidJobError, match="out of range"):
+            await app.retry(job_id, available_at=available_at)
+        with pytest.raises(jobbus.InvalidJobError, match="out of range"):
+            await asyncio.to_thread(app.sync.retry, job_id, available_at)
+    job = await app.find(job_id)
+    assert job is not None and job.status is JobStatus.FAILED
+    await app.retry(job_id, available_at=timedelta(days=365 * 1000))
+    job = await app.find(job_id)
+    assert job is not None and job.status is JobStatus.QUEUED and job.available_at.year > 3000
+    app.sync.close()
+
+
+async def test_schedule_many_refuses_a_lone_surrogate_in_any_job_and_writes_nothing(app: jobbus.App, dsn: str) -> None:
+    configurations: list[dict[str, Any]] = [{"i": i, "emoji": "😀"} for i in range(100)]
+    configurations[57] = {"i": 57, "text": "ok \ud83d broken"}
+    with pytest.raises(jobbus.InvalidJobError, match=r'configuration at \["text"\] contains a lone surrogate'):
+        await app.schedule_many("t", configurations)
+    assert _count(dsn) == 0
+    assert len(await app.schedule_many("t", [{"emoji": "😀", "escaped": "\\ud800 and \\u0000"}])) == 1
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ({"r": float("nan")}, r'return value at \["r"\] is nan: JSON has no NaN or Infinity'),
+        (float("-inf"), "return value is -inf: JSON has no NaN or Infinity"),
+        ([1, {"when": datetime.now(UTC)}], r'return value at \[1\]\["when"\] is not JSON serialisable'),
+        ({"r": "\udc80"}, r'return value at \["r"\] contains a lone surrogate'),
+        ("\x00", "return value contains a NUL"),
+        (nested(MAX_JSON_DEPTH), "return value is nested too deeply"),
+        ([[[[]]]] * 2000, None),
+    ],
+)
+def test_json_text_names_what_and_where(value: Any, message: str | None) -> None:
+    if message is None:
+        assert json_text("the handler's return value", value) == json.dumps(value, separators=(",", ":"))
+        return
+    with pytest.raises(jobbus.InvalidJobError, match=f"^the handler's {message}"):
+        json_text("the handler's return value", value)
+
+
+def test_json_text_refuses_a_payload_over_the_limit_naming_what() -> None:
+    with pytest.raises(jobbus.InvalidJobError, match="checkpoint data is 5011 bytes of JSON, over the limit of 4096"):
+        json_text("checkpoint data", {"blob": "x" * 5000}, 4096)
+
+
+@given(st.text(alphabet=st.characters(codec=None, categories=["Cs", "Lo", "Ll", "Cc", "So"]), max_size=8))
+def test_json_text_refuses_exactly_what_jsonb_cannot_hold(text: str) -> None:
+    storable = "\x00" not in text and not any(0xD800 <= ord(c) <= 0xDFFF for c in text)
+    for value in ({"k": [text]}, {text: 1}):
+        if storable:
+            assert json.loads(json_text("configuration", value)) == value
+        else:
+            with pytest.raises(jobbus.InvalidJobError, match="configuration at"):
+                json_text("configuration", value)

@@ -154,3 +154,40 @@ def test_dry_run_prints_pending_sql_and_applies_nothing(empty_dsn: str) -> None:
         assert schema.current_version_sync(conn, "jobbus") == 0
         schema.migrate(conn, "jobbus")
         assert schema.pending_sql(conn, "jobbus") == ""
+
+
+def test_pending_sql_on_an_empty_database_is_a_script_that_applies_on_its_own(empty_dsn: str) -> None:
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        pending = schema.pending_sql(conn, "jobbus")
+        with conn.transaction():
+            conn.execute(pending.encode())
+        assert schema.migrate(conn, "jobbus") == []
+        assert schema.current_version_sync(conn, "jobbus") == schema.latest_version()
+        assert schema.pending_sql(conn, "jobbus") == ""
+
+
+def test_pending_sql_from_an_older_version_applies_only_what_is_missing(empty_dsn: str) -> None:
+    older = schema.migrations()[:-1]
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute(schema.script("jobbus").split(f"\n-- {schema.migrations()[-1].version:04d}_")[0].encode())
+        assert schema.current_version_sync(conn, "jobbus") == older[-1].version
+        pending = schema.pending_sql(conn, "jobbus")
+        assert f"from version {older[-1].version} to {schema.latest_version()}" in pending
+        assert all(f"-- {m.version:04d}_{m.name}" not in pending for m in older)
+        with conn.transaction():
+            conn.execute(pending.encode())
+        assert schema.migrate(conn, "jobbus") == []
+        assert schema.current_version_sync(conn, "jobbus") == schema.latest_version()
+
+
+def test_a_schema_newer_than_the_code_is_not_migrated(dsn: str) -> None:
+    newer = schema.latest_version() + 1
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO jobbus.migration (version, name) VALUES (%s, 'from_the_future')", (newer,))
+        for attempt in (schema.migrate, schema.pending_sql):
+            with pytest.raises(jobbus.SchemaError, match=f"at version {newer}, newer than this jobbus.*upgrade jobbus"):
+                attempt(conn, "jobbus")
+        assert schema.current_version_sync(conn, "jobbus") == newer
+    app = jobbus.App(dsn=dsn)
+    with app.sync:
+        assert app.sync.check_schema() == newer  # running against it stays allowed (rolling upgrades)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import math
+import re
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -15,10 +17,25 @@ from jobbus.errors import InvalidJobError
 from jobbus.models import JobSpec
 from jobbus.store import dumps
 
-MAX_NAME_LENGTH = 255
-#: How far `available_at` may lie from now: PostgreSQL accepts more, but a time after year 9999 could not
-#: be read back into a Python datetime.
-MAX_DELAY = timedelta(days=365_250)  # 1000 years
+#: Limits in UTF-8 bytes. `type` and `queue` stay within the table's CHECK (at most 255 characters);
+#: with those, an entry of the unique index on (type, unique_key) stays far below the ~2,700 bytes
+#: a btree entry may take.
+MAX_TYPE_BYTES = 255
+MAX_NAME_BYTES = 1000
+MAX_UNIQUE_KEY_BYTES = 1000
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+#: Deepest JSON nesting accepted in configurations, checkpoints and results: PostgreSQL takes far
+#: more, but reading a row back parses it recursively, and that must never hit Python's recursion limit.
+MAX_JSON_DEPTH = 200
+#: The range of `available_at`, given as a datetime or as now + a delay: a year inside what Python's
+#: datetime can read back (years 1 to 9999), so that a stored time can always be read, shown in any
+#: local timezone, and compared, whatever the skew between this host's clock and the database's.
+EARLIEST_AVAILABLE_AT = datetime(2, 1, 1, tzinfo=UTC)
+LATEST_AVAILABLE_AT = datetime(9999, 1, 1, tzinfo=UTC)
+_OUT_OF_RANGE = (
+    f"is out of range: it must land between {EARLIEST_AVAILABLE_AT.date().isoformat()} "
+    f"and {LATEST_AVAILABLE_AT.date().isoformat()} UTC"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,10 +69,12 @@ def new_job_id() -> uuid.UUID:
 def build_spec(
     request: JobRequest, defaults: JobDefaults, default_max_attempts: int, max_payload_bytes: int | None = None
 ) -> JobSpec:
-    job_type = _text("type", request.type)
-    queue = _text("queue", request.queue if request.queue is not None else defaults.queue)
-    name = None if request.name is None else _text("name", request.name, limit=1000)
-    unique_key = None if request.unique_key is None else _text("unique_key", request.unique_key, limit=1000)
+    job_type = validate_text("type", request.type, MAX_TYPE_BYTES)
+    queue = validate_text("queue", request.queue if request.queue is not None else defaults.queue, MAX_TYPE_BYTES)
+    name = None if request.name is None else validate_text("name", request.name, MAX_NAME_BYTES)
+    unique_key = (
+        None if request.unique_key is None else validate_text("unique_key", request.unique_key, MAX_UNIQUE_KEY_BYTES)
+    )
     max_attempts = _int(
         "max_attempts",
         request.max_attempts
@@ -66,9 +85,11 @@ def build_spec(
     )
     if max_attempts < 1:
         raise InvalidJobError(f"max_attempts must be >= 1, got {max_attempts}")
+    if max_attempts > INT32_MAX:
+        raise InvalidJobError(f"max_attempts must be at most {INT32_MAX} (32 bits), got {max_attempts}")
     priority = _int("priority", request.priority if request.priority is not None else defaults.priority)
-    if not -(2**31) <= priority < 2**31:
-        raise InvalidJobError(f"priority must fit a 32-bit integer, got {priority}")
+    if not INT32_MIN <= priority <= INT32_MAX:
+        raise InvalidJobError(f"priority must be between {INT32_MIN} and {INT32_MAX} (32 bits), got {priority}")
     group_id = request.group_id
     if group_id is not None and not isinstance(group_id, uuid.UUID):
         raise InvalidJobError(f"group_id must be a uuid.UUID, got {group_id!r}")
@@ -128,31 +149,135 @@ def configuration_json(configuration: Mapping[str, Any] | None, limit: int | Non
 
 
 def json_text(what: str, value: Any, limit: int | None = None) -> str:
+    """The JSON text of `value` that jsonb stores and jobbus reads back, or `InvalidJobError`.
+
+    Refused, each with an error that names `what` (and the key path where one exists): values JSON
+    cannot encode (NaN, infinities, sets, objects), NUL characters and lone surrogates (jsonb cannot
+    hold either), nesting deeper than `MAX_JSON_DEPTH` levels, and more than `limit` bytes. The common
+    case costs a few substring scans of the encoded text; the value is walked only to find a problem.
+    """
     try:
         text = dumps(value)
+    except RecursionError:
+        raise InvalidJobError(f"{what} is nested too deeply (at most {MAX_JSON_DEPTH} levels)") from None
     except (TypeError, ValueError) as exc:
-        raise InvalidJobError(f"{what} is not JSON serialisable: {exc}") from None
-    if "\\u0000" in text:
-        raise InvalidJobError(f"{what} contains a NUL character, which PostgreSQL jsonb cannot store")
-    if limit is not None and len(text) > limit:
-        size = len(text.encode())
-        if size > limit:
+        circular = "Circular reference" in str(exc)  # a walk of a cyclic value would not end
+        found = None if circular else _find(what, value, _unencodable)
+        if found is not None and isinstance(found[1], float):
             raise InvalidJobError(
-                f"{what} is {size} bytes of JSON, over the limit of {limit} (setting max_payload_bytes); "
-                "store large data elsewhere and pass a reference"
-            )
+                f"{found[0]} is {found[1]!r}: JSON has no NaN or Infinity; use None or a string"
+            ) from None
+        raise InvalidJobError(f"{found[0] if found else what} is not JSON serialisable: {exc}") from None
+    # With ASCII-only output, NUL is always written `\u0000` and every non-BMP character as a
+    # `\udXXX\udXXX` pair: a lone surrogate can only appear where the text has `\ud`.
+    if "\\u0000" in text:
+        _refuse(what, value, _has_nul, "contains a NUL character, which PostgreSQL jsonb cannot store")
+    if "\\ud" in text and _LONE_SURROGATE.search(text):
+        _refuse(
+            what,
+            value,
+            _has_lone_surrogate,
+            "contains a lone surrogate (half of a UTF-16 pair, not a character), which PostgreSQL jsonb cannot store",
+        )
+    # Nesting N deep takes 2N characters and N brackets: short texts skip the scan, most others the walk.
+    if len(text) > 2 * MAX_JSON_DEPTH and text.count("[") + text.count("{") > MAX_JSON_DEPTH and _too_deep(value):
+        raise InvalidJobError(f"{what} is nested too deeply (at most {MAX_JSON_DEPTH} levels)")
+    if limit is not None and len(text) > limit:  # ASCII-only: characters are bytes
+        raise InvalidJobError(
+            f"{what} is {len(text)} bytes of JSON, over the limit of {limit} (setting max_payload_bytes); "
+            "store large data elsewhere and pass a reference"
+        )
     return text
 
 
-def _text(what: str, value: object, limit: int = MAX_NAME_LENGTH) -> str:
+_LONE_SURROGATE = re.compile(r"\\ud[89ab][0-9a-f]{2}(?!\\ud[c-f])|(?<!\\ud[89ab][0-9a-f]{2})\\ud[c-f][0-9a-f]{2}")
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _refuse(what: str, value: Any, predicate: Callable[[object], bool], problem: str) -> None:
+    """Raise with the path of the first string that has the problem; a false alarm of the text scan
+    (a literal backslash followed by `u0000` or `ud800`) finds none and returns."""
+    found = _find(what, value, predicate)
+    if found is not None:
+        raise InvalidJobError(f"{found[0]} {problem}")
+
+
+def _find(what: str, value: Any, predicate: Callable[[object], bool]) -> tuple[str, object] | None:
+    """The first item (or dict key) for which `predicate` holds, if any, with `what` and its key path."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, Mapping):
+            children = []
+            for key, child in item.items():
+                step = f"{path}[{json.dumps(key) if isinstance(key, str) else repr(key)}]"
+                if predicate(key) or not isinstance(key, _SCALARS):
+                    return f"{what} at {step} (a key)", key
+                children.append((step, child))
+            stack.extend(reversed(children))
+        elif isinstance(item, list | tuple):
+            stack.extend(reversed([(f"{path}[{index}]", child) for index, child in enumerate(item)]))
+        elif predicate(item):
+            return (f"{what} at {path}" if path else what), item
+    return None
+
+
+def _unencodable(item: object) -> bool:
+    if isinstance(item, float):
+        return not math.isfinite(item)
+    return not isinstance(item, (*_SCALARS, Mapping, list, tuple))
+
+
+def _has_nul(item: object) -> bool:
+    return isinstance(item, str) and "\x00" in item
+
+
+def _has_lone_surrogate(item: object) -> bool:
+    if not isinstance(item, str) or item.isascii():
+        return False
+    try:
+        item.encode()
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _too_deep(value: Any) -> bool:
+    """Whether containers in `value` nest more than `MAX_JSON_DEPTH` deep (found without recursion)."""
+    stack: list[tuple[int, Any]] = [(1, value)]
+    while stack:
+        depth, item = stack.pop()
+        if isinstance(item, Mapping):
+            children: Iterable[Any] = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        if depth > MAX_JSON_DEPTH:
+            return True
+        stack.extend((depth + 1, child) for child in children)
+    return False
+
+
+def validate_text(what: str, value: object, limit: int = MAX_NAME_BYTES) -> str:
+    """A non-empty string without NUL or lone surrogates, at most `limit` bytes in UTF-8."""
     if not isinstance(value, str):
         raise InvalidJobError(f"{what} must be a string, got {value!r}")
     if not value.strip():
         raise InvalidJobError(f"{what} must not be empty")
-    if len(value) > limit:
-        raise InvalidJobError(f"{what} is {len(value)} characters long, at most {limit} are allowed")
     if "\x00" in value:
         raise InvalidJobError(f"{what} must not contain NUL characters")
+    if value.isascii():
+        size = len(value)
+    else:
+        try:
+            size = len(value.encode())
+        except UnicodeEncodeError:
+            raise InvalidJobError(
+                f"{what} contains a lone surrogate (half of a UTF-16 pair, not a character): {value!a:.80}"
+            ) from None
+    if size > limit:
+        raise InvalidJobError(f"{what} is {size} bytes long in UTF-8, at most {limit} are allowed")
     return value
 
 
@@ -162,23 +287,32 @@ def _int(what: str, value: object) -> int:
     return value
 
 
-def resolve_available_at(value: datetime | timedelta | None) -> tuple[datetime | None, float]:
-    """An aware datetime is absolute; a timedelta counts from the database clock at insert."""
+def resolve_available_at(
+    value: datetime | timedelta | None, what: str = "available_at"
+) -> tuple[datetime | None, float]:
+    """An aware datetime is absolute; a timedelta counts from the database clock at insert.
+
+    Either must land between `EARLIEST_AVAILABLE_AT` and `LATEST_AVAILABLE_AT` (0002-01-01 and
+    9999-01-01 UTC; a delay is measured from this host's clock).
+    """
     if value is None:
         return None, 0.0
     if isinstance(value, timedelta):
-        seconds = value.total_seconds()
-        if not math.isfinite(seconds) or abs(value) > MAX_DELAY:
-            raise InvalidJobError(f"available_at must be at most 1000 years from now, got {value!r}")
-        return None, seconds
+        try:
+            lands: datetime | None = datetime.now(UTC) + value
+        except OverflowError:
+            lands = None
+        if lands is None or not EARLIEST_AVAILABLE_AT <= lands <= LATEST_AVAILABLE_AT:
+            raise InvalidJobError(f"{what}: a delay of {value} {_OUT_OF_RANGE}")
+        return None, value.total_seconds()
     if isinstance(value, datetime):
         if value.tzinfo is None or value.tzinfo.utcoffset(value) is None:
-            raise InvalidJobError(
-                f"available_at must be an aware datetime (with a timezone), got naive {value.isoformat()}"
-            )
+            raise InvalidJobError(f"{what} must be an aware datetime (with a timezone), got naive {value.isoformat()}")
         try:
-            value.astimezone(UTC)
-        except OverflowError:
-            raise InvalidJobError(f"available_at {value.isoformat()} is outside the years 1 to 9999 in UTC") from None
+            in_range = EARLIEST_AVAILABLE_AT <= value.astimezone(UTC) <= LATEST_AVAILABLE_AT
+        except OverflowError:  # beyond year 9999 (or before year 1) in UTC
+            in_range = False
+        if not in_range:
+            raise InvalidJobError(f"{what} {value.isoformat()} {_OUT_OF_RANGE}")
         return value, 0.0
-    raise InvalidJobError(f"available_at must be an aware datetime or a timedelta, got {value!r}")
+    raise InvalidJobError(f"{what} must be an aware datetime or a timedelta, got {value!r}")

@@ -8,6 +8,7 @@ never pasted into SQL as free text.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -89,15 +90,7 @@ def script(schema: str = "jobbus") -> str:
     It has no BEGIN/COMMIT of its own, so Alembic, Django or Flyway can run it inside their migration
     transaction; with psql, run it in one transaction with `psql -1 -f`.
     """
-    parts = [
-        f"-- jobbus schema {schema!r}, version {latest_version()}; run it in one transaction (psql -1 -f)\n",
-        _bookkeeping(schema),
-    ]
-    for migration in migrations():
-        parts.append(f"\n-- {migration.version:04d}_{migration.name}\n")
-        parts.append(migration.render(schema).rstrip() + "\n")
-        parts.append(_record(schema, migration))
-    return "".join(parts)
+    return _migration_script(schema, f"version {latest_version()}", migrations())
 
 
 def roles_script(schema: str, *, worker: str, operator: str, observer: str, producer: str | None = None) -> str:
@@ -120,6 +113,8 @@ def migrate(conn: psycopg.Connection[Any], schema: str) -> list[Migration]:
     """Apply pending migrations in one transaction under an advisory lock; returns what was applied.
 
     Concurrent callers serialise on the lock; the second finds nothing to do. Applying twice is a no-op.
+    A schema at a newer version than this code raises `SchemaError` and changes nothing: this jobbus
+    cannot tell what the newer migrations did, so "up to date" would be a guess.
     """
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (_LOCK_NAMESPACE + schema,))
@@ -127,6 +122,7 @@ def migrate(conn: psycopg.Connection[Any], schema: str) -> list[Migration]:
         applied = {
             row[0] for row in conn.execute(sql.SQL("SELECT version FROM {}.migration").format(sql.Identifier(schema)))
         }
+        check_not_newer(schema, max(applied, default=0))
         pending = [m for m in migrations() if m.version not in applied]
         for migration in pending:
             conn.execute(migration.render(schema).encode())
@@ -135,13 +131,30 @@ def migrate(conn: psycopg.Connection[Any], schema: str) -> list[Migration]:
 
 
 def pending_sql(conn: psycopg.Connection[Any], schema: str) -> str:
-    """What `migrate` would run now, for review (`jobbus migrate --dry-run`)."""
+    """What `migrate` would run now, as a script that applies on its own (`jobbus migrate --dry-run`).
+
+    Like `script`, it creates the schema and the migration table when they are missing and records
+    each migration it contains; empty when nothing is pending.
+    """
     current = current_version_sync(conn, schema)
-    return "".join(
-        f"-- {m.version:04d}_{m.name}\n{m.render(schema).rstrip()}\n{_record(schema, m)}"
-        for m in migrations()
-        if m.version > current
-    )
+    check_not_newer(schema, current)
+    pending = [m for m in migrations() if m.version > current]
+    if not pending:
+        return ""
+    return _migration_script(schema, f"from version {current} to {latest_version()}", pending)
+
+
+def _migration_script(schema: str, versions: str, chosen: Iterable[Migration]) -> str:
+    """Bookkeeping, then each migration followed by the row that records it."""
+    parts = [
+        f"-- jobbus schema {schema!r}, {versions}; run it in one transaction (psql -1 -f)\n",
+        _bookkeeping(schema),
+    ]
+    for migration in chosen:
+        parts.append(f"\n-- {migration.version:04d}_{migration.name}\n")
+        parts.append(migration.render(schema).rstrip() + "\n")
+        parts.append(_record(schema, migration))
+    return "".join(parts)
 
 
 VERSION_QUERY = "SELECT coalesce(max(version), 0) FROM {schema}.migration"
@@ -164,3 +177,12 @@ def check_version(schema: str, version: int) -> None:
     if version < needed:
         raise SchemaError(f"schema {schema} is at version {version}, this code needs {needed}: run `jobbus migrate`")
     # A newer schema is accepted: migrations are additive, so old code keeps working during a rollout.
+
+
+def check_not_newer(schema: str, version: int) -> None:
+    """Raise `SchemaError` when the schema is newer than this code: it must not be migrated by it."""
+    if version > latest_version():
+        raise SchemaError(
+            f"schema {schema} is at version {version}, newer than this jobbus knows (up to {latest_version()}): "
+            "upgrade jobbus to migrate it"
+        )

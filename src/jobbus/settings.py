@@ -1,19 +1,48 @@
 """Settings: defaults, `JOBBUS_*` environment variables and validation.
 
-A keyword given to `App(...)` wins over the environment; every invalid value raises a `ValueError`
-that names the setting.
+A keyword given to `App(...)` wins over the environment, including an explicit ``None``; every invalid
+value raises a `ValueError` that names the setting. Numeric settings have finite ranges (`BOUNDS`), so a
+value that validates here never fails later as an interval, timestamp or integer out of range.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import logging
+import math
 import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+logger = logging.getLogger("jobbus.settings")
+
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+#: Schemas PostgreSQL keeps for itself (`pg_*` cannot be created) or that every role shares.
+_RESERVED_SCHEMAS = frozenset({"public", "information_schema"})
+
+INT32_MAX = 2**31 - 1
+DAY = 86_400.0
+YEAR = 365 * DAY
+
+#: `JOBBUS_*` variables the project reads that are not settings: never reported as unknown.
+NON_SETTING_VARIABLES = frozenset({"JOBBUS_TEST_DSN", "JOBBUS_FULL_FAULTS"})
+#: What an environment variable writes for None in a setting that accepts it.
+_NONE_WORDS = frozenset({"", "none", "null"})
+
+#: Passwords in connection strings: `password=...` (key/value or URI query) and `scheme://user:pass@`.
+_PASSWORD_PARAMETER = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'?|[^\s&'\"]+)", re.IGNORECASE)
+_URI_PASSWORD = re.compile(r"([a-z][a-z0-9+.-]*://[^:/@\s]*:)[^@\s]*@", re.IGNORECASE)
+
+
+def redact(text: str) -> str:
+    """`text` with every password of a DSN in it replaced by `***` (for reprs, errors and logs)."""
+    if "password" not in text.lower() and "://" not in text:
+        return text
+    text = _PASSWORD_PARAMETER.sub(r"\1***", text)
+    return _URI_PASSWORD.sub(r"\1***@", text)
 
 
 def validate_identifier(what: str, name: str) -> str:
@@ -27,11 +56,72 @@ def validate_identifier(what: str, name: str) -> str:
 
 
 def validate_schema_name(name: str) -> str:
-    return validate_identifier("schema", name)
+    """A schema jobbus may own: a plain identifier, and not one PostgreSQL reserves or every role shares."""
+    validate_identifier("schema", name)
+    if name in _RESERVED_SCHEMAS or name.startswith("pg_"):
+        raise ValueError(
+            f"schema {name!r} is reserved (pg_*, public and information_schema belong to PostgreSQL "
+            "or to every role); choose a schema of jobbus's own, e.g. jobbus"
+        )
+    return name
 
 
 @dataclass(frozen=True, slots=True)
+class Bounds:
+    """The finite range of a numeric setting; a bound is included unless marked open."""
+
+    low: float
+    high: float
+    unit: str = ""
+    low_open: bool = False
+    high_open: bool = False
+
+    def check(self, name: str, value: object) -> None:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"{name} must be a number, got {value!r}")
+        above_low = value > self.low if self.low_open else value >= self.low
+        below_high = value < self.high if self.high_open else value <= self.high
+        if not (above_low and below_high):  # also refuses NaN
+            raise ValueError(f"{name} must be {self.describe()}, got {value!r}")
+
+    def describe(self) -> str:
+        unit = f" {self.unit}" if self.unit else ""
+        low = f"> {self.low:g}" if self.low_open else f">= {self.low:g}"
+        high = f"< {self.high:g}" if self.high_open else f"<= {self.high:g}"
+        return f"{low} and {high}{unit}"
+
+
+#: Every numeric setting and its range; adding a setting is one line here. The upper bounds keep
+#: `now() + interval` and 32-bit columns far from overflow; the lower ones keep loops from spinning.
+BOUNDS: dict[str, Bounds] = {
+    "default_max_attempts": Bounds(1, INT32_MAX),
+    "lease_seconds": Bounds(0.1, 7 * DAY, "seconds"),
+    "retry_base_delay_seconds": Bounds(0, YEAR, "seconds"),
+    "retry_max_delay_seconds": Bounds(0, YEAR, "seconds"),
+    "retry_jitter": Bounds(0, 1, high_open=True),
+    "poll_interval_seconds": Bounds(0.01, DAY, "seconds"),
+    "heartbeat_interval_seconds": Bounds(0.01, 7 * DAY, "seconds"),
+    "pool_max_size": Bounds(2, 10_000),
+    "max_payload_bytes": Bounds(1024, 128 * 1024 * 1024, "bytes"),
+    "worker_dead_after_seconds": Bounds(0.1, 7 * DAY, "seconds"),
+    "database_wait_seconds": Bounds(0, DAY, "seconds"),
+}
+
+
+@dataclass(frozen=True, slots=True, repr=False)
 class Settings:
+    """Everything an App needs to know, validated at once.
+
+    Precedence: a keyword given to `App(...)` / `Settings.load`, then `JOBBUS_<NAME>` in the
+    environment, then the default. An explicit keyword always wins, ``None`` included: for settings
+    where None means something (`heartbeat_interval_seconds`, `listen_dsn`) it selects that meaning,
+    for the others it is refused. The one exception is `dsn`: ``dsn=None`` means "not given", so
+    ``App(dsn=os.environ.get("DATABASE_URL"))`` still falls back to `JOBBUS_DSN`. In the environment,
+    an empty value or ``none`` stands for None.
+
+    `repr()` and `str()` never show a password of `dsn` or `listen_dsn`.
+    """
+
     dsn: str | None = None
     schema: str = "jobbus"
     default_max_attempts: int = 3
@@ -62,27 +152,21 @@ class Settings:
 
     def __post_init__(self) -> None:
         validate_schema_name(self.schema)
-        _require(self.default_max_attempts >= 1, "default_max_attempts", "must be >= 1", self.default_max_attempts)
-        _require(self.lease_seconds > 0, "lease_seconds", "must be > 0", self.lease_seconds)
-        _require(
-            self.retry_base_delay_seconds >= 0,
-            "retry_base_delay_seconds",
-            "must be >= 0",
-            self.retry_base_delay_seconds,
-        )
+        for name, bounds in BOUNDS.items():
+            value = getattr(self, name)
+            if value is not None or not _nullable(name):
+                bounds.check(name, value)
         _require(
             self.retry_max_delay_seconds >= self.retry_base_delay_seconds,
             "retry_max_delay_seconds",
             "must be >= retry_base_delay_seconds",
             self.retry_max_delay_seconds,
         )
-        _require(0 <= self.retry_jitter < 1, "retry_jitter", "must be in [0, 1)", self.retry_jitter)
-        _require(self.poll_interval_seconds > 0, "poll_interval_seconds", "must be > 0", self.poll_interval_seconds)
         if self.heartbeat_interval_seconds is not None:
             _require(
-                0 < self.heartbeat_interval_seconds < self.lease_seconds,
+                self.heartbeat_interval_seconds < self.lease_seconds,
                 "heartbeat_interval_seconds",
-                "must be > 0 and < lease_seconds",
+                "must be < lease_seconds",
                 self.heartbeat_interval_seconds,
             )
         _require(
@@ -91,9 +175,12 @@ class Settings:
             f"must be at least 3 heartbeat intervals ({3 * self.heartbeat_seconds:g} s)",
             self.worker_dead_after_seconds,
         )
-        _require(self.database_wait_seconds >= 0, "database_wait_seconds", "must be >= 0", self.database_wait_seconds)
-        _require(self.pool_max_size >= 2, "pool_max_size", "must be >= 2", self.pool_max_size)
-        _require(self.max_payload_bytes >= 1024, "max_payload_bytes", "must be >= 1024", self.max_payload_bytes)
+
+    def __repr__(self) -> str:
+        values = ", ".join(
+            f"{f.name}={_shown(f.name, getattr(self, f.name))}" for f in dataclasses.fields(self) if f.repr
+        )
+        return f"Settings({values})"
 
     @property
     def connection_kwargs(self) -> dict[str, Any]:
@@ -120,19 +207,54 @@ class Settings:
 
     @classmethod
     def load(cls, overrides: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> Settings:
-        """Build settings from keywords, then `JOBBUS_<NAME>` variables, then defaults."""
+        """Build settings from keywords, then `JOBBUS_<NAME>` variables, then defaults.
+
+        Unknown `JOBBUS_*` variables (a misspelt setting is otherwise silently ignored) are logged as one
+        WARNING per call that names the closest setting.
+        """
         env = os.environ if environ is None else environ
         fields = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(overrides) - set(fields))
         if unknown:
             raise ValueError(f"unknown setting(s): {', '.join(unknown)}; known: {', '.join(fields)}")
+        _warn_unknown_variables(env, fields)
         values: dict[str, Any] = {}
         for name, field in fields.items():
-            if name in overrides and overrides[name] is not None:
-                values[name] = _coerce(name, str(field.type), overrides[name])
-            elif f"JOBBUS_{name.upper()}" in env:
-                values[name] = _coerce(name, str(field.type), env[f"JOBBUS_{name.upper()}"])
+            variable = f"JOBBUS_{name.upper()}"
+            if name in overrides and not (name == "dsn" and overrides[name] is None):
+                values[name] = _coerce(name, str(field.type), overrides[name], variable)
+            elif variable in env:
+                values[name] = _coerce(name, str(field.type), env[variable], variable, from_environment=True)
         return cls(**values)
+
+
+def _nullable(name: str) -> bool:
+    return "None" in str(Settings.__dataclass_fields__[name].type)
+
+
+def _shown(name: str, value: object) -> str:
+    if name in ("dsn", "listen_dsn") and isinstance(value, str):
+        return repr(redact(value))
+    return repr(value)
+
+
+def _warn_unknown_variables(env: Mapping[str, str], fields: Mapping[str, Any]) -> None:
+    known = [f"JOBBUS_{name.upper()}" for name in fields]
+    unknown = sorted(
+        name for name in env if name.startswith("JOBBUS_") and name not in known and name not in NON_SETTING_VARIABLES
+    )
+    if not unknown:
+        return
+    described = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        described.append(f"{name} (did you mean {close[0]}?)" if close else name)
+    logger.warning(
+        "ignoring unknown environment variable(s) %s; settings are %s",
+        ", ".join(described),
+        ", ".join(known),
+        extra={"unknown_variables": unknown},
+    )
 
 
 def _require(ok: bool, name: str, rule: str, value: object) -> None:
@@ -140,9 +262,14 @@ def _require(ok: bool, name: str, rule: str, value: object) -> None:
         raise ValueError(f"{name} {rule}, got {value!r}")
 
 
-def _coerce(name: str, type_name: str, value: Any) -> Any:
+def _coerce(name: str, type_name: str, value: Any, variable: str, *, from_environment: bool = False) -> Any:
     """Turn keyword or environment values into the field's type, refusing what does not fit."""
-    kind = type_name.split("|")[0].strip()
+    kinds = [part.strip() for part in type_name.split("|")]
+    kind = kinds[0]
+    if value is None or (from_environment and "None" in kinds and value.strip().lower() in _NONE_WORDS):
+        if "None" in kinds:
+            return None
+        raise ValueError(f"{name} cannot be None: omit it to use {variable} or the default")
     if kind == "bool":
         if isinstance(value, bool):
             return value
@@ -163,6 +290,9 @@ def _coerce(name: str, type_name: str, value: Any) -> Any:
             if isinstance(value, float) and not value.is_integer():
                 raise ValueError
             return int(value)
-        return float(value)
-    except (TypeError, ValueError):
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
         raise ValueError(f"{name} must be a{'n integer' if kind == 'int' else ' number'}, got {value!r}") from None
+    if not math.isfinite(number):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return number

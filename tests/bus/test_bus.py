@@ -338,12 +338,12 @@ def note_bus(app: jobbus.App, inline_runs: list[str]) -> MessageBus:
 #: Dispatches whose jobs the App refuses: each must fail before any inline binding runs.
 INVALID_JOBS: list[tuple[Note, dict[str, Any], str]] = [
     (Note("x" * 2000), {}, r"over the limit of 1024 \(setting max_payload_bytes\)"),
-    (Note("x"), {"unique_key": "k" * 1001}, "unique_key is 1001 characters long, at most 1000 are allowed"),
-    (Note("x"), {"available_at": timedelta(days=10**6)}, "available_at must be at most 1000 years from now"),
+    (Note("x"), {"unique_key": "k" * 1001}, "unique_key is 1001 bytes long in UTF-8, at most 1000 are allowed"),
+    (Note("x"), {"available_at": timedelta(days=10**7)}, "available_at: a delay of 10000000 days.* is out of range"),
     (
         Note("x"),
         {"available_at": datetime(9999, 12, 31, 23, tzinfo=timezone(timedelta(hours=-20)))},
-        "outside the years 1 to 9999 in UTC",
+        "must land between 0002-01-01 and 9999-01-01 UTC",
     ),
 ]
 

@@ -6,9 +6,13 @@ The job row itself records what happened (status, attempts, worker_id), so the h
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
 import jobbus
+
+#: A DSN with a password, for tests that prove no output ever shows it.
+SECRET_DSN = "postgresql://app:hunter2-s3cret@db.internal:5432/app"
 
 app = jobbus.App(
     retry_base_delay_seconds=0,
@@ -39,9 +43,26 @@ async def fail(job: jobbus.JobExecution) -> None:
     raise RuntimeError(f"boom on attempt {job.attempt}")
 
 
+@app.job("leak")
+async def leak(job: jobbus.JobExecution) -> None:
+    raise RuntimeError(f"could not reach {SECRET_DSN} (password=hunter2-s3cret)")
+
+
 def broken_factory() -> jobbus.App:
     """An --app factory that blows up: the worker exits 70 (internal error)."""
     raise RuntimeError("the factory exploded")
+
+
+def leaky_factory() -> jobbus.App:
+    """An --app factory whose error quotes a DSN with its password."""
+    raise RuntimeError(f"the factory exploded connecting to {SECRET_DSN}")
+
+
+def app_with_its_own_dsn() -> jobbus.App:
+    """An App given `dsn=` as a keyword (taken from APP_DSN), with a `noop` handler."""
+    own = jobbus.App(dsn=os.environ["APP_DSN"], poll_interval_seconds=0.2)
+    own.job("noop")(noop)
+    return own
 
 
 not_an_app = 42

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import uuid
 
+import psycopg
 import pytest
 
-from tests.cli import UNREACHABLE_DSN, jobbus
+from jobbus.cli.errors import run
+from tests.cli import ROOT, UNREACHABLE_DSN, cli_env, job_status, jobbus, query_value
+from tests.cli.apps import SECRET_DSN
+from tests.test_producer import RANDOM_CJK
 
 
 @pytest.mark.parametrize(
@@ -25,13 +31,50 @@ from tests.cli import UNREACHABLE_DSN, jobbus
         pytest.param(["jobs", "list", "--status", "sleeping"], id="unknown-status"),
         pytest.param(["status", "--bogus"], id="unknown-option"),
         pytest.param(["no-such-command"], id="unknown-command"),
+        pytest.param(["jobs", "show"], id="missing-argument"),
+        pytest.param(["schedule", "t", "--max-attempts", str(2**40)], id="max-attempts-over-int32"),
+        pytest.param(["schedule", "t", "--priority", str(2**40)], id="priority-over-int32"),
+        pytest.param(["schedule", "t", "--unique-key", RANDOM_CJK[:1000]], id="unique-key-over-1000-bytes"),
+        pytest.param(["schedule", "é" * 128], id="type-over-255-bytes"),
+        pytest.param(["schedule", "t", "--queue", ""], id="empty-queue"),
+        pytest.param(["schedule", "t", "--config", "[" * 5000 + "]" * 5000], id="config-nested-5000"),
+        pytest.param(["schedule", "t", "--config", '{"a":' * 5000 + "1" + "}" * 5000], id="object-nested-5000"),
+        pytest.param(["schedule", "t", "--config", '{"a":' * 300 + "1" + "}" * 300], id="config-nested-300"),
+        pytest.param(["schedule", "t", "--config", '{"prompt": "\\ud800"}'], id="config-lone-surrogate"),
+        pytest.param(["schedule", "t", "--config", '{"s": "\\u0000"}'], id="config-nul"),
+        pytest.param(["schedule", "t", "--at", "9999-12-31T23:00:00-14:00"], id="at-year-10000-in-utc"),
+        pytest.param(["jobs", "retry", str(uuid.uuid4()), "--at", "9999-12-31T23:00:00-14:00"], id="retry-at"),
+        pytest.param(["prune", "--older-than", "99999999999d"], id="duration-overflowing-timedelta"),
+        pytest.param(["prune", "--older-than", "100000000d"], id="duration-overflowing-postgres"),
+        pytest.param(["prune", "--older-than", "9" * 5000 + "s"], id="duration-of-5000-digits"),
+        pytest.param(["migrate", "--schema", "pg_jobs"], id="reserved-schema"),
+        pytest.param(["worker", "--app", "tests.cli.apps:app", "--worker-id", "w" * 256], id="long-worker-id"),
+        pytest.param(["worker", "--app", "tests.cli.apps:app", "--queue", ""], id="empty-worker-queue"),
+        pytest.param(["worker", "--app", "tests.cli.apps:app", "--poll-interval", "nan"], id="poll-interval-nan"),
+        pytest.param(["worker", "--app", "tests.cli.apps:app", "--poll-interval", "1e-12"], id="poll-interval-tiny"),
+        pytest.param(["worker", "--app", "tests.cli.apps:app", "--shutdown-timeout", "inf"], id="shutdown-inf"),
+        pytest.param(["worker", "--app", "tests.cli.apps:app", "--concurrency", str(2**40)], id="concurrency"),
+        pytest.param(["worker", "--app", "tests.cli.apps:app", "--type", ""], id="empty-worker-type"),
+        pytest.param(["status", "--watch", "--interval", "nan"], id="interval-nan"),
+        pytest.param(["jobs", "list", "--queue", "\udcff"], id="filter-not-utf8"),  # the byte 0xff in argv
+        pytest.param(["schedule", "t", "--name", "\udcff"], id="name-not-utf8"),
     ],
 )
-def test_bad_usage_exits_64_before_touching_the_database(args: list[str]) -> None:
+def test_bad_usage_exits_64_with_one_error_line_before_touching_the_database(args: list[str]) -> None:
     # The DSN is unreachable: reaching the database would exit 69, so 64 proves it was refused first.
     result = jobbus(UNREACHABLE_DSN, *args)
     assert result.returncode == 64, (result.stdout, result.stderr)
-    assert result.stderr.strip()
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ") and lines[0].endswith(" --help)"), lines[0]
+    assert "Traceback" not in result.stderr and "Usage:" not in result.stderr
+
+
+def test_a_usage_error_names_the_command_to_ask_for_help() -> None:
+    result = jobbus(UNREACHABLE_DSN, "jobs", "list", "--limit", "0")
+    assert result.returncode == 64
+    assert result.stderr.startswith("error: Invalid value for '--limit': 0 is not in the range 1<=x<=10000.")
+    assert result.stderr.rstrip().endswith("(see jobbus jobs list --help)")
 
 
 def test_no_database_given_is_bad_usage() -> None:
@@ -88,9 +131,18 @@ def test_missing_schema_exits_78_and_says_to_migrate(empty_dsn: str, args: list[
     ],
     ids=["missing-module", "missing-attr", "not-an-app", "no-colon", "schedule"],
 )
-def test_bad_app_exits_78(dsn: str, args: list[str]) -> None:
+def test_bad_app_exits_78_with_one_error_line(dsn: str, args: list[str]) -> None:
     result = jobbus(dsn, *args)
     assert result.returncode == 78, (result.stdout, result.stderr)
+    assert result.stderr.startswith("error: --app ") and len(result.stderr.splitlines()) == 1, result.stderr
+
+
+def test_an_import_error_inside_the_app_module_shows_its_traceback_then_the_error(dsn: str) -> None:
+    result = jobbus(dsn, "worker", "--app", "tests.cli.app_with_a_bug:app")
+    assert result.returncode == 78, (result.stdout, result.stderr)
+    assert result.stderr.startswith("Traceback")
+    assert "No module named 'jobbus_dependency_that_is_not_installed'" in result.stderr
+    assert result.stderr.splitlines()[-1] == "error: could not import the --app module (traceback above)"
 
 
 def test_an_exploding_app_factory_is_an_internal_error_70(dsn: str) -> None:
@@ -118,3 +170,71 @@ def test_passwords_in_the_dsn_never_reach_the_output(command: list[str]) -> None
     result = jobbus(None, *command, "--dsn", secret_dsn)
     assert result.returncode == 69
     assert "hunter2-s3cret" not in result.stdout + result.stderr
+
+
+def test_a_malformed_dsn_is_a_configuration_error_without_its_password() -> None:
+    result = jobbus(None, "status", "--dsn", "postgresql://jobbus:hunter2-s3cret@127.0.0.1:1/app?no_such_option=1")
+    assert result.returncode == 78, result.stderr
+    assert result.stderr.startswith("error: the database DSN is not valid: ")
+    assert "hunter2-s3cret" not in result.stdout + result.stderr
+
+
+def test_a_traceback_never_shows_a_password(dsn: str) -> None:
+    result = jobbus(dsn, "worker", "--app", "tests.cli.apps:leaky_factory")
+    assert result.returncode == 70, result.stderr
+    assert "Traceback" in result.stderr and "the factory exploded connecting to" in result.stderr
+    assert "postgresql://app:***@db.internal:5432/app" in result.stderr
+    assert "hunter2-s3cret" not in result.stdout + result.stderr
+
+
+def test_worker_logs_never_show_a_password(dsn: str) -> None:
+    job_id = jobbus(dsn, "schedule", "leak", "--max-attempts", "1").stdout.strip()
+    result = jobbus(dsn, "worker", "--app", "tests.cli.apps:app", "--stop-when-empty")
+    assert result.returncode == 0, result.stderr
+    assert job_status(dsn, job_id) == "failed"
+    assert f"job {job_id} failed on its last attempt" in result.stderr
+    assert "could not reach postgresql://app:***@db.internal:5432/app (password=***" in result.stderr
+    assert "hunter2-s3cret" not in result.stdout + result.stderr
+
+
+def test_database_errors_after_the_start_never_show_a_password(capsys: pytest.CaptureFixture[str]) -> None:
+    async def body() -> int:
+        raise psycopg.OperationalError(f"connection to {SECRET_DSN} lost; conninfo password=hunter2-s3cret")
+
+    assert run(body) == 69
+    stderr = capsys.readouterr().err
+    assert stderr.startswith("error: database error: connection to postgresql://app:***@db.internal")
+    assert "hunter2-s3cret" not in stderr
+
+
+@pytest.mark.parametrize(
+    ("command", "variable", "value"),
+    [
+        (["worker", "--app", "tests.cli.apps:app", "--run-once"], "JOBBUS_LEASE_SECONDS", "inf"),
+        (["worker", "--app", "tests.cli.apps:app", "--run-once"], "JOBBUS_POOL_MAX_SIZE", str(2**40)),
+        (["schedule", "noop"], "JOBBUS_DEFAULT_MAX_ATTEMPTS", str(2**40)),
+        (["status"], "JOBBUS_SCHEMA", "public"),
+    ],
+)
+def test_invalid_settings_exit_78_naming_the_setting_and_write_nothing(
+    dsn: str, command: list[str], variable: str, value: str
+) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "jobbus", *command],
+        cwd=ROOT,
+        env=cli_env(dsn, **{variable: value}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 78, (result.stdout, result.stderr)
+    assert result.stderr.startswith(f"error: {variable.removeprefix('JOBBUS_').lower()} ")
+    assert query_value(dsn, "SELECT count(*) FROM jobbus.job") == 0
+    assert query_value(dsn, "SELECT count(*) FROM jobbus.worker") == 0
+
+
+def test_a_misspelt_setting_is_warned_naming_the_right_one(dsn: str) -> None:
+    result = jobbus(dsn, "status", "--json", JOBBUS_LEASE_SECOND="5")
+    assert result.returncode == 0, result.stderr
+    assert "JOBBUS_LEASE_SECOND (did you mean JOBBUS_LEASE_SECONDS?)" in result.stderr
+    assert result.stderr.count("JOBBUS_LEASE_SECOND ") == 1  # once, although the command builds settings twice

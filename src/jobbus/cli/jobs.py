@@ -15,6 +15,7 @@ from jobbus.cli import exit_codes
 from jobbus.cli.errors import UsageProblem, fail, run
 from jobbus.cli.output import (
     admin_app,
+    check_names,
     console,
     dsn_option,
     human_time,
@@ -26,6 +27,7 @@ from jobbus.cli.output import (
     progress_text,
 )
 from jobbus.cli.schedule import parse_when
+from jobbus.cli.text import shown
 from jobbus.models import Job, JobStatus
 
 STATUSES = [s.value for s in JobStatus]
@@ -81,6 +83,8 @@ def list_command(
 
     --json prints a list of objects with every column of the job (ids as strings, ISO 8601 times).
     """
+    check_names("--queue", queues)
+    check_names("--type", types)
     after_id = _job_id(after) if after else None
     group = _job_id(group_id) if group_id else None
 
@@ -122,13 +126,13 @@ def _jobs_table(jobs: list[Job]) -> Table:
     for job in jobs:
         table.add_row(
             str(job.id),
-            job.type,
-            job.queue,
+            shown(job.type),
+            shown(job.queue),
             job_status_text(job),
             f"{job.attempts}/{job.max_attempts}",
             human_time(job.created_at),
             human_time(job.finished_at),
-            Text(one_line(job.last_error, 60), style="red"),
+            shown(one_line(job.last_error, 60), style="red"),
         )
     return table
 
@@ -172,32 +176,32 @@ def _job_detail(job: Job) -> Group:
 
     rows: list[tuple[str, str | Text]] = [
         ("id", str(job.id)),
-        ("type", job.type),
-        ("queue", job.queue),
-        ("name", job.name or "-"),
+        ("type", shown(job.type)),
+        ("queue", shown(job.queue)),
+        ("name", shown(job.name or "-")),
         ("status", job_status_text(job)),
         ("attempts", f"{job.attempts} of {job.max_attempts}"),
         ("priority", str(job.priority)),
         ("group", str(job.group_id) if job.group_id else "-"),
-        ("unique key", job.unique_key or "-"),
+        ("unique key", shown(job.unique_key or "-")),
         ("progress", progress_text(job)),
-        ("worker", job.worker_id or "-"),
+        ("worker", shown(job.worker_id or "-")),
         ("created", human_time(job.created_at)),
         ("available", human_time(job.available_at)),
         ("started", human_time(job.started_at)),
         ("finished", human_time(job.finished_at)),
         ("lease expires", human_time(job.lease_expires_at)),
         ("cancel requested", human_time(job.cancellation_requested_at)),
-        ("configuration", dumped(job.configuration_data)),
-        ("checkpoint", dumped(job.execution_data)),
-        ("result", dumped(job.result) if job.result is not None else "-"),
+        ("configuration", shown(dumped(job.configuration_data))),
+        ("checkpoint", shown(dumped(job.execution_data))),
+        ("result", shown(dumped(job.result)) if job.result is not None else "-"),
     ]
     for field, value in rows:
         table.add_row(field, value)
     parts: list[Table | Text] = [table]
     if job.last_error:
         parts.append(Text("last error:", style="bold red"))
-        parts.append(Text(job.last_error, style="red"))
+        parts.append(shown(job.last_error, style="red"))
     return Group(*parts)
 
 

@@ -26,12 +26,19 @@ class AppLoadError(Exception):
 
 def import_target(spec: str) -> Any:
     module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
+    if not sep or not module_name or not attr or module_name.startswith("."):
         raise AppLoadError(f"--app {spec!r}: expected module:attribute, e.g. myproject.jobs:app")
     cwd = str(Path.cwd())
     if cwd not in sys.path:
         sys.path.insert(0, cwd)  # like `python -m`, the current directory is importable
-    module = importlib.import_module(module_name)  # import errors propagate with their traceback
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if not _names_the_target(exc, module_name):
+            raise  # a missing import inside the user's module: its traceback shows where
+        raise AppLoadError(
+            f"--app {spec!r}: no module named {exc.name!r} (run from the project directory, or check PYTHONPATH)"
+        ) from None
     target: Any = module
     for part in attr.split("."):
         try:
@@ -41,12 +48,20 @@ def import_target(spec: str) -> Any:
     return target
 
 
+def _names_the_target(exc: ModuleNotFoundError, module_name: str) -> bool:
+    """Whether the module that is missing is `module_name` itself or one of its parent packages."""
+    return exc.name is not None and (module_name == exc.name or module_name.startswith(exc.name + "."))
+
+
 @contextlib.asynccontextmanager
 async def open_app(spec: str | None, dsn: str | None) -> AsyncIterator[App]:
-    """Yield the App named by `spec` (or a bare App when None), with `dsn` applied if given."""
+    """Yield the App named by `spec` (or an App from the environment when None).
+
+    The database: `dsn` (the command's --dsn flag) when given, else the App's own `dsn` keyword, else
+    `JOBBUS_DSN`; the App resolves the last two itself.
+    """
     if spec is None:
-        app = App(dsn=dsn) if dsn else App()
-        yield app
+        yield App(dsn=dsn)
         return
     target = import_target(spec)
     async with contextlib.AsyncExitStack() as stack:
@@ -75,4 +90,5 @@ async def _resolve(spec: str, target: Any, stack: contextlib.AsyncExitStack) -> 
 
 
 def settings_from_env(dsn: str | None) -> Settings:
-    return Settings.load({"dsn": dsn} if dsn else {})
+    """Settings of a command without an App: `dsn` (the --dsn flag) if given, then JOBBUS_* variables."""
+    return Settings.load({"dsn": dsn})

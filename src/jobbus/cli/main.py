@@ -10,6 +10,7 @@ from jobbus.cli import exit_codes
 from jobbus.cli.bench import bench_command
 from jobbus.cli.control import drain_command, pause_command, restart_command, resume_command, stop_command
 from jobbus.cli.demo import demo_command
+from jobbus.cli.errors import fail, internal_error, usage_error
 from jobbus.cli.jobs import jobs_group
 from jobbus.cli.prune import prune_command
 from jobbus.cli.schedule import schedule_command
@@ -52,16 +53,19 @@ for command in (
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: click's usage errors exit 64 (EX_USAGE), not click's default 2."""
+    """Entry point: a usage error is one `error: ...` line and exit 64 (EX_USAGE), not click's
+    three lines and exit 2; `jobbus` alone prints the help."""
     try:
         result = cli.main(args=argv, prog_name="jobbus", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        exc.show()
+        sys.exit(exit_codes.USAGE)
     except click.UsageError as exc:
-        exc.show()
-        sys.exit(exit_codes.USAGE)
+        sys.exit(usage_error(exc))
     except click.exceptions.Abort:
-        click.echo("aborted", err=True)
-        sys.exit(exit_codes.FAILURE)
+        sys.exit(fail("aborted", exit_codes.FAILURE))
     except click.ClickException as exc:
-        exc.show()
-        sys.exit(exit_codes.USAGE)
+        sys.exit(fail(exc.format_message(), exit_codes.USAGE))
+    except Exception:  # outside a command's run(): still one error line, no password
+        sys.exit(internal_error())
     sys.exit(result if isinstance(result, int) else exit_codes.OK)

@@ -11,9 +11,10 @@ import contextlib
 import dataclasses
 import enum
 import json
+import math
 import os
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -24,8 +25,10 @@ from rich.text import Text
 from jobbus.app import App
 from jobbus.cli.errors import UsageProblem, probe_database
 from jobbus.control import StatusReport, WorkerInfo
+from jobbus.errors import InvalidJobError
 from jobbus.models import Job, JobStatus
-from jobbus.settings import Settings
+from jobbus.requests import MAX_TYPE_BYTES, validate_text
+from jobbus.settings import Bounds
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -47,34 +50,54 @@ STATUS_STYLES = {
 
 
 def dsn_option(func: F) -> F:
-    return click.option("--dsn", envvar="JOBBUS_DSN", metavar="DSN", help="PostgreSQL DSN (default: JOBBUS_DSN).")(func)
+    """--dsn; when absent the App reads JOBBUS_DSN (read there, not by click, so that with --app the
+    precedence is the flag, then the App's own `dsn`, then the environment)."""
+    return click.option("--dsn", metavar="DSN", help="PostgreSQL DSN (default: JOBBUS_DSN).")(func)
 
 
 def json_option(func: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")(func)
 
 
+class FiniteFloatRange(click.FloatRange):
+    """A float option within a range; NaN and infinities are refused (click's FloatRange lets NaN pass)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
+def check_names(option: str, values: Iterable[str], limit: int = MAX_TYPE_BYTES) -> None:
+    """Option values that name things stored in the database (queues, types, worker ids): non-empty,
+    encodable, within `limit` bytes; anything else is bad usage (exit 64) before the database is reached."""
+    try:
+        for value in values:
+            validate_text(option, value, limit)
+    except InvalidJobError as exc:
+        raise UsageProblem(str(exc)) from None
+
+
+def seconds_range(bounds: Bounds) -> FiniteFloatRange:
+    """The option type of a duration in seconds that feeds the setting with these bounds."""
+    return FiniteFloatRange(min=bounds.low, max=bounds.high, min_open=bounds.low_open, max_open=bounds.high_open)
+
+
 # -- the App of an operator command ------------------------------------------------------------------
-
-
-def resolve_dsn(dsn: str | None) -> str:
-    """The DSN from --dsn / JOBBUS_DSN; none is a usage error (exit 64)."""
-    settings = Settings.load({"dsn": dsn} if dsn else {})
-    if not settings.dsn:
-        raise UsageProblem("no database: pass --dsn or set JOBBUS_DSN")
-    return settings.dsn
 
 
 @contextlib.asynccontextmanager
 async def admin_app(dsn: str | None, *, check_schema: bool = True) -> AsyncIterator[App]:
-    """An open App on the given database (settings from JOBBUS_*), schema checked.
+    """An open App on the given database (--dsn, else JOBBUS_DSN; settings from JOBBUS_*), schema checked.
 
-    Unreachable server → `DatabaseUnavailable` (exit 69); schema missing or outdated → `SchemaError`
-    (exit 78), before anything is written.
+    No database given → `UsageProblem` (exit 64); unreachable server → `DatabaseUnavailable` (exit 69);
+    schema missing or outdated → `SchemaError` (exit 78), before anything is written.
     """
-    target = resolve_dsn(dsn)
-    await probe_database(target)
-    app = App(dsn=target)
+    app = App(dsn=dsn)
+    if not app.settings.dsn:
+        raise UsageProblem("no database: pass --dsn or set JOBBUS_DSN")
+    await probe_database(app.settings.dsn)
     async with app:
         if check_schema:
             await app.check_schema()
@@ -90,11 +113,6 @@ def console(*, stderr: bool = False) -> Console:
     if not con.is_terminal and "COLUMNS" not in os.environ:
         con.width = 200
     return con
-
-
-def note(message: str) -> None:
-    """A line for humans on stderr (keeps stdout clean for --json and ids)."""
-    console(stderr=True).print(message)
 
 
 def styled(value: str) -> Text:

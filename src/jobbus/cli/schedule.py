@@ -15,10 +15,21 @@ from jobbus.cli import exit_codes
 from jobbus.cli.errors import UsageProblem, probe_database, run
 from jobbus.cli.loading import open_app
 from jobbus.cli.output import admin_app, dsn_option
+from jobbus.errors import InvalidJobError
+from jobbus.requests import (
+    INT32_MAX,
+    INT32_MIN,
+    MAX_JSON_DEPTH,
+    JobDefaults,
+    JobRequest,
+    build_spec,
+    resolve_available_at,
+)
 
 
 def parse_when(text: str, option: str = "--at") -> datetime:
-    """An aware ISO 8601 timestamp; a naive one is refused (whose local time would it be?)."""
+    """An aware ISO 8601 timestamp within the range jobs accept; a naive one is refused (whose local
+    time would it be?)."""
     try:
         value = datetime.fromisoformat(text.strip())
     except ValueError:
@@ -27,11 +38,15 @@ def parse_when(text: str, option: str = "--at") -> datetime:
         raise UsageProblem(
             f"{option} {text!r} has no timezone: add an offset or Z, e.g. {value.isoformat()}+00:00 or {text}Z"
         )
+    try:
+        resolve_available_at(value, option)
+    except InvalidJobError as exc:
+        raise UsageProblem(str(exc)) from None
     return value
 
 
 def parse_config(text: str | None) -> dict[str, Any]:
-    """The --config JSON object; `-` reads it from stdin. Not JSON, or not an object: exit 64."""
+    """The --config JSON object; `-` reads it from stdin. Not JSON, too deep, or not an object: exit 64."""
     if text is None:
         return {}
     if text == "-":
@@ -40,6 +55,8 @@ def parse_config(text: str | None) -> dict[str, Any]:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise UsageProblem(f"--config is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise UsageProblem(f"--config is nested too deeply (at most {MAX_JSON_DEPTH} levels)") from None
     if not isinstance(value, dict):
         raise UsageProblem(f"--config must be a JSON object like '{{\"id\": 42}}', got {type(value).__name__}")
     return value
@@ -51,12 +68,22 @@ def parse_config(text: str | None) -> dict[str, Any]:
 @click.option("--queue", metavar="Q", help="Queue (default: the handler's with --app, else 'default').")
 @click.option("--unique-key", metavar="K", help="Deduplicate: while a job of TYPE with K is active, print its id.")
 @click.option("--at", "at_text", metavar="ISO8601", help="Run no earlier than this (with a timezone offset).")
-@click.option("--priority", type=int, metavar="N", help="Higher runs first within its queue (default 0).")
-@click.option("--max-attempts", type=int, metavar="N", help="Attempts before the job fails (default 3).")
+@click.option(
+    "--priority",
+    type=click.IntRange(INT32_MIN, INT32_MAX),
+    metavar="N",
+    help="Higher runs first within its queue (default 0).",
+)
+@click.option(
+    "--max-attempts", type=click.IntRange(1, INT32_MAX), metavar="N", help="Attempts before the job fails (default 3)."
+)
 @click.option("--name", metavar="NAME", help="A label for humans.")
 @click.option("--group-id", metavar="UUID", help="Group the job with others (see group progress).")
 @click.option(
-    "--app", "app_spec", metavar="MODULE:ATTR", help="Optional: take queue/priority defaults from its handler."
+    "--app",
+    "app_spec",
+    metavar="MODULE:ATTR",
+    help="Optional: take queue/priority defaults from its handler, and its database unless --dsn is given.",
 )
 @dsn_option
 def schedule_command(
@@ -86,7 +113,7 @@ def schedule_command(
       echo '{"to": "a@example.com"}' | jobbus schedule email.send --config -
 
     Exit codes: 0 scheduled, 64 bad usage (invalid JSON, a config that is not an object, a naive
-    --at), 69 database unreachable, 78 schema missing or bad --app.
+    --at, a value out of range), 69 database unreachable, 78 schema missing or bad --app.
     """
     configuration = parse_config(config_json)
     available_at = parse_when(at_text) if at_text else None
@@ -103,6 +130,10 @@ def schedule_command(
         "name": name,
         "group_id": group,
     }
+    try:  # everything the library would refuse (a configuration it cannot store too) before the database
+        build_spec(JobRequest(job_type, configuration, **options), JobDefaults(), default_max_attempts=1)
+    except InvalidJobError as exc:
+        raise UsageProblem(str(exc)) from None
 
     async def schedule(app: App) -> int:
         job_id = await app.schedule(job_type, configuration, **options)

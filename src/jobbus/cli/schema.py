@@ -4,15 +4,34 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Callable
 
 import click
 import psycopg
 
 from jobbus import schema as schema_module
 from jobbus.cli import exit_codes
-from jobbus.cli.errors import probe_database, run
+from jobbus.cli.errors import fail, probe_database, run
 from jobbus.cli.loading import settings_from_env
-from jobbus.settings import validate_schema_name
+from jobbus.settings import Settings, validate_schema_name
+
+
+def _env_settings(dsn: str | None) -> Settings:
+    """Settings from --dsn and JOBBUS_*; an invalid one is a configuration error (exit 78)."""
+    try:
+        return settings_from_env(dsn)
+    except ValueError as exc:
+        sys.exit(fail(str(exc), exit_codes.CONFIG))
+
+
+def _schema_name(option: str | None, default: Callable[[], str]) -> str:
+    """--schema when given (a bad or reserved name is bad usage, exit 64), else `default()`."""
+    if option is None:
+        return default()
+    try:
+        return validate_schema_name(option)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--schema") from None
 
 
 @click.command("schema")
@@ -29,31 +48,34 @@ def schema_command(schema_name: str | None) -> None:
     Example:
       jobbus schema --schema jobs > migrations/0042_jobbus.sql
     """
-    try:
-        name = validate_schema_name(schema_name) if schema_name else settings_from_env(None).schema
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--schema") from None
+    name = _schema_name(schema_name, lambda: _env_settings(None).schema)
     sys.stdout.write(schema_module.script(name))
 
 
 @click.command("migrate")
-@click.option("--dsn", envvar="JOBBUS_DSN", metavar="DSN", help="PostgreSQL DSN (default: JOBBUS_DSN).")
+@click.option("--dsn", metavar="DSN", help="PostgreSQL DSN (default: JOBBUS_DSN).")
 @click.option(
     "--schema", "schema_name", default=None, metavar="NAME", help="Schema name (default: JOBBUS_SCHEMA or jobbus)."
 )
-@click.option("--dry-run", is_flag=True, help="Print the SQL that would run, change nothing.")
+@click.option(
+    "--dry-run", is_flag=True, help="Print the SQL that would run (a script that applies as is), change nothing."
+)
 def migrate_command(dsn: str | None, schema_name: str | None, dry_run: bool) -> None:
     """Apply pending schema migrations (idempotent; safe to run from several hosts at once).
+
+    A schema at a newer version than this jobbus is left alone: the command exits 78 and says to
+    upgrade jobbus.
 
     \b
     Example:
       JOBBUS_DSN=postgresql://app@db/app jobbus migrate
+      jobbus migrate --dry-run > pending.sql && psql -1 -f pending.sql
+
+    Exit codes: 0 migrated (or nothing to do), 64 bad usage, 69 database unreachable, 78 the schema is
+    newer than this jobbus or a setting is invalid.
     """
-    try:
-        settings = settings_from_env(dsn)
-        name = validate_schema_name(schema_name) if schema_name else settings.schema
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
+    settings = _env_settings(dsn)
+    name = _schema_name(schema_name, lambda: settings.schema)
     if not settings.dsn:
         raise click.UsageError("no database: pass --dsn or set JOBBUS_DSN")
     target_dsn = settings.dsn

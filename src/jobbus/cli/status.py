@@ -16,7 +16,17 @@ from rich.text import Text
 from jobbus import control
 from jobbus.cli import exit_codes
 from jobbus.cli.errors import run
-from jobbus.cli.output import admin_app, console, dsn_option, human_seconds, json_option, print_json, status_dict
+from jobbus.cli.output import (
+    FiniteFloatRange,
+    admin_app,
+    console,
+    dsn_option,
+    human_seconds,
+    json_option,
+    print_json,
+    status_dict,
+)
+from jobbus.cli.text import shown
 
 
 @click.command("status")
@@ -24,7 +34,7 @@ from jobbus.cli.output import admin_app, console, dsn_option, human_seconds, jso
 @click.option("--watch", is_flag=True, help="Refresh in place until Ctrl-C.")
 @click.option(
     "--interval",
-    type=click.FloatRange(min=0.1),
+    type=FiniteFloatRange(min=0.1, max=3600),
     default=2.0,
     show_default=True,
     metavar="S",
@@ -93,7 +103,7 @@ def render_status(report: control.StatusReport) -> Group:
     table.add_column("done/min", justify="right")
     table.add_column("failed/h", justify="right")
     for q in data["queues"]:
-        name = Text(q["queue"])
+        name = shown(q["queue"])
         if q["paused"]:
             name.append(" (paused)", style="yellow")
         table.add_row(
@@ -140,7 +150,7 @@ def render_status(report: control.StatusReport) -> Group:
     if paused["all"] or paused["queues"] or paused["workers"]:
         what = (["ALL WORKERS"] if paused["all"] else []) + [f"queue {q}" for q in paused["queues"]]
         what += [f"worker {w}" for w in paused["workers"]]
-        parts.append(Text(f"paused: {', '.join(what)} (jobbus resume ... to lift)", style="yellow"))
+        parts.append(shown(f"paused: {', '.join(what)} (jobbus resume ... to lift)", style="yellow"))
     return Group(*parts)
 
 

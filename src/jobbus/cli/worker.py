@@ -11,23 +11,35 @@ import click
 
 from jobbus.cli.errors import UsageProblem, probe_database, run
 from jobbus.cli.loading import open_app
+from jobbus.cli.output import FiniteFloatRange, check_names, seconds_range
+from jobbus.requests import INT32_MAX
+from jobbus.settings import BOUNDS, DAY, redact
 from jobbus.worker import Worker, WorkerOptions
 from jobbus.worker.memory import parse_size
+
+#: Worker ids name rows of the worker registry and of jobs (`worker_id`): short, like a pod name.
+MAX_WORKER_ID_BYTES = 255
+#: More concurrent jobs than one event loop can usefully run; the registry stores it as an integer.
+MAX_CONCURRENCY = 10_000
 
 
 @click.command("worker")
 @click.option("--app", "app_spec", required=True, metavar="MODULE:ATTR", help="The App, or a factory of one.")
 @click.option("--queue", "queues", multiple=True, metavar="Q", help="Claim from this queue (repeatable); default all.")
 @click.option("--type", "types", multiple=True, metavar="T", help="Claim only this job type (repeatable).")
-@click.option("--concurrency", type=click.IntRange(min=1), default=10, show_default=True, help="Jobs at once.")
+@click.option(
+    "--concurrency", type=click.IntRange(1, MAX_CONCURRENCY), default=10, show_default=True, help="Jobs at once."
+)
 @click.option("--worker-id", metavar="ID", help="Stable id, e.g. the pod name; default host-pid-random.")
-@click.option("--poll-interval", type=click.FloatRange(min=0, min_open=True), metavar="S", help="Polling fallback.")
+@click.option(
+    "--poll-interval", type=seconds_range(BOUNDS["poll_interval_seconds"]), metavar="S", help="Polling fallback."
+)
 @click.option("--memory-limit", metavar="SIZE", help="After a job, exit 75 if RSS exceeds this (e.g. 256M).")
 @click.option("--run-once", is_flag=True, help="Process at most one job, then exit.")
-@click.option("--limit", type=click.IntRange(min=1), metavar="N", help="Exit after N jobs finished.")
+@click.option("--limit", type=click.IntRange(1, INT32_MAX), metavar="N", help="Exit after N jobs finished.")
 @click.option("--stop-when-empty", is_flag=True, help="Exit when no job is available.")
-@click.option("--shutdown-timeout", type=click.FloatRange(min=0), default=30.0, show_default=True, metavar="S")
-@click.option("--dsn", envvar="JOBBUS_DSN", metavar="DSN", help="PostgreSQL DSN (default: JOBBUS_DSN).")
+@click.option("--shutdown-timeout", type=FiniteFloatRange(min=0, max=DAY), default=30.0, show_default=True, metavar="S")
+@click.option("--dsn", metavar="DSN", help="PostgreSQL DSN (default: the App's own dsn, else JOBBUS_DSN).")
 @click.option("--log-level", default="INFO", show_default=True, type=click.Choice(["DEBUG", "INFO", "WARNING"]))
 def worker_command(
     app_spec: str,
@@ -52,6 +64,8 @@ def worker_command(
       jobbus worker --app myproject.jobs:app --queue emails --concurrency 20
       jobbus worker --app myproject.jobs:app --memory-limit 512M --worker-id "$HOSTNAME"
 
+    The database is --dsn when given, else the App's own `dsn`, else JOBBUS_DSN.
+
     Exit codes: 0 stopped, 75 restart requested (control command or memory limit),
     64 bad usage, 69 database unreachable, 70 internal error, 78 configuration error.
     """
@@ -59,11 +73,12 @@ def worker_command(
         memory = parse_size(memory_limit) if memory_limit else None
     except ValueError as exc:
         raise UsageProblem(f"--memory-limit: {exc}") from None
-    logging.basicConfig(
-        level=getattr(logging, log_level),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    check_names("--worker-id", [worker_id] if worker_id is not None else [], MAX_WORKER_ID_BYTES)
+    check_names("--queue", queues)
+    check_names("--type", types)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=getattr(logging, log_level), handlers=[handler])
     options = dict(
         queues=list(queues) or None,
         types=list(types) or None,
@@ -91,6 +106,13 @@ def worker_command(
     if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
         _exit_now(code)  # a sync handler's thread still runs: its lease was kept, the process ends it
     sys.exit(code)
+
+
+class RedactingFormatter(logging.Formatter):
+    """Log lines (tracebacks included) without the password of any DSN they mention."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record))
 
 
 def _exit_now(code: int) -> None:

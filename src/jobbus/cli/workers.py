@@ -21,6 +21,7 @@ from jobbus.cli.output import (
     styled,
     worker_dict,
 )
+from jobbus.cli.text import shown
 
 
 @click.command("workers")
@@ -73,11 +74,11 @@ def render_workers(workers: list[control.WorkerInfo]) -> Table | Text:
     table.add_column("last seen", justify="right")
     for w in workers:
         table.add_row(
-            w.id,
-            w.host,
+            shown(w.id),
+            shown(w.host),
             str(w.pid),
             styled(w.display_state),
-            ",".join(w.queues) if w.queues is not None else Text("*", style="dim"),
+            shown(",".join(w.queues)) if w.queues is not None else Text("*", style="dim"),
             f"{w.in_flight}/{w.concurrency}",
             str(w.done),
             Text(str(w.failed), style="red" if w.failed else "dim"),
