@@ -91,3 +91,20 @@ async def until_stop_requested(job: Any, poll: float = 0.02) -> None:
 
     while not job.cancellation_requested:  # noqa: ASYNC110 - a handler polls its flag between steps
         await asyncio.sleep(poll)
+
+
+async def eventually(probe: Callable[[], Any], timeout: float = 30, what: str = "condition") -> Any:
+    """Await `probe()` (sync or async) until it returns something true; AssertionError after `timeout`."""
+    import asyncio
+    import inspect
+
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.05)

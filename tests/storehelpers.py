@@ -10,7 +10,7 @@ import psycopg
 
 from jobbus import App
 from jobbus.models import ClaimedJob, JobStatus
-from jobbus.store import Outcome, run_sync
+from jobbus.store import MaintenanceStore, Outcome, Statement, run_sync
 
 
 def claim(
@@ -23,16 +23,35 @@ def claim(
     worker_id: str = "w1",
     lease_seconds: float = 60,
 ) -> list[ClaimedJob]:
-    statement = app.store.claim_jobs(
+    return run_sync(
+        conn,
+        claim_statement(app, conn, limit, types=types, queues=queues, worker_id=worker_id, lease_seconds=lease_seconds),
+    )
+
+
+def claim_statement(
+    app: App,
+    conn: psycopg.Connection[Any],
+    limit: int,
+    *,
+    types: Sequence[str] = ("t",),
+    queues: Sequence[str] | None = None,
+    worker_id: str = "w1",
+    lease_seconds: float = 60,
+) -> Statement[list[ClaimedJob]]:
+    """The claim a worker with these handler types and queues sends now (its pairs read from the table)."""
+    pairs = [
+        (queue, job_type)
+        for queue, job_type in run_sync(conn, MaintenanceStore(app.settings.schema).queued_pairs())
+        if job_type in types and (queues is None or queue in queues)
+    ]
+    return app.store.claim_jobs(
         worker_id=worker_id,
         limit=limit,
-        types=types,
-        queues=queues,
-        paused_queues=[],
+        pairs=pairs,
         lease_seconds=lease_seconds,
         max_payload_bytes=app.settings.max_payload_bytes,
     )
-    return run_sync(conn, statement)
 
 
 def expire_lease(conn: psycopg.Connection[Any], job_id: uuid.UUID) -> None:

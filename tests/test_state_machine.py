@@ -18,6 +18,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invar
 import jobbus
 from jobbus.models import JobStatus
 from jobbus.store import Outcome, run_sync
+from tests.storehelpers import claim_statement
 
 
 @dataclass
@@ -63,15 +64,7 @@ class JobLifecycle(RuleBasedStateMachine):
     def claim(self) -> None:
         claimed = run_sync(
             self.conn,
-            self.app.store.claim_jobs(
-                worker_id="w",
-                limit=1,
-                types=["t"],
-                queues=None,
-                paused_queues=[],
-                lease_seconds=3600,
-                max_payload_bytes=2**20,
-            ),
+            claim_statement(self.app, self.conn, 1, worker_id="w", lease_seconds=3600),
         )
         queued = [i for i, j in self.model.items() if j.status is JobStatus.QUEUED]
         if not queued:

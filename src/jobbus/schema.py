@@ -8,6 +8,7 @@ never pasted into SQL as free text.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cache
@@ -21,6 +22,9 @@ from jobbus.errors import SchemaError
 from jobbus.settings import validate_identifier, validate_schema_name
 
 _FILE_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+#: First line of a migration whose statements must run outside a transaction (CREATE INDEX CONCURRENTLY).
+_NO_TRANSACTION = "-- jobbus: no transaction"
+_CONCURRENT_INDEX = re.compile(r"CREATE\s+(?:UNIQUE\s+)?INDEX\s+CONCURRENTLY\s+IF\s+NOT\s+EXISTS\s+(\w+)", re.I)
 #: Advisory lock key space for migrations: one lock per schema name.
 _LOCK_NAMESPACE = "jobbus.migrate."
 
@@ -31,8 +35,23 @@ class Migration:
     name: str
     template: str = field(repr=False)
 
-    def render(self, schema: str) -> str:
-        return render(self.template, schema)
+    @property
+    def transactional(self) -> bool:
+        """False for a migration that builds or drops indexes CONCURRENTLY (never blocking writes)."""
+        return not self.template.startswith(_NO_TRANSACTION)
+
+    def render(self, schema: str, *, concurrently: bool = False) -> str:
+        """The migration's SQL. Scripts meant for one transaction (`jobbus schema`, the dry run) build
+        indexes plainly; `migrate` builds them CONCURRENTLY, one statement at a time."""
+        keyword = "CONCURRENTLY" if concurrently else ""
+        return render(self.template.replace("{concurrently}", keyword), schema)
+
+    def statements(self, schema: str) -> list[str]:
+        """The statements of a non-transactional migration, each run on its own."""
+        text = "\n".join(
+            line for line in self.render(schema, concurrently=True).splitlines() if not line.startswith("--")
+        )
+        return [statement.strip() for statement in text.split(";") if statement.strip()]
 
 
 def render(template: str, schema: str) -> str:
@@ -110,24 +129,66 @@ def roles_script(schema: str, *, worker: str, operator: str, observer: str, prod
 
 
 def migrate(conn: psycopg.Connection[Any], schema: str) -> list[Migration]:
-    """Apply pending migrations in one transaction under an advisory lock; returns what was applied.
+    """Apply pending migrations under an advisory lock; returns what was applied.
 
-    Concurrent callers serialise on the lock; the second finds nothing to do. Applying twice is a no-op.
-    A schema at a newer version than this code raises `SchemaError` and changes nothing: this jobbus
-    cannot tell what the newer migrations did, so "up to date" would be a guess.
+    Consecutive migrations run in one transaction each together; one that builds indexes
+    CONCURRENTLY runs statement by statement outside a transaction (never blocking writes; an index a
+    failed run left invalid is dropped and built again). `conn` must be in autocommit mode. The
+    advisory lock is a session lock held across those transactions: run migrations on a direct
+    connection, not through PgBouncer in transaction mode. Concurrent callers serialise on it; the
+    second finds nothing to do. A schema at a newer version than this code raises `SchemaError` and
+    changes nothing: this jobbus cannot tell what the newer migrations did.
     """
-    with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (_LOCK_NAMESPACE + schema,))
-        conn.execute(_bookkeeping(schema).encode())
-        applied = {
-            row[0] for row in conn.execute(sql.SQL("SELECT version FROM {}.migration").format(sql.Identifier(schema)))
-        }
+    if not conn.autocommit:
+        raise ValueError("migrate needs a connection in autocommit mode (psycopg.connect(..., autocommit=True))")
+    lock = (_LOCK_NAMESPACE + schema,)
+    # Polled, not waited for: a session waiting on the lock would hold a snapshot that a concurrent
+    # CREATE INDEX CONCURRENTLY of the holder waits out, and the two would deadlock.
+    while not conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))", lock).fetchone()[0]:  # type: ignore[index]
+        time.sleep(0.1)
+    try:
+        with conn.transaction():
+            conn.execute(_bookkeeping(schema).encode())
+            applied = {
+                row[0]
+                for row in conn.execute(sql.SQL("SELECT version FROM {}.migration").format(sql.Identifier(schema)))
+            }
         check_not_newer(schema, max(applied, default=0))
         pending = [m for m in migrations() if m.version not in applied]
-        for migration in pending:
-            conn.execute(migration.render(schema).encode())
-            conn.execute(_record(schema, migration).encode())
+        batch: list[Migration] = []
+        for migration in [*pending, None]:
+            if migration is not None and migration.transactional:
+                batch.append(migration)
+                continue
+            if batch:
+                with conn.transaction():
+                    for done in batch:
+                        conn.execute(done.render(schema).encode())
+                        conn.execute(_record(schema, done).encode())
+                batch = []
+            if migration is not None:
+                for statement in migration.statements(schema):
+                    _drop_invalid_index(conn, schema, statement)
+                    conn.execute(statement.encode())
+                conn.execute(_record(schema, migration).encode())
+    finally:
+        conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", lock)
     return pending
+
+
+def _drop_invalid_index(conn: psycopg.Connection[Any], schema: str, statement: str) -> None:
+    """A CREATE INDEX CONCURRENTLY that failed leaves an invalid index IF NOT EXISTS would keep."""
+    match = _CONCURRENT_INDEX.search(statement)
+    if match is None:
+        return
+    invalid = conn.execute(
+        "SELECT 1 FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid "
+        "JOIN pg_namespace AS n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = %s AND c.relname = %s AND NOT i.indisvalid",
+        (schema, match[1]),
+    ).fetchone()
+    if invalid:
+        conn.execute(sql.SQL("DROP INDEX CONCURRENTLY {}.{}").format(sql.Identifier(schema), sql.Identifier(match[1])))
 
 
 def pending_sql(conn: psycopg.Connection[Any], schema: str) -> str:
@@ -152,6 +213,11 @@ def _migration_script(schema: str, versions: str, chosen: Iterable[Migration]) -
     ]
     for migration in chosen:
         parts.append(f"\n-- {migration.version:04d}_{migration.name}\n")
+        if not migration.transactional:
+            parts.append(
+                "-- (`jobbus migrate` builds these indexes CONCURRENTLY, outside a transaction, so a large job\n"
+                "-- table stays writable; in this script they are built inside its transaction)\n"
+            )
         parts.append(migration.render(schema).rstrip() + "\n")
         parts.append(_record(schema, migration))
     return "".join(parts)

@@ -105,6 +105,10 @@ BOUNDS: dict[str, Bounds] = {
     "max_payload_bytes": Bounds(1024, 128 * 1024 * 1024, "bytes"),
     "worker_dead_after_seconds": Bounds(0.1, 7 * DAY, "seconds"),
     "database_wait_seconds": Bounds(0, DAY, "seconds"),
+    "retention_completed_seconds": Bounds(0, 100 * YEAR, "seconds"),
+    "retention_cancelled_seconds": Bounds(0, 100 * YEAR, "seconds"),
+    "retention_failed_seconds": Bounds(0, 100 * YEAR, "seconds"),
+    "stats_interval_seconds": Bounds(0.1, DAY, "seconds"),
 }
 
 
@@ -146,6 +150,12 @@ class Settings:
     #: long before their leases expire. A worker that cannot refresh its row stops its handlers'
     #: outcomes after two thirds of this, before anyone can declare it dead.
     worker_dead_after_seconds: float = 15.0
+    #: How long finished jobs are kept before the leader deletes them; None keeps them forever.
+    retention_completed_seconds: float | None = 86400.0
+    retention_cancelled_seconds: float | None = 86400.0
+    retention_failed_seconds: float | None = 604800.0
+    #: How often the leader samples every queue's counts into `queue_stat` (metrics, dashboard).
+    stats_interval_seconds: float = 10.0
     #: How long a producer or admin call waits for an unreachable database (a connection from the pool,
     #: repeats of statements that are safe to repeat) before raising `DatabaseUnavailableError`.
     database_wait_seconds: float = 10.0

@@ -162,6 +162,7 @@ def worker_dict(worker: WorkerInfo) -> dict[str, Any]:
         "state": worker.display_state,
         "reported_state": worker.state,
         "gone": worker.gone,
+        "leader": worker.leader,
         "queues": list(worker.queues) if worker.queues is not None else None,
         "types": list(worker.types),
         "concurrency": worker.concurrency,

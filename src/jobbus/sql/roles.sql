@@ -9,8 +9,14 @@ GRANT SELECT, INSERT, UPDATE ON {schema}.job TO {worker}, {operator};
 GRANT SELECT, INSERT, UPDATE ON {schema}.worker TO {worker}, {operator};
 GRANT SELECT ON {schema}.pause, {schema}.command, {schema}.migration TO {worker}, {operator};
 GRANT EXECUTE ON FUNCTION {schema}.uuid_generate_v7() TO {worker}, {operator};
-GRANT EXECUTE ON FUNCTION {schema}.claim_jobs(text, integer, text[], boolean, text[], text[], double precision, integer)
+GRANT EXECUTE ON FUNCTION {schema}.claim_jobs(text, integer, text[], text[], double precision, integer),
+    {schema}.take_from_queue(text, text[], integer, uuid[]), {schema}.queued_pairs()
     TO {worker}, {operator};
+-- The leader (any worker may be elected): the leadership lease, queue samples, and retention through
+-- a function that deletes expired finished jobs and nothing else.
+GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.leader TO {worker}, {operator};
+GRANT SELECT, INSERT, DELETE ON {schema}.queue_stat TO {worker}, {operator};
+GRANT EXECUTE ON FUNCTION {schema}.delete_finished_jobs(text, double precision, integer) TO {worker}, {operator};
 
 -- Operators (the CLI): in addition, control commands, pruning, and forgetting old registry rows.
 GRANT DELETE ON {schema}.job, {schema}.worker TO {operator};

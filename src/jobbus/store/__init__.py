@@ -1,6 +1,7 @@
 """The store: the only package that speaks SQL. Every query is a named block in `jobbus/sql/queries/`."""
 
 from jobbus.store.jobs import CancelResult, JobStore, Outcome, RecoveredJob
+from jobbus.store.maintenance import MaintenanceStore
 from jobbus.store.statements import Row, Statement, dumps, queries, run_async, run_sync
 from jobbus.store.workers import ControlState, Registration, WorkerStore
 
@@ -8,6 +9,7 @@ __all__ = [
     "CancelResult",
     "ControlState",
     "JobStore",
+    "MaintenanceStore",
     "Outcome",
     "RecoveredJob",
     "Registration",

@@ -57,6 +57,8 @@ class WorkerInfo:
     stopped_at: datetime | None
     gone: bool
     seen_seconds_ago: float
+    #: Holds the leadership lease now: it runs recovery, retention and the other maintenance services.
+    leader: bool = False
 
     @property
     def display_state(self) -> str:
@@ -156,6 +158,7 @@ class ControlStore:
                     stopped_at=r[13],
                     gone=bool(r[14]),
                     seen_seconds_ago=max(0.0, float(r[15])),
+                    leader=bool(r[16]),
                 )
                 for r in rows
             ]

@@ -110,21 +110,19 @@ class JobStore:
         *,
         worker_id: str,
         limit: int,
-        types: Sequence[str],
-        queues: Sequence[str] | None,
-        paused_queues: Sequence[str],
+        pairs: Sequence[tuple[str, str]],
         lease_seconds: float,
         max_payload_bytes: int,
     ) -> Statement[list[ClaimedJob]]:
+        """Lease up to `limit` jobs of the given (queue, type) pairs; queues are served in the order they
+        first appear in `pairs`, each first with an equal share of `limit`."""
         params = {
-            "max_payload_bytes": min(max_payload_bytes, 2**31 - 1),
             "worker_id": worker_id,
             "limit": limit,
-            "types": list(types),
-            "all_queues": queues is None,
-            "queues": list(queues or []),
-            "paused_queues": list(paused_queues),
+            "pair_queues": [queue for queue, _ in pairs],
+            "pair_types": [job_type for _, job_type in pairs],
             "lease_seconds": lease_seconds,
+            "max_payload_bytes": min(max_payload_bytes, 2**31 - 1),
         }
 
         def decode(rows: list[Row], _: int) -> list[ClaimedJob]:
@@ -176,8 +174,11 @@ class JobStore:
             "errors": [o.error for o in outcomes],
             "delays": [float(o.delay_seconds) for o in outcomes],
             "released": [o.released for o in outcomes],
+            "channel": self.channel,
         }
-        return Statement(self._q["record_outcomes"], params, lambda rows, _: {r[0] for r in rows}, prepare=False)
+        return Statement(
+            self._q["record_outcomes"], params, lambda rows, _: {r[0] for r in rows if r[0] is not None}, prepare=False
+        )
 
     # -- admin -------------------------------------------------------------------------------------
 

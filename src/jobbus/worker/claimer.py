@@ -1,7 +1,12 @@
 """The claimer: what this worker may take, when to claim, and the claim itself.
 
-A claim is one statement (`FOR UPDATE SKIP LOCKED` + `UPDATE ... RETURNING`) that leases up to the free
-slots at once. With a backlog, a free slot waits a moment for others so claims go out in batches.
+The worker keeps the (queue, type) pairs it can take that have queued jobs: read every poll interval
+with one loose index scan (one probe per pair, whatever the jobs in it), and completed at once by job
+notifications, which carry their queue and type. A claim is one statement that leases up to the free
+slots over those pairs, queue by queue (the order rotates, so every queue gets its share first), and
+walks only rows it can take: paused queues, other queues, unhandled types and jobs scheduled for
+later are never read. With a backlog, a free slot waits a moment for others so claims go out in
+batches.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from typing import Any
 
 from jobbus.models import ClaimedJob
 from jobbus.settings import Settings
-from jobbus.store import JobStore, Statement
+from jobbus.store import JobStore, MaintenanceStore, Statement
 
 #: With a backlog, a free slot waits at most this long for others to free up before it is claimed
 #: for. Claiming a quarter of the concurrency at once instead of one slot at a time measured +12%
@@ -25,44 +30,85 @@ class Claimer:
         self,
         *,
         store: JobStore,
+        maintenance: MaintenanceStore,
         run: Callable[[Statement[Any]], Awaitable[Any]],
         settings: Settings,
         worker_id: str,
         types: Sequence[str],
         queues: Sequence[str] | None,
         concurrency: int,
+        poll_interval: float,
     ) -> None:
         self.store = store
+        self.maintenance = maintenance
         self._run = run
         self.settings = settings
         self.worker_id = worker_id
-        self.types = list(types)
-        self.queues = list(queues) if queues is not None else None
-        self._served = frozenset(self.queues) if self.queues is not None else None
+        self.types = frozenset(types)
+        self._served = frozenset(queues) if queues is not None else None
+        self.poll_interval = poll_interval
         #: With a backlog, claim when this many slots are free (or CLAIM_BATCH_WAIT_SECONDS passed).
         self._batch = max(1, concurrency // 4)
         self.backlog = False
         self._last_claim = 0.0
+        #: The (queue, type) pairs this worker can take that held queued jobs when last looked at.
+        self._pairs: dict[tuple[str, str], None] = {}
+        self._pairs_read = float("-inf")
+        #: While the pairs are being read: those notified meanwhile, which the read may not see.
+        self._notified_during_read: set[tuple[str, str]] | None = None
+        self._rotation = 0
+        #: Whether the last claim read the pairs from the table (rather than from memory).
+        self.read_fresh = False
 
-    def serves(self, queue: str | None) -> bool:
-        """Whether a notification about `queue` (None: unknown) concerns this worker."""
-        return queue is None or self._served is None or queue in self._served
+    def serves(self, queue: str | None, job_type: str | None) -> bool:
+        """Whether a notification about (queue, type) concerns this worker (None: it does not say)."""
+        if queue is None or job_type is None:
+            self._pairs_read = float("-inf")  # look at the table again before the next claim
+            return True
+        if not self._takes(queue, job_type):
+            return False
+        self._pairs[(queue, job_type)] = None
+        if self._notified_during_read is not None:
+            self._notified_during_read.add((queue, job_type))
+        return True
+
+    def _takes(self, queue: str, job_type: str) -> bool:
+        return job_type in self.types and (self._served is None or queue in self._served)
+
+    def forget_pairs(self) -> None:
+        """Read the pairs from the table before the next claim."""
+        self._pairs_read = float("-inf")
 
     def worth_claiming(self, free: int) -> bool:
         """With a backlog, wait for a batch of free slots rather than claim one slot at a time."""
         waited = time.monotonic() - self._last_claim
         return not self.backlog or free >= self._batch or waited >= CLAIM_BATCH_WAIT_SECONDS
 
+    async def _read_pairs(self) -> None:
+        notified: set[tuple[str, str]] = set()
+        self._notified_during_read = notified
+        try:
+            pairs = await self._run(self.maintenance.queued_pairs())
+        finally:
+            self._notified_during_read = None
+        self._pairs = {pair: None for pair in pairs if self._takes(*pair)} | dict.fromkeys(notified)
+        self._pairs_read = time.monotonic()
+
     async def claim(self, free: int, paused_queues: frozenset[str]) -> tuple[list[ClaimedJob], float]:
         """Lease up to `free` jobs; returns them with the claim's send time (their leases started later)."""
+        self.read_fresh = time.monotonic() - self._pairs_read >= self.poll_interval
+        if self.read_fresh:
+            await self._read_pairs()
+        pairs = self._serving_order([pair for pair in self._pairs if pair[0] not in paused_queues])
         sent = time.monotonic()
+        if not pairs:
+            self.backlog = False
+            return [], sent
         jobs: list[ClaimedJob] = await self._run(
             self.store.claim_jobs(
                 worker_id=self.worker_id,
                 limit=free,
-                types=self.types,
-                queues=self.queues,
-                paused_queues=sorted(paused_queues),
+                pairs=pairs,
                 lease_seconds=self.settings.lease_seconds,
                 max_payload_bytes=self.settings.max_payload_bytes,
             )
@@ -70,3 +116,12 @@ class Claimer:
         self._last_claim = time.monotonic()
         self.backlog = len(jobs) == free
         return jobs, sent
+
+    def _serving_order(self, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """Pairs grouped by queue, the queues rotated one step per claim: each queue is first in turn."""
+        queues = sorted({queue for queue, _ in pairs})
+        if len(queues) > 1:
+            self._rotation = (self._rotation + 1) % len(queues)
+            queues = queues[self._rotation :] + queues[: self._rotation]
+        order = {queue: n for n, queue in enumerate(queues)}
+        return sorted(pairs, key=lambda pair: (order[pair[0]], pair[1]))

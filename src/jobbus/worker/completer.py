@@ -25,6 +25,7 @@ from jobbus.models import JobStatus
 from jobbus.resilience import Backoff, ErrorKind, Outage, classify
 from jobbus.store import JobStore, Outcome, Statement
 from jobbus.worker.outcomes import error_text
+from jobbus.worker.tasks import stop_tasks
 
 logger = logging.getLogger("jobbus.worker")
 
@@ -92,11 +93,8 @@ class Completer:
         self._wakeup.set()
         if self._task is None:
             return
-        try:
-            await asyncio.wait_for(asyncio.shield(self._task), timeout)
-        except TimeoutError:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await asyncio.wait({self._task}, timeout=timeout)
+        await stop_tasks([self._task], 1.0)
         pending = self._round.done
         if pending is not None and not pending.done():
             pending.set_result({})

@@ -1,6 +1,7 @@
 """LISTEN on one dedicated connection per worker: wake-ups for new jobs and control commands.
 
-A job notification carries its queue: only a worker that serves the queue wakes up to claim.
+A job notification carries its queue and type (a JSON array): only a worker that can take such a job
+wakes up to claim.
 Notifications only shorten waits; the worker also polls, so a lost notification (or a listener that
 is reconnecting) delays work by at most one poll interval and never loses it.
 """
@@ -8,7 +9,7 @@ is reconnecting) delays work by at most one poll interval and never loses it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +17,7 @@ import psycopg
 from psycopg import sql
 
 from jobbus.resilience import Backoff, Outage
+from jobbus.worker.tasks import stop_tasks
 
 
 class Listener:
@@ -25,7 +27,7 @@ class Listener:
         job_channel: str,
         control_channel: str,
         *,
-        on_jobs: Callable[[str | None], None],
+        on_jobs: Callable[[str | None, str | None], None],
         on_control: Callable[[], None],
     ) -> None:
         self._dsn = dsn
@@ -39,11 +41,9 @@ class Listener:
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="jobbus-listener")
 
-    async def close(self) -> None:
+    async def close(self, timeout: float) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_tasks([self._task], timeout)
 
     async def _loop(self) -> None:
         backoff = Backoff(cap=10.0)
@@ -57,12 +57,21 @@ class Listener:
                     backoff.reset()
                     # Anything may have happened while we were not listening.
                     self._on_control()
-                    self._on_jobs(None)
+                    self._on_jobs(None, None)
                     async for notify in conn.notifies():
                         if notify.channel == self._control_channel:
                             self._on_control()
                         else:
-                            self._on_jobs(notify.payload or None)
+                            self._on_jobs(*job_notification(notify.payload))
             except Exception as exc:  # polling covers for the listener: it never stops the worker
                 self._outage.failed(exc)
                 await asyncio.sleep(backoff.next_delay())
+
+
+def job_notification(payload: str) -> tuple[str | None, str | None]:
+    """(queue, type) from a job notification; (None, None) when it says nothing we can use."""
+    try:
+        queue, job_type = json.loads(payload)
+    except (ValueError, TypeError):
+        return None, None
+    return (queue, job_type) if isinstance(queue, str) and isinstance(job_type, str) else (None, None)

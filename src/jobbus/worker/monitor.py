@@ -23,6 +23,7 @@ from jobbus.resilience import Backoff, Outage, is_transient
 from jobbus.settings import Settings
 from jobbus.store import JobStore, Statement
 from jobbus.worker.attempt import Attempt, Phase
+from jobbus.worker.tasks import stop_tasks
 
 logger = logging.getLogger("jobbus.worker")
 T = TypeVar("T")
@@ -69,10 +70,8 @@ class Monitor:
             asyncio.create_task(self._watch_loop(), name="jobbus-watch"),
         ]
 
-    async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+    async def close(self, timeout: float) -> None:
+        await stop_tasks(self._tasks, timeout)
 
     # -- renewals -----------------------------------------------------------------------------------
 

@@ -26,29 +26,33 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from psycopg_pool import AsyncConnectionPool
 
 from jobbus.errors import JobbusError
-from jobbus.events import EventHub, JobCancelled, JobFailed, JobRetried
 from jobbus.execution import AttemptSignals, JobExecution, StopReason
 from jobbus.models import ClaimedJob, JobStatus
 from jobbus.resilience import Backoff, Outage, first_line, is_transient, retrying
-from jobbus.store import RecoveredJob, Registration, Statement, WorkerStore, run_async
+from jobbus.store import MaintenanceStore, Registration, Statement, WorkerStore, run_async
 from jobbus.store.statements import configure_async
 from jobbus.worker.attempt import Attempt, Phase
 from jobbus.worker.claimer import CLAIM_BATCH_WAIT_SECONDS, Claimer
 from jobbus.worker.completer import Completer
 from jobbus.worker.control import ControlReader
 from jobbus.worker.executor import Executor
+from jobbus.worker.leader import Leadership
 from jobbus.worker.listener import Listener
 from jobbus.worker.memory import rss_bytes
 from jobbus.worker.monitor import Monitor
 from jobbus.worker.options import WorkerOptions
 from jobbus.worker.outcomes import OutcomePolicy
+from jobbus.worker.recovery import announce_recovered
+from jobbus.worker.services.cleaner import Cleaner
+from jobbus.worker.services.queue_stats import QueueSampler
+from jobbus.worker.services.rescuer import Rescuer
 from jobbus.worker.watchdog import LoopWatchdog
 
 if TYPE_CHECKING:
@@ -119,6 +123,7 @@ class Worker:
         self._pool: AsyncConnectionPool[Any] | None = None
         self._handler_pool: AsyncConnectionPool[Any] | None = None
         self.workers = WorkerStore(self.settings.schema, self.store.channel, self.store.control_channel)
+        self.maintenance = MaintenanceStore(self.settings.schema)
         self.policy = OutcomePolicy(self.settings, self.worker_id)
         self.completer = Completer(self.store, self._run, write_lock=self._write_lock, on_fatal=self._fatal)
         self.executor = Executor(
@@ -133,12 +138,14 @@ class Worker:
         )
         self.claimer = Claimer(
             store=self.store,
+            maintenance=self.maintenance,
             run=self._run,
             settings=self.settings,
             worker_id=self.worker_id,
             types=self.types,
             queues=self.options.queues,
             concurrency=self.options.concurrency,
+            poll_interval=self.poll_interval,
         )
         self.control = ControlReader(
             store=self.workers,
@@ -161,6 +168,27 @@ class Worker:
             on_registration_lost=self._registration_lost,
         )
         self.watchdog = LoopWatchdog(self._in_flight.values, self.worker_id)
+        self.leadership = Leadership(
+            settings=self.settings,
+            store=self.maintenance,
+            run=self._run,
+            worker_id=self.worker_id,
+            instance_id=self.instance_id,
+            services=[
+                Rescuer(
+                    jobs=self.store,
+                    workers=self.workers,
+                    maintenance=self.maintenance,
+                    run=self._run,
+                    events=app.events,
+                    interval=self.poll_interval,
+                ),
+                Cleaner(settings=self.settings, maintenance=self.maintenance, run=self._run),
+                QueueSampler(
+                    maintenance=self.maintenance, run=self._run, interval=self.settings.stats_interval_seconds
+                ),
+            ],
+        )
         listen_dsn = self.settings.notification_dsn
         self._listener = (
             Listener(
@@ -340,19 +368,20 @@ class Worker:
         self.completer.start()
         self.monitor.start()
         self.watchdog.start()
+        self.leadership.start()
         installed = self._install_signals()
         self._ready.set()
         try:
             await self._main_loop()
             await self._shutdown()
         finally:
-            await self.monitor.close()
+            await self.leadership.close(HOUSEKEEPING_TIMEOUT_SECONDS)
+            await self.monitor.close(HOUSEKEEPING_TIMEOUT_SECONDS)
             self.watchdog.stop()
             await self.completer.close(HOUSEKEEPING_TIMEOUT_SECONDS)
             # The rest is housekeeping: it never keeps a stopping worker from exiting.
             if self._listener is not None:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._listener.close(), HOUSEKEEPING_TIMEOUT_SECONDS)
+                await self._listener.close(HOUSEKEEPING_TIMEOUT_SECONDS)
             self._remove_signals(installed)
             self.abandoned = len(self._in_flight)
             # Jobs still running in threads keep their leases until this process exits: the row is not
@@ -435,8 +464,8 @@ class Worker:
 
     # -- notifications ------------------------------------------------------------------------------
 
-    def _jobs_notified(self, queue: str | None) -> None:
-        if self.claimer.serves(queue):
+    def _jobs_notified(self, queue: str | None, job_type: str | None) -> None:
+        if self.claimer.serves(queue, job_type):
             self._wake.set()
 
     def _control_notified(self) -> None:
@@ -460,7 +489,7 @@ class Worker:
     async def _main_loop(self) -> None:
         backoff = Backoff()
         outage = Outage("worker")
-        last_control = last_recovery = float("-inf")
+        last_control = float("-inf")
         while not self._stop_claiming:
             self._wake.clear()
             claimed = 0
@@ -473,9 +502,6 @@ class Worker:
                     self._control_due = False
                     last_control = now
                     await self.control.read()
-                if now - last_recovery >= self.poll_interval:
-                    last_recovery = now
-                    await self._recover_expired_leases()
                 if self._stop_claiming:
                     break
                 free = self._free_slots()
@@ -500,6 +526,9 @@ class Worker:
             if limit is not None and self._claimed_total >= limit and not self._in_flight:
                 break  # --limit / --run-once: every job we may take has finished
             if self._draining and not self._in_flight and (self.control.paused or (claimed == 0 and idle_before_claim)):
+                if not self.control.paused and not self.claimer.read_fresh:
+                    self.claimer.forget_pairs()  # look at the table itself before concluding it is empty
+                    continue
                 logger.info("no job available: worker %s is done draining", self.worker_id)
                 break
             if claimed and claimed == free:
@@ -542,6 +571,8 @@ class Worker:
             attempt.phase = Phase.WRITING
             self._running -= 1
         self._in_flight.pop(attempt.id, None)
+        if status is JobStatus.QUEUED:  # retried or released: claimable here again, maybe at once
+            self.claimer.serves(attempt.claimed.queue, attempt.claimed.type)
         if status is JobStatus.COMPLETED:
             self.completed += 1
         elif status is JobStatus.FAILED:
@@ -563,17 +594,6 @@ class Worker:
                     EXIT_RESTART,
                 )
                 self.request_stop(EXIT_RESTART)
-
-    async def _recover_expired_leases(self) -> None:
-        recovered = await self._run(self.store.recover_expired_leases())
-        for job in recovered:
-            logger.warning(
-                "job %s: lease expired (worker died or lost its connection); now %s",
-                job.job_id,
-                job.status.value,
-                extra={"job_id": str(job.job_id), "job_type": job.type, "attempt": job.attempts},
-            )
-        await announce_recovered(self.app.events, recovered)
 
     async def _acknowledge(self) -> None:
         await self._touch()
@@ -640,19 +660,6 @@ class Worker:
                 return
             self._wake.clear()
             await self._sleep(remaining)
-
-
-async def announce_recovered(events: EventHub, recovered: Iterable[RecoveredJob]) -> None:
-    """Lifecycle events for jobs recovery decided about: retried, failed or cancelled."""
-    if not events:
-        return
-    for job in recovered:
-        if job.status is JobStatus.QUEUED:
-            await events.emit(JobRetried(job.job_id, job.type, job.queue, job.attempts, job.error, 0.0))
-        elif job.status is JobStatus.FAILED:
-            await events.emit(JobFailed(job.job_id, job.type, job.queue, job.attempts, job.error))
-        elif job.status is JobStatus.CANCELLED:
-            await events.emit(JobCancelled(job.job_id, job.type, job.queue, JobStatus.RUNNING))
 
 
 def _process_alive(pid: int) -> bool:

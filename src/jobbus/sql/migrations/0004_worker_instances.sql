@@ -22,8 +22,8 @@ ALTER TABLE {schema}.command
 -- own queueing delay. And it never loads a configuration larger than the worker accepts: producers other
 -- than this library could store any size, which workers would then load in claim batches. Such a job is
 -- claimed without its configuration (NULL, with its stored size) and the worker fails it at once.
--- pg_column_size reads the stored datum's size without decompressing it.
-DROP FUNCTION {schema}.claim_jobs(text, integer, text[], boolean, text[], text[], double precision);
+-- pg_column_size reads the stored datum's size without decompressing it. A new overload: workers of the
+-- previous version keep calling theirs during a rolling deploy.
 
 CREATE FUNCTION {schema}.claim_jobs(
     p_worker_id text,

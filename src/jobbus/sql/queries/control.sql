@@ -78,7 +78,9 @@ SELECT w.id, w.host, w.pid, w.queues, w.types, w.concurrency, w.state, w.in_flig
        w.acked_generation, w.started_at, w.last_seen_at, w.stopped_at,
        w.state <> 'stopped'
            AND w.last_seen_at < now() - make_interval(secs => least(w.lease_seconds, w.dead_after_seconds)) AS gone,
-       extract(epoch FROM now() - w.last_seen_at)::float8 AS seen_seconds_ago
+       extract(epoch FROM now() - w.last_seen_at)::float8 AS seen_seconds_ago,
+       EXISTS (SELECT 1 FROM {schema}.leader AS l WHERE l.instance_id = w.instance_id AND l.expires_at > now())
+           AS leader
 FROM {schema}.worker AS w
 ORDER BY w.started_at, w.id;
 

@@ -86,4 +86,4 @@ FROM (
 ) AS dead
 WHERE j.id = dead.id
 RETURNING j.id, j.type, j.queue, j.status, j.attempts, j.last_error,
-          (SELECT pg_notify(%(channel)s, j.queue) IS NULL);
+          (SELECT pg_notify(%(channel)s, json_build_array(j.queue, j.type)::text) IS NULL);

@@ -1,0 +1,77 @@
+-- Named queries of the leader and its maintenance services. Each block starts with
+-- `-- name: <query_name>`; {schema} is the quoted schema identifier.
+
+-- name: hold_leadership
+-- Takes the leadership lease when it is free or expired, or renews it for its holder; returns when the
+-- holder was elected, or no row when another live worker leads.
+INSERT INTO {schema}.leader AS l (name, worker_id, instance_id, elected_at, expires_at)
+VALUES ('maintenance', %(worker_id)s, %(instance_id)s, now(), now() + make_interval(secs => %(ttl_seconds)s))
+ON CONFLICT (name) DO UPDATE
+SET worker_id = excluded.worker_id,
+    instance_id = excluded.instance_id,
+    elected_at = CASE WHEN l.instance_id = excluded.instance_id THEN l.elected_at ELSE now() END,
+    expires_at = excluded.expires_at
+WHERE l.instance_id = excluded.instance_id OR l.expires_at < now()
+RETURNING elected_at;
+
+-- name: resign_leadership
+-- A leader that stops hands the lease back at once, so another worker takes over without waiting.
+DELETE FROM {schema}.leader WHERE name = 'maintenance' AND instance_id = %(instance_id)s;
+
+-- name: declare_dead_workers
+-- Workers whose registry row has been silent longer than their own dead-after time are declared dead
+-- (once); the rescuer then takes back the jobs they hold. A worker that speaks again clears the mark.
+UPDATE {schema}.worker
+SET declared_dead_at = now()
+WHERE declared_dead_at IS NULL
+  AND state <> 'stopped'
+  AND last_seen_at < now() - make_interval(secs => dead_after_seconds)
+RETURNING id, extract(epoch FROM now() - last_seen_at)::float8;
+
+-- name: delete_finished_jobs
+SELECT {schema}.delete_finished_jobs(%(status)s, %(older_than_seconds)s, %(limit)s);
+
+-- name: queued_pairs
+SELECT queue, type FROM {schema}.queued_pairs();
+
+-- name: sample_queues
+-- One sample of every queue for the whole fleet: the gauges from the queued and running rows (each
+-- through its own partial index), and the jobs finished since the previous sample (through
+-- job_finished_idx). Never a scan of the finished rows.
+WITH sample AS (
+    SELECT now() AS at,
+           coalesce((SELECT max(sampled_at) FROM {schema}.queue_stat), now() - make_interval(secs => %(interval_seconds)s)) AS since
+), queued AS (
+    SELECT j.queue,
+           count(*) FILTER (WHERE j.available_at <= s.at) AS available,
+           count(*) FILTER (WHERE j.available_at > s.at) AS scheduled,
+           extract(epoch FROM s.at - min(j.available_at) FILTER (WHERE j.available_at <= s.at))::float8 AS oldest
+    FROM {schema}.job AS j, sample AS s
+    WHERE j.status = 'queued'
+    GROUP BY j.queue, s.at
+), running AS (
+    SELECT j.queue, count(*) AS running FROM {schema}.job AS j WHERE j.status = 'running' GROUP BY j.queue
+), finished AS (
+    SELECT j.queue,
+           count(*) FILTER (WHERE j.status = 'completed') AS completed,
+           count(*) FILTER (WHERE j.status = 'failed') AS failed,
+           count(*) FILTER (WHERE j.status = 'cancelled') AS cancelled
+    FROM {schema}.job AS j, sample AS s
+    WHERE j.finished_at > s.since AND j.finished_at <= s.at
+    GROUP BY j.queue, s.since, s.at
+), queues AS (
+    SELECT queue FROM queued UNION SELECT queue FROM running UNION SELECT queue FROM finished
+)
+INSERT INTO {schema}.queue_stat (sampled_at, queue, available, scheduled, running, completed, failed, cancelled,
+                                 oldest_available_seconds)
+SELECT s.at, q.queue, coalesce(qd.available, 0), coalesce(qd.scheduled, 0), coalesce(r.running, 0),
+       coalesce(f.completed, 0), coalesce(f.failed, 0), coalesce(f.cancelled, 0), qd.oldest
+FROM queues AS q
+CROSS JOIN sample AS s
+LEFT JOIN queued AS qd ON qd.queue = q.queue
+LEFT JOIN running AS r ON r.queue = q.queue
+LEFT JOIN finished AS f ON f.queue = q.queue
+ON CONFLICT (sampled_at, queue) DO NOTHING;
+
+-- name: prune_queue_stats
+DELETE FROM {schema}.queue_stat WHERE sampled_at < now() - make_interval(secs => %(keep_seconds)s);

@@ -1,0 +1,47 @@
+"""Statements of the leader and its maintenance services (`sql/queries/maintenance.sql`)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+from jobbus.store.statements import Row, Statement, queries
+
+
+class MaintenanceStore:
+    """Builds the leadership and maintenance statements of one schema."""
+
+    def __init__(self, schema: str) -> None:
+        self.schema = schema
+        self._q = queries(schema)
+
+    def hold_leadership(self, worker_id: str, instance_id: uuid.UUID, ttl_seconds: float) -> Statement[datetime | None]:
+        """Take or renew the leadership lease: when this instance was elected, or None (another leads)."""
+        params = {"worker_id": worker_id, "instance_id": instance_id, "ttl_seconds": ttl_seconds}
+        return Statement(self._q["hold_leadership"], params, lambda rows, _: rows[0][0] if rows else None)
+
+    def resign_leadership(self, instance_id: uuid.UUID) -> Statement[None]:
+        return Statement(self._q["resign_leadership"], {"instance_id": instance_id}, lambda rows, _: None)
+
+    def declare_dead_workers(self) -> Statement[list[tuple[str, float]]]:
+        """Mark silent workers dead; returns (id, seconds silent) of each newly declared one."""
+
+        def decode(rows: list[Row], _: int) -> list[tuple[str, float]]:
+            return [(r[0], float(r[1])) for r in rows]
+
+        return Statement(self._q["declare_dead_workers"], {}, decode)
+
+    def delete_finished_jobs(self, status: str, older_than_seconds: float, limit: int) -> Statement[int]:
+        params = {"status": status, "older_than_seconds": older_than_seconds, "limit": limit}
+        return Statement(self._q["delete_finished_jobs"], params, lambda rows, _: int(rows[0][0]))
+
+    def queued_pairs(self) -> Statement[list[tuple[str, str]]]:
+        """Every (queue, type) that has queued jobs: one index probe per pair."""
+        return Statement(self._q["queued_pairs"], {}, lambda rows, _: [(r[0], r[1]) for r in rows])
+
+    def sample_queues(self, interval_seconds: float) -> Statement[int]:
+        params = {"interval_seconds": interval_seconds}
+        return Statement(self._q["sample_queues"], params, lambda _, rowcount: rowcount)
+
+    def prune_queue_stats(self, keep_seconds: float) -> Statement[int]:
+        return Statement(self._q["prune_queue_stats"], {"keep_seconds": keep_seconds}, lambda _, rowcount: rowcount)

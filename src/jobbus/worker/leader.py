@@ -1,0 +1,158 @@
+"""Leadership: at most one live worker of a schema runs the maintenance services.
+
+The lease is a row in `<schema>.leader` (no session advisory lock, so it works behind PgBouncer in
+transaction mode), taken when free or expired and renewed every heartbeat for
+`worker_dead_after_seconds`. A leader that stops hands it back at once; one that dies loses it when it
+expires, and another worker takes over at its next heartbeat. A leader that could not renew for two
+thirds of the lease stops its services before anyone else can be elected: two leaders never run at
+once as far as each can tell, and every service is safe even if they did (their statements skip
+locked rows and the periodic enqueuer's unit of exactly-once is the database).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from jobbus.resilience import Backoff, Outage, first_line, is_transient
+from jobbus.settings import Settings
+from jobbus.store import MaintenanceStore, Statement
+from jobbus.worker.services import Service
+from jobbus.worker.tasks import stop_tasks
+
+logger = logging.getLogger("jobbus.worker")
+
+#: After a service fails with a non-transient error, it is tried again this much later.
+SERVICE_RETRY_SECONDS = 60.0
+#: A service still running this long after it was asked to stop is left behind.
+SERVICE_STOP_SECONDS = 5.0
+
+
+class Leadership:
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        store: MaintenanceStore,
+        run: Callable[[Statement[Any]], Awaitable[Any]],
+        worker_id: str,
+        instance_id: uuid.UUID,
+        services: Sequence[Service],
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self._run = run
+        self.worker_id = worker_id
+        self.instance_id = instance_id
+        self.services = list(services)
+        self.is_leader = False
+        self._held_since: float | None = None  # monotonic send time of the last successful renewal
+        self._task: asyncio.Task[None] | None = None
+        self._service_tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def ttl_seconds(self) -> float:
+        return self.settings.worker_dead_after_seconds
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="jobbus-leadership")
+
+    async def close(self, timeout: float) -> None:
+        """Stop the services and hand the lease back, so another worker takes over at once."""
+        if self._task is not None:
+            await stop_tasks([self._task], timeout)
+        await self._stop_services()
+        if self.is_leader:
+            self.is_leader = False
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._run(self.store.resign_leadership(self.instance_id)), timeout)
+            logger.info("worker %s handed leadership back", self.worker_id, extra={"worker_id": self.worker_id})
+
+    async def _loop(self) -> None:
+        outage = Outage("leadership")
+        backoff = Backoff(first=0.2, cap=self.settings.heartbeat_seconds)
+        while True:
+            delay = self.settings.heartbeat_seconds
+            sent = time.monotonic()
+            try:
+                elected = await self._run(
+                    self.store.hold_leadership(self.worker_id, self.instance_id, self.ttl_seconds)
+                )
+            except Exception as exc:
+                if not is_transient(exc):
+                    logger.error(
+                        "worker %s cannot take part in the leader election (%s: %s): it stays a follower",
+                        self.worker_id,
+                        type(exc).__name__,
+                        first_line(exc),
+                    )
+                    await self._step_down()
+                    return
+                outage.failed(exc)
+                delay = backoff.next_delay()
+                if self._held_since is not None and time.monotonic() - self._held_since > self.ttl_seconds * 2 / 3:
+                    await self._step_down()  # another worker may be elected soon: stop acting now
+            else:
+                outage.recovered()
+                backoff.reset()
+                if elected is not None:
+                    self._held_since = sent
+                    if not self.is_leader:
+                        self._become_leader()
+                elif self.is_leader:
+                    await self._step_down()
+            await asyncio.sleep(delay)
+
+    def _become_leader(self) -> None:
+        self.is_leader = True
+        logger.info(
+            "worker %s is the leader: it runs %s",
+            self.worker_id,
+            ", ".join(s.name for s in self.services) or "no service",
+            extra={"worker_id": self.worker_id},
+        )
+        self._service_tasks = [
+            asyncio.create_task(self._run_service(service), name=f"jobbus-{service.name}") for service in self.services
+        ]
+
+    async def _step_down(self) -> None:
+        if self.is_leader:
+            logger.warning("worker %s is no longer the leader", self.worker_id, extra={"worker_id": self.worker_id})
+        self.is_leader = False
+        self._held_since = None
+        await self._stop_services()
+
+    async def _stop_services(self) -> None:
+        tasks, self._service_tasks = self._service_tasks, []
+        await stop_tasks(tasks, SERVICE_STOP_SECONDS)
+
+    async def _run_service(self, service: Service) -> None:
+        """One service, every `service.interval` seconds, for as long as this worker leads."""
+        outage = Outage(service.name)
+        backoff = Backoff()
+        while True:
+            try:
+                await service.run_once()
+            except Exception as exc:
+                if is_transient(exc):
+                    outage.failed(exc)
+                    await asyncio.sleep(backoff.next_delay())
+                    continue
+                logger.error(
+                    "%s failed (%s: %s); trying again in %.0f s",
+                    service.name,
+                    type(exc).__name__,
+                    first_line(exc),
+                    SERVICE_RETRY_SECONDS,
+                    exc_info=exc,
+                )
+                await asyncio.sleep(SERVICE_RETRY_SECONDS)
+                continue
+            outage.recovered()
+            backoff.reset()
+            await asyncio.sleep(service.interval)

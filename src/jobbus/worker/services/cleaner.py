@@ -1,0 +1,57 @@
+"""The cleaner: deletes finished jobs once their retention has passed.
+
+`retention_completed_seconds` (1 day), `retention_cancelled_seconds` (1 day) and
+`retention_failed_seconds` (7 days); None keeps those jobs. Deletes go in batches of `BATCH` rows,
+each its own short transaction through `delete_finished_jobs` (SECURITY DEFINER: the worker role needs
+no DELETE right), oldest first, skipping rows someone holds. Claims never wait for them: they touch
+only queued rows. Each round stops after `ROUND_SECONDS` of work, so a backlog of expired rows is
+worked off over several rounds instead of in one long burst.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from jobbus.settings import Settings
+from jobbus.store import MaintenanceStore, Statement
+
+BATCH = 1000
+ROUND_SECONDS = 2.0
+
+
+class Cleaner:
+    name = "cleaner"
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        maintenance: MaintenanceStore,
+        run: Callable[[Statement[Any]], Awaitable[Any]],
+        interval: float = 10.0,
+    ) -> None:
+        self.settings = settings
+        self.maintenance = maintenance
+        self._run = run
+        self.interval = interval
+        self.deleted = 0
+
+    def retentions(self) -> dict[str, float]:
+        """Seconds each finished status is kept; statuses kept forever are left out."""
+        kept = {
+            "completed": self.settings.retention_completed_seconds,
+            "cancelled": self.settings.retention_cancelled_seconds,
+            "failed": self.settings.retention_failed_seconds,
+        }
+        return {status: seconds for status, seconds in kept.items() if seconds is not None}
+
+    async def run_once(self) -> None:
+        deadline = time.monotonic() + ROUND_SECONDS
+        for status, seconds in self.retentions().items():
+            while time.monotonic() < deadline:
+                deleted: int = await self._run(self.maintenance.delete_finished_jobs(status, seconds, BATCH))
+                self.deleted += deleted
+                if deleted < BATCH:
+                    break

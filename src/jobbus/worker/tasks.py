@@ -1,0 +1,30 @@
+"""Stopping the worker's background tasks within a bounded time."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+from typing import Any
+
+logger = logging.getLogger("jobbus.worker")
+
+
+async def stop_tasks(tasks: Iterable[asyncio.Task[Any]], timeout: float) -> None:
+    """Cancel `tasks` and wait for them to end, at most `timeout` seconds.
+
+    The cancellation is repeated while waiting: on Python 3.11 one that lands while the connection
+    pool is inside `asyncio.wait_for` can be lost, and the task would run on. A task still running at
+    the deadline is left behind, logged, so a stopping worker never hangs on it.
+    """
+    pending = {task for task in tasks if not task.done()}
+    deadline = time.monotonic() + timeout
+    while pending:
+        for task in pending:
+            task.cancel()
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            logger.warning("%d background task(s) did not stop: %s", len(pending), [t.get_name() for t in pending])
+            return
+        _, pending = await asyncio.wait(pending, timeout=min(0.2, remaining))
