@@ -10,6 +10,7 @@ from jobbus.errors import (
     LeaseLostError,
     NonRetryableError,
     SchemaError,
+    Snooze,
 )
 from jobbus.events import (
     JobCancelled,
@@ -52,6 +53,7 @@ __all__ = [
     "NonRetryableError",
     "SchemaError",
     "Settings",
+    "Snooze",
     "SyncApp",
     "SyncJobExecution",
     "Worker",

@@ -20,7 +20,14 @@ from jobbus import schema as schema_module
 from jobbus.errors import DatabaseUnavailableError, InvalidJobError, InvalidStateError, JobbusError
 from jobbus.events import EventHub, JobCancelled, JobEvent, JobScheduled
 from jobbus.models import GroupProgress, Job, JobSpec, JobStatus
-from jobbus.requests import JobDefaults, JobRequest, build_spec, resolve_available_at, specs_sharing
+from jobbus.requests import (
+    JobDefaults,
+    JobRequest,
+    build_spec,
+    resolve_available_at,
+    seconds_or_none,
+    specs_sharing,
+)
 from jobbus.resilience import Backoff, first_line, is_transient
 from jobbus.settings import Settings
 from jobbus.store import CancelResult, JobStore, Statement, run_async, run_sync
@@ -32,6 +39,8 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
 JobScope = Callable[[Any], AbstractAsyncContextManager[Any]]
+#: A handler's own retry policy: (the failed attempt's number, its exception) → delay.
+BackoffPolicy = Callable[[int, BaseException], "float | timedelta"]
 #: One job for `schedule_many`: a JobRequest, a mapping of its fields, or a (type, configuration) pair.
 JobItem = JobRequest | Mapping[str, Any] | tuple[str, Mapping[str, Any] | None]
 TERMINAL = ("completed", "failed", "cancelled")
@@ -47,6 +56,10 @@ class Handler:
     func: Callable[..., Any]
     is_async: bool
     defaults: JobDefaults
+    #: Seconds an attempt may run (a job's own `timeout` wins); None: no limit.
+    timeout: float | None = None
+    #: `backoff(attempt, error)` → seconds or timedelta before the next attempt; None: the settings'.
+    backoff: BackoffPolicy | None = None
 
 
 class App:
@@ -77,15 +90,26 @@ class App:
         queue: str = "default",
         max_attempts: int | None = None,
         priority: int = 0,
+        timeout: float | timedelta | None = None,
+        backoff: BackoffPolicy | None = None,
     ) -> Callable[[F], F]:
-        """Register a handler: ``async def`` receives a `JobExecution`, ``def`` a `SyncJobExecution`."""
+        """Register a handler: ``async def`` receives a `JobExecution`, ``def`` a `SyncJobExecution`.
+
+        `timeout` (seconds or a timedelta) bounds every attempt of its jobs (a job's own `timeout`
+        wins); `backoff(attempt, error)` returns the delay before the next attempt (seconds or a
+        timedelta) and replaces the settings' formula for this type.
+        """
         defaults = JobDefaults(queue=queue, max_attempts=max_attempts, priority=priority)
         build_spec(JobRequest(type), defaults, self.settings.default_max_attempts)  # validates the options
+        timeout_seconds = seconds_or_none("timeout", timeout)
+        if backoff is not None and not callable(backoff):
+            raise TypeError(f"backoff must be a callable (attempt, error) -> seconds or timedelta, got {backoff!r}")
 
         def register(func: F) -> F:
             if type in self.handlers:
                 raise ValueError(f"job type {type!r} already has a handler: {self.handlers[type].func!r}")
-            self.handlers[type] = Handler(type, func, inspect.iscoroutinefunction(func), defaults)
+            is_async = inspect.iscoroutinefunction(func)
+            self.handlers[type] = Handler(type, func, is_async, defaults, timeout_seconds, backoff)
             return func
 
         return register
@@ -183,11 +207,23 @@ class App:
         available_at: datetime | timedelta | None = None,
         queue: str | None = None,
         priority: int | None = None,
+        timeout: float | timedelta | None = None,
+        concurrency_key: str | None = None,
         connection: psycopg.AsyncConnection[Any] | None = None,
     ) -> uuid.UUID:
         """Enqueue one job and return its id, or the id of the active job holding `unique_key`."""
         request = JobRequest(
-            type, configuration, name, group_id, unique_key, max_attempts, available_at, queue, priority
+            type,
+            configuration,
+            name,
+            group_id,
+            unique_key,
+            max_attempts,
+            available_at,
+            queue,
+            priority,
+            timeout,
+            concurrency_key,
         )
         (job_id,) = await self.schedule_many([request], connection=connection)
         return job_id
@@ -410,10 +446,22 @@ class SyncApp:
         available_at: datetime | timedelta | None = None,
         queue: str | None = None,
         priority: int | None = None,
+        timeout: float | timedelta | None = None,
+        concurrency_key: str | None = None,
         connection: psycopg.Connection[Any] | None = None,
     ) -> uuid.UUID:
         request = JobRequest(
-            type, configuration, name, group_id, unique_key, max_attempts, available_at, queue, priority
+            type,
+            configuration,
+            name,
+            group_id,
+            unique_key,
+            max_attempts,
+            available_at,
+            queue,
+            priority,
+            timeout,
+            concurrency_key,
         )
         (job_id,) = self.schedule_many([request], connection=connection)
         return job_id

@@ -1,4 +1,8 @@
-"""The exceptions jobbus raises; every one says what to do next."""
+"""The exceptions jobbus raises (every one says what to do next), and the ones handlers raise."""
+
+from __future__ import annotations
+
+from datetime import timedelta
 
 
 class JobbusError(Exception):
@@ -36,3 +40,19 @@ class DatabaseUnavailableError(JobbusError):
     def __init__(self, message: str, *, written: bool | None = False) -> None:
         super().__init__(message)
         self.written = written
+
+
+class Snooze(Exception):
+    """Raised by a handler: not ready yet, run again after `delay` (seconds or a timedelta).
+
+    The job goes back to `queued` at now + delay; the attempt does not count and the checkpoint
+    (`execution_data`) is kept. The job's history records the snooze.
+    """
+
+    def __init__(self, delay: float | timedelta) -> None:
+        from jobbus.requests import seconds_or_none
+
+        seconds = seconds_or_none("Snooze delay", delay, allow_zero=True)
+        assert seconds is not None
+        super().__init__(f"snoozed for {seconds:g} s")
+        self.delay_seconds = seconds

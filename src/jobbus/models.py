@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -52,6 +52,13 @@ class Job:
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    #: Seconds an attempt may run (None: the handler's timeout, if any).
+    timeout_seconds: float | None = None
+    #: What per-key concurrency and rate limits of its queue count it by.
+    concurrency_key: str | None = None
+    #: How each attempt ended, oldest first: dicts with `attempt`, `outcome`, `at`, `worker_id`, and
+    #: `error` or `delay_seconds` where they apply.
+    history: list[dict[str, Any]] = field(default_factory=list)
 
 
 JOB_COLUMNS: tuple[str, ...] = tuple(Job.__dataclass_fields__)
@@ -92,6 +99,8 @@ class JobSpec:
     max_attempts: int
     available_at: datetime | None  # absolute and aware; None means now + delay_seconds
     delay_seconds: float  # relative to the database clock
+    timeout_seconds: float | None = None
+    concurrency_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,5 +121,6 @@ class ClaimedJob:
     cancellation_requested: bool
     created_at: datetime
     available_at: datetime
+    timeout_seconds: float | None = None
     #: Set when the stored configuration is larger than the worker accepts: it was not loaded (None).
     oversized_bytes: int | None = None

@@ -51,6 +51,10 @@ class JobRequest:
     available_at: datetime | timedelta | None = None
     queue: str | None = None
     priority: int | None = None
+    #: Seconds (or a timedelta) an attempt may run; None: the handler's timeout, if any.
+    timeout: float | timedelta | None = None
+    #: What per-key limits of the queue count this job by (`App.set_queue`).
+    concurrency_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +98,11 @@ def build_spec(
     if group_id is not None and not isinstance(group_id, uuid.UUID):
         raise InvalidJobError(f"group_id must be a uuid.UUID, got {group_id!r}")
     available_at, delay = resolve_available_at(request.available_at)
+    concurrency_key = (
+        None
+        if request.concurrency_key is None
+        else validate_text("concurrency_key", request.concurrency_key, MAX_UNIQUE_KEY_BYTES)
+    )
     return JobSpec(
         id=new_job_id(),
         type=job_type,
@@ -106,6 +115,8 @@ def build_spec(
         max_attempts=max_attempts,
         available_at=available_at,
         delay_seconds=delay,
+        timeout_seconds=seconds_or_none("timeout", request.timeout),
+        concurrency_key=concurrency_key,
     )
 
 
@@ -130,6 +141,8 @@ def specs_sharing(
             t.max_attempts,
             t.available_at,
             t.delay_seconds,
+            t.timeout_seconds,
+            t.concurrency_key,
         )
         for configuration in configurations
     ]
@@ -285,6 +298,27 @@ def _int(what: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidJobError(f"{what} must be an integer, got {value!r}")
     return value
+
+
+#: The longest timeout or delay given in seconds that jobbus accepts (a year): beyond, a typo.
+MAX_SECONDS = 365 * 86_400.0
+
+
+def seconds_or_none(what: str, value: float | timedelta | None, *, allow_zero: bool = False) -> float | None:
+    """A duration given as seconds or a timedelta: finite, positive (or zero), at most a year."""
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise InvalidJobError(f"{what} must be seconds (a number) or a timedelta, got {value!r}")
+    low_ok = seconds >= 0 if allow_zero else seconds > 0
+    if not (math.isfinite(seconds) and low_ok and seconds <= MAX_SECONDS):
+        bound = "0" if allow_zero else "more than 0"
+        raise InvalidJobError(f"{what} must be {bound} and at most {MAX_SECONDS:g} seconds (a year), got {value!r}")
+    return seconds
 
 
 def resolve_available_at(

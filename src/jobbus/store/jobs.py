@@ -18,11 +18,15 @@ class Outcome:
 
     job_id: uuid.UUID
     lease_token: uuid.UUID
-    status: JobStatus  # QUEUED means retry (or release), the others are terminal
+    status: JobStatus  # QUEUED means retry (or release, or snooze), the others are terminal
     result_json: str | None = None
     error: str | None = None
     delay_seconds: float = 0.0
+    #: The attempt does not count (released at shutdown, snoozed): attempts goes back by one.
     released: bool = False
+    #: What the job's history records (`completed`, `retried`, `snoozed`, `timed_out`, ...); the
+    #: status when empty.
+    kind: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +84,8 @@ class JobStore:
                 "max_attempts": spec.max_attempts,
                 "available_at": spec.available_at,
                 "delay": float(spec.delay_seconds),
+                "timeout": spec.timeout_seconds,
+                "concurrency_key": spec.concurrency_key,
                 "channel": self.channel,
             }
             return Statement(self._q["insert_job"], one, _decode_inserted)
@@ -98,6 +104,8 @@ class JobStore:
             "max_attempts": [s.max_attempts for s in specs],
             "available_ats": [s.available_at for s in specs],
             "delays": [float(s.delay_seconds) for s in specs],
+            "timeouts": [s.timeout_seconds for s in specs],
+            "concurrency_keys": [s.concurrency_key for s in specs],
             "channel": self.channel,
         }
 
@@ -174,6 +182,7 @@ class JobStore:
             "errors": [o.error for o in outcomes],
             "delays": [float(o.delay_seconds) for o in outcomes],
             "released": [o.released for o in outcomes],
+            "kinds": [o.kind or o.status.value for o in outcomes],
             "channel": self.channel,
         }
         return Statement(

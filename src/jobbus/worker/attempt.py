@@ -31,6 +31,8 @@ class Attempt:
     #: Monotonic time after which the lease has surely expired (from the send time of the last renewal).
     lease_deadline: float
     started: float = field(default_factory=time.monotonic)
+    #: How long the handler ran, once it returned or raised.
+    ran_seconds: float = 0.0
     phase: Phase = Phase.RUNNING
     task: asyncio.Task[None] | None = field(default=None, repr=False)
     #: True while the handler's own code runs in the job task (async handlers): only then may the

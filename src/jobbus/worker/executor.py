@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
@@ -43,7 +44,7 @@ class Executor:
         worker_id: str,
         on_handler_done: Callable[[Attempt], None],
         on_slot_free: Callable[[Attempt], None],
-        on_finished: Callable[[Attempt, JobStatus | None], None],
+        on_finished: Callable[[Attempt, JobStatus | None, str], None],
     ) -> None:
         self.app = app
         self.policy = policy
@@ -59,6 +60,7 @@ class Executor:
 
     async def run(self, attempt: Attempt) -> None:
         status: JobStatus | None = None
+        kind = "lost"
         try:
             scope: AbstractAsyncContextManager[Any] | None = None
             error: BaseException | None = None
@@ -74,6 +76,12 @@ class Executor:
             attempt.phase = Phase.WRITING
             self._on_slot_free(attempt)  # the next claim may use the slot while the outcome is written
             status, event = await self._write(attempt, decision)
+            if status is not None:
+                kind = (
+                    "failed"
+                    if decision.outcome is not None and status is not decision.outcome.status
+                    else decision.kind
+                )
             attempt.signals.close()
             if scope is not None:
                 await self._exit_scope(attempt, scope, error)
@@ -85,7 +93,7 @@ class Executor:
             if attempt.timer is not None:
                 attempt.timer.cancel()
             attempt.signals.close()
-            self._on_finished(attempt, status)
+            self._on_finished(attempt, status, kind)
 
     # -- steps --------------------------------------------------------------------------------------
 
@@ -123,13 +131,29 @@ class Executor:
     async def _call_handler(self, attempt: Attempt) -> tuple[Decision, BaseException | None]:
         if attempt.timeout is not None:
             loop = asyncio.get_running_loop()
-            attempt.timer = loop.call_later(attempt.timeout, attempt.interrupt, StopReason.TIMEOUT)
+            attempt.timer = loop.call_later(attempt.timeout, self._time_out, attempt)
         if attempt.handler.is_async:
             return await self._call_async(attempt)
         return await self._call_sync(attempt)
 
+    def _time_out(self, attempt: Attempt) -> None:
+        """At the timeout: an async handler is cancelled; a sync one is told (a thread cannot be
+        stopped) and keeps its slot and lease until it returns, then the timeout is recorded."""
+        if attempt.phase is not Phase.RUNNING:
+            return
+        attempt.interrupt(StopReason.TIMEOUT)
+        if not attempt.handler.is_async:
+            logger.warning(
+                "job %s is overrunning its timeout of %g s: a sync handler's thread cannot be stopped, so it "
+                "keeps its slot and lease until it returns; the attempt will be recorded as timed out",
+                attempt.id,
+                attempt.timeout,
+                extra=self._extra(attempt),
+            )
+
     def _returned(self, attempt: Attempt) -> None:
         """The handler's code ended: note a lease that expired or a fence that fell meanwhile."""
+        attempt.ran_seconds = time.monotonic() - attempt.started
         self._on_handler_done(attempt)
 
     async def _call_async(self, attempt: Attempt) -> tuple[Decision, BaseException | None]:

@@ -20,11 +20,11 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from jobbus.errors import InvalidJobError, LeaseLostError, NonRetryableError
+from jobbus.errors import InvalidJobError, LeaseLostError, NonRetryableError, Snooze
 from jobbus.events import JobCancelled, JobCompleted, JobEvent, JobFailed, JobRetried
 from jobbus.execution import StopReason
 from jobbus.models import JobStatus
-from jobbus.requests import json_text
+from jobbus.requests import json_text, seconds_or_none
 from jobbus.retry import backoff_seconds
 from jobbus.settings import Settings
 from jobbus.store import Outcome
@@ -36,12 +36,18 @@ logger = logging.getLogger("jobbus.worker")
 MAX_ERROR_LENGTH = 4000
 
 
+#: How an attempt ended, as metrics count it (`jobbus_jobs_finished_total{outcome}`).
+OUTCOME_KINDS = ("completed", "retried", "failed", "cancelled", "released", "snoozed", "timed_out")
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """What to write for one attempt (None: nothing, the lease is gone) and what to announce after."""
+    """What to write for one attempt (None: nothing, the lease is gone), what to announce after, and
+    which of `OUTCOME_KINDS` it is."""
 
     outcome: Outcome | None
     event: JobEvent | None = None
+    kind: str = "lost"
 
 
 NOTHING = Decision(None)
@@ -97,6 +103,8 @@ class OutcomePolicy:
             return self.timed_out(attempt)
         if cancelled_by_worker:
             return self.fenced(attempt) if StopReason.FENCED in signals else self.release(attempt)
+        if isinstance(exc, Snooze):
+            return self.snoozed(attempt, exc.delay_seconds)
         return self.failure(attempt, exc)
 
     # -- outcomes -----------------------------------------------------------------------------------
@@ -105,7 +113,17 @@ class OutcomePolicy:
         """Shutdown: the job is available again at once and the attempt does not count."""
         logger.info("job %s: released at shutdown, available again at once", attempt.id)
         claimed = attempt.claimed
-        return Decision(Outcome(claimed.id, claimed.lease_token, JobStatus.QUEUED, released=True))
+        outcome = Outcome(claimed.id, claimed.lease_token, JobStatus.QUEUED, released=True, kind="released")
+        return Decision(outcome, kind="released")
+
+    def snoozed(self, attempt: Attempt, delay: float) -> Decision:
+        """Not ready yet: queued again after `delay`, the attempt not counted, the checkpoint kept."""
+        claimed = attempt.claimed
+        logger.info("job %s snoozed for %g s", claimed.id, delay, extra=attempt.log_extra(self.worker_id))
+        outcome = Outcome(
+            claimed.id, claimed.lease_token, JobStatus.QUEUED, delay_seconds=delay, released=True, kind="snoozed"
+        )
+        return Decision(outcome, kind="snoozed")
 
     def fenced(self, attempt: Attempt) -> Decision:
         """The worker lost the database: the job goes back (the attempt counts), unless already recovered."""
@@ -118,11 +136,11 @@ class OutcomePolicy:
 
     def cancelled(self, attempt: Attempt) -> Decision:
         claimed = attempt.claimed
-        outcome = Outcome(claimed.id, claimed.lease_token, JobStatus.CANCELLED)
-        return Decision(outcome, JobCancelled(claimed.id, claimed.type, claimed.queue, JobStatus.RUNNING))
+        outcome = Outcome(claimed.id, claimed.lease_token, JobStatus.CANCELLED, kind="cancelled")
+        return Decision(outcome, JobCancelled(claimed.id, claimed.type, claimed.queue, JobStatus.RUNNING), "cancelled")
 
     def timed_out(self, attempt: Attempt) -> Decision:
-        return self._retry_or_fail(attempt, f"timed out after {attempt.timeout or 0.0:g} s", None)
+        return self._retry_or_fail(attempt, f"timed out after {attempt.timeout or 0.0:g} s", None, timed_out=True)
 
     def failure(self, attempt: Attempt, exc: BaseException, prefix: str = "") -> Decision:
         message = storable_text(error_text(exc, prefix) + _note(exc))
@@ -141,8 +159,9 @@ class OutcomePolicy:
             extra=attempt.log_extra(self.worker_id),
         )
         return Decision(
-            Outcome(claimed.id, claimed.lease_token, JobStatus.FAILED, error=message),
+            Outcome(claimed.id, claimed.lease_token, JobStatus.FAILED, error=message, kind="failed"),
             JobFailed(claimed.id, claimed.type, claimed.queue, claimed.attempts, message),
+            "failed",
         )
 
     # -- helpers ------------------------------------------------------------------------------------
@@ -158,15 +177,26 @@ class OutcomePolicy:
                 return self.failed_for_good(attempt, str(exc))
             except Exception as exc:  # a hostile __str__, __len__ or encoder hook
                 return self.failed_for_good(attempt, error_text(exc, "the handler's return value cannot be stored: "))
-        outcome = Outcome(claimed.id, claimed.lease_token, JobStatus.COMPLETED, result_json=result_json)
-        return Decision(outcome, JobCompleted(claimed.id, claimed.type, claimed.queue, claimed.attempts, result))
+        outcome = Outcome(
+            claimed.id, claimed.lease_token, JobStatus.COMPLETED, result_json=result_json, kind="completed"
+        )
+        return Decision(
+            outcome, JobCompleted(claimed.id, claimed.type, claimed.queue, claimed.attempts, result), "completed"
+        )
 
     def _retry_or_fail(
-        self, attempt: Attempt, message: str, exc: BaseException | None, *, delay: float | None = None
+        self,
+        attempt: Attempt,
+        message: str,
+        exc: BaseException | None,
+        *,
+        delay: float | None = None,
+        timed_out: bool = False,
     ) -> Decision:
         claimed = attempt.claimed
         extra = attempt.log_extra(self.worker_id)
         if claimed.attempts >= claimed.max_attempts:
+            kind = "timed_out" if timed_out else "failed"
             logger.error(
                 "job %s failed on its last attempt (%d of %d): %s",
                 claimed.id,
@@ -177,16 +207,12 @@ class OutcomePolicy:
                 extra=extra,
             )
             return Decision(
-                Outcome(claimed.id, claimed.lease_token, JobStatus.FAILED, error=message),
+                Outcome(claimed.id, claimed.lease_token, JobStatus.FAILED, error=message, kind=kind),
                 JobFailed(claimed.id, claimed.type, claimed.queue, claimed.attempts, message),
+                kind,
             )
         if delay is None:
-            delay = backoff_seconds(
-                claimed.attempts,
-                base_seconds=self.settings.retry_base_delay_seconds,
-                max_seconds=self.settings.retry_max_delay_seconds,
-                jitter=self.settings.retry_jitter,
-            )
+            delay = self._backoff(attempt, exc)
         logger.warning(
             "job %s attempt %d of %d failed, retrying in %.1f s: %s",
             claimed.id,
@@ -197,9 +223,37 @@ class OutcomePolicy:
             exc_info=exc,
             extra=extra,
         )
+        kind = "timed_out" if timed_out else "retried"
         return Decision(
-            Outcome(claimed.id, claimed.lease_token, JobStatus.QUEUED, error=message, delay_seconds=delay),
+            Outcome(claimed.id, claimed.lease_token, JobStatus.QUEUED, error=message, delay_seconds=delay, kind=kind),
             JobRetried(claimed.id, claimed.type, claimed.queue, claimed.attempts, message, delay),
+            kind,
+        )
+
+    def _backoff(self, attempt: Attempt, exc: BaseException | None) -> float:
+        """The handler's own policy when it has one, else the settings' formula (also when its policy
+        fails or returns nonsense: a job is never lost to a broken backoff)."""
+        attempts = attempt.claimed.attempts
+        policy = attempt.handler.backoff
+        if policy is not None and exc is not None:
+            try:
+                delay = seconds_or_none("the handler's backoff", policy(attempts, exc), allow_zero=True)
+            except Exception as error:
+                logger.error(
+                    "job %s: the backoff of %s failed (%s); using the settings' backoff instead",
+                    attempt.id,
+                    attempt.claimed.type,
+                    error_text(error),
+                    extra=attempt.log_extra(self.worker_id),
+                )
+            else:
+                assert delay is not None
+                return delay
+        return backoff_seconds(
+            attempts,
+            base_seconds=self.settings.retry_base_delay_seconds,
+            max_seconds=self.settings.retry_max_delay_seconds,
+            jitter=self.settings.retry_jitter,
         )
 
     def _lease_lost(self, attempt: Attempt, exc: BaseException | None = None) -> Decision:

@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -47,6 +47,7 @@ from jobbus.worker.leader import Leadership
 from jobbus.worker.listener import Listener
 from jobbus.worker.memory import rss_bytes
 from jobbus.worker.monitor import Monitor
+from jobbus.worker.observer import Observers, WorkerObserver
 from jobbus.worker.options import WorkerOptions
 from jobbus.worker.outcomes import OutcomePolicy
 from jobbus.worker.recovery import announce_recovered
@@ -92,9 +93,17 @@ class Worker:
     for: control command or memory limit), 70 (a fatal database error; what it held was given back).
     """
 
-    def __init__(self, app: App, options: WorkerOptions | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        app: App,
+        options: WorkerOptions | None = None,
+        *,
+        observers: Sequence[WorkerObserver] = (),
+        **kwargs: Any,
+    ) -> None:
         if options is not None and kwargs:
             raise TypeError("pass either WorkerOptions or keyword options, not both")
+        self.observers = Observers(observers)
         self.app = app
         self.options = options if options is not None else WorkerOptions(**kwargs)
         self.settings = app.settings
@@ -553,9 +562,12 @@ class Worker:
                 signals,
             )
             attempt = Attempt(claimed, handler, signals, execution, sent + self.settings.lease_seconds)
+            attempt.timeout = claimed.timeout_seconds or handler.timeout
             self._in_flight[claimed.id] = attempt
             self._running += 1
             self.executor.start(attempt)
+            if self.observers:
+                self.observers.claimed(claimed, max(0.0, time.time() - claimed.available_at.timestamp()))
         self._claimed_total += len(jobs)
         return len(jobs)
 
@@ -566,7 +578,9 @@ class Worker:
         self._running -= 1
         self._wake.set()
 
-    def _finished(self, attempt: Attempt, status: JobStatus | None) -> None:
+    def _finished(self, attempt: Attempt, status: JobStatus | None, kind: str) -> None:
+        if self.observers:
+            self.observers.finished(attempt.claimed, kind, attempt.ran_seconds)
         if attempt.phase is Phase.RUNNING:  # ended before reaching its outcome (internal error)
             attempt.phase = Phase.WRITING
             self._running -= 1

@@ -12,6 +12,15 @@ ALTER TABLE {schema}.worker
     -- Set when a silent worker was declared dead and its jobs recovered; cleared when it speaks again.
     ADD COLUMN declared_dead_at timestamptz;
 
+-- Job columns of the production queue: a timeout per job (the handler's when NULL), the key that
+-- per-key concurrency and rate limits count by, and the history of the job's attempts (what each ended
+-- in: retried, snoozed, released, timed out, recovered, ...), kept bounded. ADD COLUMN with a constant
+-- default changes the catalog only (no table rewrite).
+ALTER TABLE {schema}.job
+    ADD COLUMN timeout_seconds double precision,
+    ADD COLUMN concurrency_key text,
+    ADD COLUMN history jsonb NOT NULL DEFAULT '[]';
+
 -- The workers (and their instances) a command was addressed to when it was issued: what `--wait`
 -- waits for. Routing does not use this snapshot: a worker applies every command issued after it
 -- started whose target matches it when it next reads control, also after an outage.
@@ -37,7 +46,8 @@ CREATE FUNCTION {schema}.claim_jobs(
 ) RETURNS TABLE (
     id uuid, type text, queue text, name text, group_id uuid, priority integer, configuration_data jsonb,
     execution_data jsonb, attempts integer, max_attempts integer, lease_token uuid,
-    cancellation_requested boolean, created_at timestamptz, available_at timestamptz, oversized_bytes integer
+    cancellation_requested boolean, created_at timestamptz, available_at timestamptz, timeout_seconds double precision,
+    oversized_bytes integer
 )
 LANGUAGE plpgsql VOLATILE
 SET enable_bitmapscan = off
@@ -70,7 +80,7 @@ BEGIN
     RETURNING j.id, j.type, j.queue, j.name, j.group_id, j.priority,
               CASE WHEN pg_column_size(j.configuration_data) <= p_max_payload_bytes THEN j.configuration_data END,
               j.execution_data, j.attempts, j.max_attempts, j.lease_token,
-              j.cancellation_requested_at IS NOT NULL, j.created_at, j.available_at,
+              j.cancellation_requested_at IS NOT NULL, j.created_at, j.available_at, j.timeout_seconds,
               CASE WHEN pg_column_size(j.configuration_data) > p_max_payload_bytes
                    THEN pg_column_size(j.configuration_data) END;
 END

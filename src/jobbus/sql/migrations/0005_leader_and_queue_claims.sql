@@ -165,7 +165,8 @@ CREATE FUNCTION {schema}.claim_jobs(
 ) RETURNS TABLE (
     id uuid, type text, queue text, name text, group_id uuid, priority integer, configuration_data jsonb,
     execution_data jsonb, attempts integer, max_attempts integer, lease_token uuid,
-    cancellation_requested boolean, created_at timestamptz, available_at timestamptz, oversized_bytes integer
+    cancellation_requested boolean, created_at timestamptz, available_at timestamptz, timeout_seconds double precision,
+    oversized_bytes integer
 )
 LANGUAGE plpgsql VOLATILE
 SET enable_bitmapscan = off
@@ -212,7 +213,7 @@ BEGIN
     RETURNING j.id, j.type, j.queue, j.name, j.group_id, j.priority,
               CASE WHEN pg_column_size(j.configuration_data) <= p_max_payload_bytes THEN j.configuration_data END,
               j.execution_data, j.attempts, j.max_attempts, j.lease_token,
-              j.cancellation_requested_at IS NOT NULL, j.created_at, j.available_at,
+              j.cancellation_requested_at IS NOT NULL, j.created_at, j.available_at, j.timeout_seconds,
               CASE WHEN pg_column_size(j.configuration_data) > p_max_payload_bytes
                    THEN pg_column_size(j.configuration_data) END;
 END

@@ -77,7 +77,11 @@ SET status = CASE WHEN j.cancellation_requested_at IS NOT NULL THEN 'cancelled'
     last_error = format('worker %%s died during attempt %%s of %%s (%%s)',
                         j.worker_id, j.attempts, j.max_attempts, %(why)s::text),
     lease_token = NULL,
-    lease_expires_at = NULL
+    lease_expires_at = NULL,
+    history = (CASE WHEN jsonb_array_length(j.history) >= 50 THEN j.history - 0 ELSE j.history END)
+              || jsonb_build_array(jsonb_build_object(
+                     'attempt', j.attempts, 'outcome', 'recovered', 'at', now(), 'worker_id', j.worker_id,
+                     'error', %(why)s::text))
 FROM (
     SELECT id FROM {schema}.job
     WHERE worker_id = ANY(%(worker_ids)s::text[]) AND status = 'running'
