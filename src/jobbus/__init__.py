@@ -23,6 +23,7 @@ from jobbus.events import (
 )
 from jobbus.execution import JobExecution, SyncJobExecution
 from jobbus.models import GroupProgress, Job, JobStatus
+from jobbus.periodic import Periodic
 from jobbus.requests import JobRequest
 from jobbus.settings import Settings
 from jobbus.worker import Worker, WorkerOptions
@@ -51,6 +52,7 @@ __all__ = [
     "LeaseLostError",
     "MessageBus",
     "NonRetryableError",
+    "Periodic",
     "SchemaError",
     "Settings",
     "Snooze",

@@ -20,10 +20,12 @@ from jobbus import schema as schema_module
 from jobbus.errors import DatabaseUnavailableError, InvalidJobError, InvalidStateError, JobbusError
 from jobbus.events import EventHub, JobCancelled, JobEvent, JobScheduled
 from jobbus.models import GroupProgress, Job, JobSpec, JobStatus
+from jobbus.periodic import Periodic, PeriodicSpec
 from jobbus.requests import (
     JobDefaults,
     JobRequest,
     build_spec,
+    new_job_id,
     resolve_available_at,
     seconds_or_none,
     specs_sharing,
@@ -31,6 +33,7 @@ from jobbus.requests import (
 from jobbus.resilience import Backoff, first_line, is_transient
 from jobbus.settings import Settings
 from jobbus.store import CancelResult, JobStore, Statement, run_async, run_sync
+from jobbus.store.periodic import PeriodicStore
 from jobbus.store.statements import configure_async, configure_connection
 
 if TYPE_CHECKING:
@@ -75,7 +78,10 @@ class App:
             raise ValueError(f"job_scope must be a callable returning an async context manager, got {job_scope!r}")
         self.job_scope = job_scope
         self.store = JobStore(self.settings.schema)
+        self.periodic_store = PeriodicStore(self.settings.schema, self.store.channel)
         self.handlers: dict[str, Handler] = {}
+        #: Periodic jobs declared in code (`periodic`); workers keep the stored ones in step with these.
+        self.periodics: dict[str, PeriodicSpec] = {}
         self.events = EventHub()
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
         self._pool_users = 0
@@ -113,6 +119,60 @@ class App:
             return func
 
         return register
+
+    def periodic(
+        self,
+        name: str,
+        *,
+        type: str,
+        cron: str | None = None,
+        every: float | timedelta | None = None,
+        configuration: Mapping[str, Any] | None = None,
+        timezone: str = "UTC",
+        queue: str | None = None,
+        priority: int | None = None,
+        overlap: bool = False,
+    ) -> None:
+        """Declare a periodic job in code: exactly one of `cron` (5 fields, in `timezone`) or `every`.
+
+        Workers store it when they start (and delete code-declared ones their code no longer has, for
+        the job types they handle); the leader enqueues one job per tick, fleet-wide.
+        """
+        if name in self.periodics:
+            raise ValueError(f"periodic job {name!r} is already declared")
+        self.periodics[name] = self._periodic_spec(
+            name, type, cron, every, configuration, timezone, queue, priority, overlap
+        )
+
+    def _periodic_spec(
+        self,
+        name: str,
+        job_type: str,
+        cron: str | None,
+        every: float | timedelta | None,
+        configuration: Mapping[str, Any] | None,
+        timezone: str,
+        queue: str | None,
+        priority: int | None,
+        overlap: bool,
+    ) -> PeriodicSpec:
+        defaults = self.job_defaults(job_type)
+        return PeriodicSpec.build(
+            name,
+            type=job_type,
+            cron=cron,
+            every=every,
+            configuration=dict(configuration) if configuration is not None else None,
+            timezone=timezone,
+            queue=queue,
+            priority=priority if priority is not None else defaults.priority,
+            overlap=overlap,
+            default_queue=defaults.queue,
+            max_payload_bytes=self.settings.max_payload_bytes,
+        )
+
+    def max_attempts_of(self, job_type: str) -> int:
+        return self.job_defaults(job_type).max_attempts or self.settings.default_max_attempts
 
     def on(self, event_type: type[JobEvent]) -> Callable[[F], F]:
         """Register a sync or async listener for a lifecycle event class (and its subclasses)."""
@@ -351,6 +411,61 @@ class App:
             if deleted < params["limit"]:
                 return total
 
+    # -- periodic jobs -----------------------------------------------------------------------------
+
+    async def add_periodic(
+        self,
+        name: str,
+        *,
+        type: str,
+        cron: str | None = None,
+        every: float | timedelta | None = None,
+        configuration: Mapping[str, Any] | None = None,
+        timezone: str = "UTC",
+        queue: str | None = None,
+        priority: int | None = None,
+        overlap: bool = False,
+    ) -> Periodic:
+        """Add (or redefine) a periodic job at run time, stored in the database; it survives restarts."""
+        spec = self._periodic_spec(name, type, cron, every, configuration, timezone, queue, priority, overlap)
+        now = await self._run(self.periodic_store.database_now())
+        statement = self.periodic_store.upsert(spec, source="runtime", next_run_at=spec.schedule.next_after(now))
+        if not await self._run(statement):
+            raise InvalidStateError(f"periodic job {name!r} is declared in code: change it there, or pick another name")
+        return await self._periodic(name)
+
+    async def remove_periodic(self, name: str) -> None:
+        """Delete a periodic job (one declared in code comes back when a worker of that code starts)."""
+        if not await self._run(self.periodic_store.remove(name)):
+            raise InvalidStateError(f"no periodic job is named {name!r}")
+
+    async def pause_periodic(self, name: str) -> None:
+        """Stop enqueuing its ticks until `resume_periodic`; durable, also across redefinitions."""
+        if not await self._run(self.periodic_store.set_enabled(name, False)):
+            raise InvalidStateError(f"no periodic job is named {name!r}")
+
+    async def resume_periodic(self, name: str) -> None:
+        if not await self._run(self.periodic_store.set_enabled(name, True)):
+            raise InvalidStateError(f"no periodic job is named {name!r}")
+
+    async def list_periodic(self) -> list[Periodic]:
+        return await self._run(self.periodic_store.list_periodic())
+
+    async def run_periodic(self, name: str) -> uuid.UUID:
+        """Enqueue one job of a periodic job now, beside its schedule; returns its id."""
+        job_type = await self._run(self.periodic_store.periodic_type(name))
+        if job_type is None:
+            raise InvalidStateError(f"no periodic job is named {name!r}")
+        job_id = new_job_id()
+        statement = self.periodic_store.run_now(name, job_id=job_id, max_attempts=self.max_attempts_of(job_type))
+        if not await self._run(statement, repeatable=False):
+            raise InvalidStateError(f"no periodic job is named {name!r}")
+        return job_id
+
+    async def _periodic(self, name: str) -> Periodic:
+        (found,) = await self._run(self.periodic_store.list_periodic(name))
+        return found
+
     # -- schema ------------------------------------------------------------------------------------
 
     async def migrate(self) -> list[schema_module.Migration]:
@@ -541,6 +656,53 @@ class SyncApp:
             total += deleted
             if deleted < params["limit"]:
                 return total
+
+    def add_periodic(
+        self,
+        name: str,
+        *,
+        type: str,
+        cron: str | None = None,
+        every: float | timedelta | None = None,
+        configuration: Mapping[str, Any] | None = None,
+        timezone: str = "UTC",
+        queue: str | None = None,
+        priority: int | None = None,
+        overlap: bool = False,
+    ) -> Periodic:
+        app = self._app
+        spec = app._periodic_spec(name, type, cron, every, configuration, timezone, queue, priority, overlap)
+        now = self._run(app.periodic_store.database_now())
+        if not self._run(app.periodic_store.upsert(spec, source="runtime", next_run_at=spec.schedule.next_after(now))):
+            raise InvalidStateError(f"periodic job {name!r} is declared in code: change it there, or pick another name")
+        (found,) = self._run(app.periodic_store.list_periodic(name))
+        return found
+
+    def remove_periodic(self, name: str) -> None:
+        if not self._run(self._app.periodic_store.remove(name)):
+            raise InvalidStateError(f"no periodic job is named {name!r}")
+
+    def pause_periodic(self, name: str) -> None:
+        if not self._run(self._app.periodic_store.set_enabled(name, False)):
+            raise InvalidStateError(f"no periodic job is named {name!r}")
+
+    def resume_periodic(self, name: str) -> None:
+        if not self._run(self._app.periodic_store.set_enabled(name, True)):
+            raise InvalidStateError(f"no periodic job is named {name!r}")
+
+    def list_periodic(self) -> list[Periodic]:
+        return self._run(self._app.periodic_store.list_periodic())
+
+    def run_periodic(self, name: str) -> uuid.UUID:
+        app = self._app
+        job_type = self._run(app.periodic_store.periodic_type(name))
+        if job_type is None:
+            raise InvalidStateError(f"no periodic job is named {name!r}")
+        job_id = new_job_id()
+        statement = app.periodic_store.run_now(name, job_id=job_id, max_attempts=app.max_attempts_of(job_type))
+        if not self._run(statement, repeatable=False):
+            raise InvalidStateError(f"no periodic job is named {name!r}")
+        return job_id
 
     def migrate(self) -> list[schema_module.Migration]:
         with psycopg.connect(self._app.dsn, **self._app.settings.connection_kwargs) as conn:

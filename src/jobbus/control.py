@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 
 import psycopg
 
+from jobbus.periodic import Periodic
 from jobbus.store.control import ControlStore, PauseTarget, QueueStatus, WorkerInfo
 from jobbus.store.statements import Statement, run_async
 
@@ -144,6 +145,7 @@ class StatusReport:
     queues: tuple[QueueStatus, ...]
     workers: WorkersSummary
     pauses: tuple[PauseTarget, ...]
+    periodics: tuple[Periodic, ...] = ()
 
     @property
     def paused_all(self) -> bool:
@@ -254,7 +256,8 @@ async def queue_status(app: App) -> StatusReport:
     queues = await _run(app, store.queue_status())
     pauses = await _run(app, store.pause_targets())
     workers = await list_workers(app)
-    return StatusReport(tuple(queues), summarize_workers(workers), tuple(pauses))
+    periodics = await app.list_periodic()
+    return StatusReport(tuple(queues), summarize_workers(workers), tuple(pauses), tuple(periodics))
 
 
 def summarize_workers(workers: list[WorkerInfo]) -> WorkersSummary:

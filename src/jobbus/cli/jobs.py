@@ -184,6 +184,8 @@ def _job_detail(job: Job) -> Group:
         ("priority", str(job.priority)),
         ("group", str(job.group_id) if job.group_id else "-"),
         ("unique key", shown(job.unique_key or "-")),
+        ("concurrency key", shown(job.concurrency_key or "-")),
+        ("timeout", f"{job.timeout_seconds:g} s" if job.timeout_seconds is not None else "-"),
         ("progress", progress_text(job)),
         ("worker", shown(job.worker_id or "-")),
         ("created", human_time(job.created_at)),
@@ -199,10 +201,30 @@ def _job_detail(job: Job) -> Group:
     for field, value in rows:
         table.add_row(field, value)
     parts: list[Table | Text] = [table]
+    if job.history:
+        parts.append(Text("history:", style="bold"))
+        parts.append(_history_table(job))
     if job.last_error:
         parts.append(Text("last error:", style="bold red"))
         parts.append(shown(job.last_error, style="red"))
     return Group(*parts)
+
+
+def _history_table(job: Job) -> Table:
+    """How each attempt ended, oldest first."""
+    table = Table(box=None, pad_edge=False)
+    for column in ("attempt", "outcome", "at", "worker", "detail"):
+        table.add_column(column, no_wrap=column != "detail")
+    for entry in job.history:
+        detail = entry.get("error") or (f"for {entry['delay_seconds']:g} s" if "delay_seconds" in entry else "")
+        table.add_row(
+            str(entry.get("attempt", "")),
+            shown(str(entry.get("outcome", ""))),
+            shown(str(entry.get("at", ""))[:19].replace("T", " ")),
+            shown(str(entry.get("worker_id", ""))),
+            shown(one_line(str(detail), 80)),
+        )
+    return table
 
 
 @jobs_group.command("cancel")

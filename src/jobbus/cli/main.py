@@ -12,6 +12,7 @@ from jobbus.cli.control import drain_command, pause_command, restart_command, re
 from jobbus.cli.demo import demo_command
 from jobbus.cli.errors import fail, internal_error, usage_error
 from jobbus.cli.jobs import jobs_group
+from jobbus.cli.periodic import periodic_group
 from jobbus.cli.prune import prune_command
 from jobbus.cli.schedule import schedule_command
 from jobbus.cli.schema import migrate_command, schema_command
@@ -44,6 +45,7 @@ for command in (
     stop_command,
     restart_command,
     jobs_group,
+    periodic_group,
     schedule_command,
     prune_command,
     demo_command,

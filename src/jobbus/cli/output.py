@@ -226,6 +226,10 @@ def status_dict(report: StatusReport) -> dict[str, Any]:
             "queues": [p.target for p in report.pauses if p.kind == "queue"],
             "workers": [p.target for p in report.pauses if p.kind == "worker"],
         },
+        "periodic": [
+            {"name": p.name, "enabled": p.enabled, "next_run_at": iso(p.next_run_at), "last_run_at": iso(p.last_run_at)}
+            for p in report.periodics
+        ],
     }
 
 

@@ -17,6 +17,8 @@ GRANT EXECUTE ON FUNCTION {schema}.claim_jobs(text, integer, text[], text[], dou
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.leader TO {worker}, {operator};
 GRANT SELECT, INSERT, DELETE ON {schema}.queue_stat TO {worker}, {operator};
 GRANT EXECUTE ON FUNCTION {schema}.delete_finished_jobs(text, double precision, integer) TO {worker}, {operator};
+-- Periodic jobs: workers store the ones their code declares and the leader enqueues their ticks.
+GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.periodic TO {worker}, {operator};
 
 -- Operators (the CLI): in addition, control commands, pruning, and forgetting old registry rows.
 GRANT DELETE ON {schema}.job, {schema}.worker TO {operator};

@@ -52,6 +52,7 @@ from jobbus.worker.options import WorkerOptions
 from jobbus.worker.outcomes import OutcomePolicy
 from jobbus.worker.recovery import announce_recovered
 from jobbus.worker.services.cleaner import Cleaner
+from jobbus.worker.services.periodic import PeriodicEnqueuer
 from jobbus.worker.services.queue_stats import QueueSampler
 from jobbus.worker.services.rescuer import Rescuer
 from jobbus.worker.watchdog import LoopWatchdog
@@ -195,6 +196,12 @@ class Worker:
                 Cleaner(settings=self.settings, maintenance=self.maintenance, run=self._run),
                 QueueSampler(
                     maintenance=self.maintenance, run=self._run, interval=self.settings.stats_interval_seconds
+                ),
+                PeriodicEnqueuer(
+                    store=app.periodic_store,
+                    run=self._run,
+                    max_attempts_of=app.max_attempts_of,
+                    catch_up_seconds=2 * self.settings.worker_dead_after_seconds,
                 ),
             ],
         )
@@ -341,6 +348,7 @@ class Worker:
                 self.workers.recover_worker_jobs([self.worker_id], "reclaimed when a new process took over its id")
             )
         )
+        await self._starting(self._sync_periodics)
         if recovered:
             logger.warning(
                 "worker %s reclaimed %d job(s) its previous run left running",
@@ -349,6 +357,24 @@ class Worker:
                 extra={"worker_id": self.worker_id},
             )
             await announce_recovered(self.app.events, recovered)
+
+    async def _sync_periodics(self) -> None:
+        """Store the periodic jobs this code declares; delete the ones it no longer declares among the
+        job types this worker handles (other workers' types are theirs to keep)."""
+        store = self.app.periodic_store
+        now = await self._run(store.database_now())
+        for spec in self.app.periodics.values():
+            next_run_at = spec.schedule.next_after(now)
+            if not await self._run(store.upsert(spec, source="code", next_run_at=next_run_at)):
+                logger.warning(
+                    "periodic job %s is declared in code, but a periodic job of that name was added at run time: "
+                    "the one in the database stays; remove it (jobbus periodic remove %s) to use the code's",
+                    spec.name,
+                    spec.name,
+                )
+        retired = await self._run(store.retire_code_periodics(self.types, list(self.app.periodics)))
+        for name in retired:
+            logger.info("periodic job %s is no longer declared in code: removed", name)
 
     async def _id_in_use(self) -> WorkerIdInUseError:
         holder = await self._run(self.workers.worker_holding_id(self.worker_id))
