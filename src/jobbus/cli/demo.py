@@ -33,9 +33,10 @@ from jobbus.app import App
 from jobbus.cli import exit_codes
 from jobbus.cli.errors import fail, probe_database, run
 from jobbus.cli.output import console, one_line, styled
-from jobbus.errors import NonRetryableError
+from jobbus.errors import NonRetryableError, Snooze
 from jobbus.execution import JobExecution, SyncJobExecution
 from jobbus.models import GroupProgress, JobStatus
+from jobbus.requests import JobRequest
 
 #: The demo must never hang CI: past this, the long job is cancelled and the run winds down.
 DEADLINE_SECONDS = 45.0
@@ -87,6 +88,20 @@ def create_app(dsn: str | None = None) -> App:
                 f"invoice {job.configuration['number']}: currency {job.configuration['currency']!r} is not supported"
             )
         return {"imported": job.configuration["number"]}
+
+    @app.job("demo.fetch_rates", queue="billing")
+    async def fetch_rates(job: JobExecution) -> dict[str, Any]:
+        """Not ready yet: Snooze puts the job back for later without spending an attempt."""
+        if not job.execution_data.get("waited"):
+            await job.checkpoint({"waited": True})
+            raise Snooze(0.3)  # the exchange rates are not published yet
+        return {"rates": "published"}
+
+    @app.job("demo.render_report", queue="billing", timeout=0.3)
+    async def render_report(job: JobExecution) -> dict[str, Any]:
+        """A timeout per type: the first attempt hangs, is cancelled at 0.3 s and retried."""
+        await asyncio.sleep(2.0 if job.attempt == 1 and job.configuration.get("hangs") else 0.05)
+        return {"pages": 3}
 
     @app.job("demo.rebuild_index", queue="maintenance")
     async def rebuild_index(job: JobExecution) -> None:
@@ -165,7 +180,8 @@ async def _demo(app: App, *, embedded: bool, concurrency: int) -> int:
         groups, long_job = await _schedule(app)
         out.print(
             f"scheduled {THUMBNAILS} thumbnails, {EMAILS} e-mails (some flaky, one bouncing), {INVOICES} invoices "
-            f"(one with a bad currency) and 1 long index rebuild; running a worker with concurrency {concurrency}"
+            f"(one with a bad currency), 3 reports (one not ready yet, one that hangs past its timeout) and 1 long "
+            f"index rebuild; running a worker with concurrency {concurrency}"
         )
         started = time.monotonic()
         worker = asyncio.create_task(
@@ -203,6 +219,7 @@ async def _schedule(app: App) -> tuple[list[_Group], uuid.UUID]:
         _Group("thumbnails", "thumbnails (progress + checkpoints)", uuid.uuid4()),
         _Group("emails", "e-mails (flaky, retried)", uuid.uuid4()),
         _Group("invoices", "invoices (one non-retryable)", uuid.uuid4()),
+        _Group("reports", "reports (one snoozed, one timed out)", uuid.uuid4()),
         _Group("maintenance", "index rebuild (cancelled while running)", uuid.uuid4()),
     ]
     by_key = {g.key: g.id for g in groups}
@@ -222,6 +239,13 @@ async def _schedule(app: App) -> tuple[list[_Group], uuid.UUID]:
             for i in range(INVOICES)
         ],
         group_id=by_key["invoices"],
+    )
+    await app.schedule_many(
+        [
+            JobRequest("demo.fetch_rates", {"date": "today"}, group_id=by_key["reports"]),
+            JobRequest("demo.render_report", {"report": "daily", "hangs": True}, group_id=by_key["reports"]),
+            JobRequest("demo.render_report", {"report": "weekly"}, group_id=by_key["reports"]),
+        ]
     )
     await app.schedule_many(
         "demo.thumbnail",
