@@ -45,12 +45,14 @@ def claim_statement(
         for queue, job_type in run_sync(conn, MaintenanceStore(app.settings.schema).queued_pairs())
         if job_type in types and (queues is None or queue in queues)
     ]
+    limited: list[str] = run_sync(conn, app.queue_store.limited_queues())
     return app.store.claim_jobs(
         worker_id=worker_id,
         limit=limit,
         pairs=pairs,
         lease_seconds=lease_seconds,
         max_payload_bytes=app.settings.max_payload_bytes,
+        limited_queues=limited,
     )
 
 

@@ -373,3 +373,28 @@ def test_json_text_refuses_exactly_what_jsonb_cannot_hold(text: str) -> None:
         else:
             with pytest.raises(jobbus.InvalidJobError, match="configuration at"):
                 json_text("configuration", value)
+
+
+async def test_queue_limits_are_stored_merged_and_removed(app: jobbus.App) -> None:
+    from datetime import timedelta
+
+    assert await app.get_queue("emails") == jobbus.QueueSettings("emails")
+    await app.set_queue("emails", concurrency=20, rate_limit=jobbus.RateLimit(100, per=timedelta(minutes=1)))
+    merged = await app.set_queue("emails", concurrency_per_key=1)
+    assert (merged.concurrency, merged.concurrency_per_key, merged.rate_limit) == (
+        20,
+        1,
+        jobbus.RateLimit(100, timedelta(minutes=1)),
+    )
+    assert app.sync.get_queue("emails") == merged
+    app.sync.close()
+    assert [q.queue for q in await app.list_queues()] == ["emails"]
+    await app.set_queue("emails", concurrency=None, concurrency_per_key=None, rate_limit=None)
+    assert await app.list_queues() == []
+    for bad in ({"concurrency": 0}, {"concurrency": "3"}, {"rate_limit": 5}, {"concurrency_per_key": 10**7}):
+        with pytest.raises(jobbus.InvalidJobError):
+            await app.set_queue("emails", **bad)
+    with pytest.raises(jobbus.InvalidJobError, match="period"):
+        jobbus.RateLimit(10, per=timedelta(days=30))
+    assert jobbus.RateLimit.parse("100/1m") == jobbus.RateLimit(100, timedelta(minutes=1))
+    assert jobbus.RateLimit.parse("50/s") == jobbus.RateLimit(50, timedelta(seconds=1))

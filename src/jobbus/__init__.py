@@ -22,6 +22,7 @@ from jobbus.events import (
     JobStarted,
 )
 from jobbus.execution import JobExecution, SyncJobExecution
+from jobbus.limits import QueueSettings, RateLimit
 from jobbus.models import GroupProgress, Job, JobStatus
 from jobbus.periodic import Periodic
 from jobbus.requests import JobRequest
@@ -53,6 +54,8 @@ __all__ = [
     "MessageBus",
     "NonRetryableError",
     "Periodic",
+    "QueueSettings",
+    "RateLimit",
     "SchemaError",
     "Settings",
     "Snooze",

@@ -19,9 +19,11 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from jobbus import schema as schema_module
 from jobbus.errors import DatabaseUnavailableError, InvalidJobError, InvalidStateError, JobbusError
 from jobbus.events import EventHub, JobCancelled, JobEvent, JobScheduled
+from jobbus.limits import KEEP, Keep, QueueSettings, RateLimit, check_count, check_rate
 from jobbus.models import GroupProgress, Job, JobSpec, JobStatus
 from jobbus.periodic import Periodic, PeriodicSpec
 from jobbus.requests import (
+    MAX_TYPE_BYTES,
     JobDefaults,
     JobRequest,
     build_spec,
@@ -29,11 +31,13 @@ from jobbus.requests import (
     resolve_available_at,
     seconds_or_none,
     specs_sharing,
+    validate_text,
 )
 from jobbus.resilience import Backoff, first_line, is_transient
 from jobbus.settings import Settings
 from jobbus.store import CancelResult, JobStore, Statement, run_async, run_sync
 from jobbus.store.periodic import PeriodicStore
+from jobbus.store.queues import QueueStore
 from jobbus.store.statements import configure_async, configure_connection
 
 if TYPE_CHECKING:
@@ -79,6 +83,7 @@ class App:
         self.job_scope = job_scope
         self.store = JobStore(self.settings.schema)
         self.periodic_store = PeriodicStore(self.settings.schema, self.store.channel)
+        self.queue_store = QueueStore(self.settings.schema)
         self.handlers: dict[str, Handler] = {}
         #: Periodic jobs declared in code (`periodic`); workers keep the stored ones in step with these.
         self.periodics: dict[str, PeriodicSpec] = {}
@@ -411,6 +416,43 @@ class App:
             if deleted < params["limit"]:
                 return total
 
+    # -- queues: flow control ----------------------------------------------------------------------
+
+    async def set_queue(
+        self,
+        queue: str,
+        *,
+        concurrency: int | Keep | None = KEEP,
+        concurrency_per_key: int | Keep | None = KEEP,
+        rate_limit: RateLimit | Keep | None = KEEP,
+        rate_limit_per_key: RateLimit | Keep | None = KEEP,
+    ) -> QueueSettings:
+        """Store a queue's limits, fleet-wide and durable; None removes one, an omitted one is kept.
+
+        `concurrency`: at most that many of its jobs hold a valid lease at any instant;
+        `concurrency_per_key`: the same per `concurrency_key` (1 serialises a key); `rate_limit` and
+        `rate_limit_per_key`: at most `count` jobs started in any rolling `per` window. Running workers
+        apply changes within one poll interval.
+        """
+        for statement in _set_queue_statements(
+            self, queue, concurrency, concurrency_per_key, rate_limit, rate_limit_per_key
+        ):
+            await self._run(statement)
+        return await self.get_queue(queue)
+
+    async def get_queue(self, queue: str) -> QueueSettings:
+        """The limits of a queue (a queue without limits has them all None)."""
+        found = await self._run(self.queue_store.list_settings(validate_text("queue", queue, MAX_TYPE_BYTES)))
+        return found[0] if found else QueueSettings(queue)
+
+    async def list_queues(self) -> list[QueueSettings]:
+        """Every queue that has limits."""
+        return await self._run(self.queue_store.list_settings())
+
+    async def queue_usage(self) -> dict[str, tuple[int, int | None]]:
+        """Per queue with limits: jobs holding a valid lease now, and jobs started in its rate window."""
+        return await self._run(self.queue_store.usage())
+
     # -- periodic jobs -----------------------------------------------------------------------------
 
     async def add_periodic(
@@ -657,6 +699,29 @@ class SyncApp:
             if deleted < params["limit"]:
                 return total
 
+    def set_queue(
+        self,
+        queue: str,
+        *,
+        concurrency: int | Keep | None = KEEP,
+        concurrency_per_key: int | Keep | None = KEEP,
+        rate_limit: RateLimit | Keep | None = KEEP,
+        rate_limit_per_key: RateLimit | Keep | None = KEEP,
+    ) -> QueueSettings:
+        app = self._app
+        for statement in _set_queue_statements(
+            app, queue, concurrency, concurrency_per_key, rate_limit, rate_limit_per_key
+        ):
+            self._run(statement)
+        return self.get_queue(queue)
+
+    def get_queue(self, queue: str) -> QueueSettings:
+        found = self._run(self._app.queue_store.list_settings(validate_text("queue", queue, MAX_TYPE_BYTES)))
+        return found[0] if found else QueueSettings(queue)
+
+    def list_queues(self) -> list[QueueSettings]:
+        return self._run(self._app.queue_store.list_settings())
+
     def add_periodic(
         self,
         name: str,
@@ -744,6 +809,23 @@ class _Waiting:
                 written=written,
             ) from exc
         return min(self.backoff.next_delay(), left)
+
+
+def _set_queue_statements(
+    app: App,
+    queue: str,
+    concurrency: int | Keep | None,
+    concurrency_per_key: int | Keep | None,
+    rate_limit: RateLimit | Keep | None,
+    rate_limit_per_key: RateLimit | Keep | None,
+) -> list[Statement[None]]:
+    return app.queue_store.set_limits(
+        validate_text("queue", queue, MAX_TYPE_BYTES),
+        concurrency=check_count("concurrency", concurrency),
+        concurrency_per_key=check_count("concurrency_per_key", concurrency_per_key),
+        rate_limit=check_rate("rate_limit", rate_limit),
+        rate_limit_per_key=check_rate("rate_limit_per_key", rate_limit_per_key),
+    )
 
 
 def _missing(specs: Sequence[JobSpec], found: Mapping[tuple[str, str], uuid.UUID]) -> list[JobSpec]:

@@ -27,12 +27,13 @@ import asyncio
 import contextlib
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Literal, TypeVar
 
 import psycopg
 
+from jobbus.limits import QueueSettings
 from jobbus.periodic import Periodic
 from jobbus.store.control import ControlStore, PauseTarget, QueueStatus, WorkerInfo
 from jobbus.store.statements import Statement, run_async
@@ -146,6 +147,9 @@ class StatusReport:
     workers: WorkersSummary
     pauses: tuple[PauseTarget, ...]
     periodics: tuple[Periodic, ...] = ()
+    limits: tuple[QueueSettings, ...] = ()
+    #: Per queue with limits: (jobs holding a valid lease, starts in its rate window or None).
+    usage: dict[str, tuple[int, int | None]] = field(default_factory=dict)
 
     @property
     def paused_all(self) -> bool:
@@ -257,7 +261,11 @@ async def queue_status(app: App) -> StatusReport:
     pauses = await _run(app, store.pause_targets())
     workers = await list_workers(app)
     periodics = await app.list_periodic()
-    return StatusReport(tuple(queues), summarize_workers(workers), tuple(pauses), tuple(periodics))
+    limits = await app.list_queues()
+    usage = await app.queue_usage() if limits else {}
+    return StatusReport(
+        tuple(queues), summarize_workers(workers), tuple(pauses), tuple(periodics), tuple(limits), usage
+    )
 
 
 def summarize_workers(workers: list[WorkerInfo]) -> WorkersSummary:

@@ -84,9 +84,9 @@ def test_workers_lists_gone_workers_and_forgets_old_rows(dsn: str) -> None:
 def test_a_worker_is_gone_by_its_own_lease_not_by_the_cli_settings(dsn: str) -> None:
     execute(
         dsn,
-        "INSERT INTO jobbus.worker (id, host, pid, concurrency, last_seen_at, lease_seconds) "
-        "VALUES ('short', 'h', 1, 1, now() - interval '5 seconds', 2), "
-        "       ('long', 'h', 2, 1, now() - interval '5 seconds', 300)",
+        "INSERT INTO jobbus.worker (id, host, pid, concurrency, last_seen_at, lease_seconds, dead_after_seconds) "
+        "VALUES ('short', 'h', 1, 1, now() - interval '5 seconds', 2, 15), "
+        "       ('long', 'h', 2, 1, now() - interval '5 seconds', 300, 3600)",
     )
     for lease in ("300", "2", "600"):
         result = jobbus(dsn, "workers", "--json", JOBBUS_LEASE_SECONDS=lease)

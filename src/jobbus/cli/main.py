@@ -14,6 +14,7 @@ from jobbus.cli.errors import fail, internal_error, usage_error
 from jobbus.cli.jobs import jobs_group
 from jobbus.cli.periodic import periodic_group
 from jobbus.cli.prune import prune_command
+from jobbus.cli.queues import queue_group
 from jobbus.cli.schedule import schedule_command
 from jobbus.cli.schema import migrate_command, schema_command
 from jobbus.cli.status import status_command
@@ -46,6 +47,7 @@ for command in (
     restart_command,
     jobs_group,
     periodic_group,
+    queue_group,
     schedule_command,
     prune_command,
     demo_command,

@@ -226,6 +226,18 @@ def status_dict(report: StatusReport) -> dict[str, Any]:
             "queues": [p.target for p in report.pauses if p.kind == "queue"],
             "workers": [p.target for p in report.pauses if p.kind == "worker"],
         },
+        "limits": [
+            {
+                "queue": q.queue,
+                "concurrency": q.concurrency,
+                "concurrency_per_key": q.concurrency_per_key,
+                "rate_limit": str(q.rate_limit) if q.rate_limit else None,
+                "rate_limit_per_key": str(q.rate_limit_per_key) if q.rate_limit_per_key else None,
+                "running": report.usage.get(q.queue, (0, None))[0],
+                "started_in_window": report.usage.get(q.queue, (0, None))[1],
+            }
+            for q in report.limits
+        ],
         "periodic": [
             {"name": p.name, "enabled": p.enabled, "next_run_at": iso(p.next_run_at), "last_run_at": iso(p.last_run_at)}
             for p in report.periodics

@@ -27,6 +27,7 @@ from jobbus.cli.output import (
     status_dict,
 )
 from jobbus.cli.periodic import periodic_table
+from jobbus.cli.queues import limits_table
 from jobbus.cli.text import shown
 
 
@@ -152,6 +153,8 @@ def render_status(report: control.StatusReport) -> Group:
         what = (["ALL WORKERS"] if paused["all"] else []) + [f"queue {q}" for q in paused["queues"]]
         what += [f"worker {w}" for w in paused["workers"]]
         parts.append(shown(f"paused: {', '.join(what)} (jobbus resume ... to lift)", style="yellow"))
+    if report.limits:
+        parts.append(limits_table(list(report.limits), report.usage))
     if report.periodics:
         parts.append(periodic_table(list(report.periodics)))
     return Group(*parts)

@@ -9,7 +9,7 @@ GRANT SELECT, INSERT, UPDATE ON {schema}.job TO {worker}, {operator};
 GRANT SELECT, INSERT, UPDATE ON {schema}.worker TO {worker}, {operator};
 GRANT SELECT ON {schema}.pause, {schema}.command, {schema}.migration TO {worker}, {operator};
 GRANT EXECUTE ON FUNCTION {schema}.uuid_generate_v7() TO {worker}, {operator};
-GRANT EXECUTE ON FUNCTION {schema}.claim_jobs(text, integer, text[], text[], double precision, integer),
+GRANT EXECUTE ON FUNCTION {schema}.claim_jobs(text, integer, text[], text[], double precision, integer, text[]),
     {schema}.take_from_queue(text, text[], integer, uuid[]), {schema}.queued_pairs()
     TO {worker}, {operator};
 -- The leader (any worker may be elected): the leadership lease, queue samples, and retention through
@@ -17,6 +17,14 @@ GRANT EXECUTE ON FUNCTION {schema}.claim_jobs(text, integer, text[], text[], dou
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.leader TO {worker}, {operator};
 GRANT SELECT, INSERT, DELETE ON {schema}.queue_stat TO {worker}, {operator};
 GRANT EXECUTE ON FUNCTION {schema}.delete_finished_jobs(text, double precision, integer) TO {worker}, {operator};
+-- Flow control: claims of limited queues lock their settings row, record starts and move the cursor.
+GRANT SELECT, UPDATE ON {schema}.queue_setting TO {worker};
+GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.queue_setting TO {operator};
+GRANT SELECT, INSERT, DELETE ON {schema}.queue_start TO {worker}, {operator};
+GRANT EXECUTE ON FUNCTION {schema}.take_limited(text, text[], integer, uuid[]),
+    {schema}.take_per_key({schema}.queue_setting, text[], integer, uuid[], timestamptz),
+    {schema}.take_from_key(text, text, text[], integer, uuid[])
+    TO {worker}, {operator};
 -- Periodic jobs: workers store the ones their code declares and the leader enqueues their ticks.
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.periodic TO {worker}, {operator};
 

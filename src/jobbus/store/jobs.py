@@ -121,9 +121,11 @@ class JobStore:
         pairs: Sequence[tuple[str, str]],
         lease_seconds: float,
         max_payload_bytes: int,
+        limited_queues: Sequence[str] = (),
     ) -> Statement[list[ClaimedJob]]:
         """Lease up to `limit` jobs of the given (queue, type) pairs; queues are served in the order they
-        first appear in `pairs`, each first with an equal share of `limit`."""
+        first appear in `pairs`, each first with an equal share of `limit`. Jobs of `limited_queues` are
+        claimed within their concurrency and rate limits."""
         params = {
             "worker_id": worker_id,
             "limit": limit,
@@ -131,6 +133,7 @@ class JobStore:
             "pair_types": [job_type for _, job_type in pairs],
             "lease_seconds": lease_seconds,
             "max_payload_bytes": min(max_payload_bytes, 2**31 - 1),
+            "limited_queues": list(limited_queues),
         }
 
         def decode(rows: list[Row], _: int) -> list[ClaimedJob]:

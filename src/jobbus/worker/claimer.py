@@ -2,11 +2,13 @@
 
 The worker keeps the (queue, type) pairs it can take that have queued jobs: read every poll interval
 with one loose index scan (one probe per pair, whatever the jobs in it), and completed at once by job
-notifications, which carry their queue and type. A claim is one statement that leases up to the free
-slots over those pairs, queue by queue (the order rotates, so every queue gets its share first), and
-walks only rows it can take: paused queues, other queues, unhandled types and jobs scheduled for
-later are never read. With a backlog, a free slot waits a moment for others so claims go out in
-batches.
+notifications, which carry their queue and type. With them it reads which queues have limits (flow
+control): only those are claimed through the limited path, within one poll interval of a change.
+
+A claim is one statement that leases up to the free slots over those pairs, queue by queue (the order
+rotates, so every queue gets its share first), and walks only rows it can take: paused queues, other
+queues, unhandled types and jobs scheduled for later are never read. With a backlog, a free slot
+waits a moment for others so claims go out in batches.
 """
 
 from __future__ import annotations
@@ -18,11 +20,14 @@ from typing import Any
 from jobbus.models import ClaimedJob
 from jobbus.settings import Settings
 from jobbus.store import JobStore, MaintenanceStore, Statement
+from jobbus.store.queues import QueueStore
 
 #: With a backlog, a free slot waits at most this long for others to free up before it is claimed
 #: for. Claiming a quarter of the concurrency at once instead of one slot at a time measured +12%
 #: drain rate at concurrency 200 (16.6k–17.1k against 14.9k–15.3k jobs/s, fresh 100k backlog).
 CLAIM_BATCH_WAIT_SECONDS = 0.02
+#: The shortest wait before claiming again from limited queues whose limits cut the last claim short.
+LIMITED_POLL_SECONDS = 0.005
 
 
 class Claimer:
@@ -31,6 +36,7 @@ class Claimer:
         *,
         store: JobStore,
         maintenance: MaintenanceStore,
+        queue_settings: QueueStore,
         run: Callable[[Statement[Any]], Awaitable[Any]],
         settings: Settings,
         worker_id: str,
@@ -41,6 +47,7 @@ class Claimer:
     ) -> None:
         self.store = store
         self.maintenance = maintenance
+        self.queue_settings = queue_settings
         self._run = run
         self.settings = settings
         self.worker_id = worker_id
@@ -50,6 +57,8 @@ class Claimer:
         #: With a backlog, claim when this many slots are free (or CLAIM_BATCH_WAIT_SECONDS passed).
         self._batch = max(1, concurrency // 4)
         self.backlog = False
+        #: The last claim came back short while limited queues were in it: limits, not an empty table.
+        self.limited_short = False
         self._last_claim = 0.0
         #: The (queue, type) pairs this worker can take that held queued jobs when last looked at.
         self._pairs: dict[tuple[str, str], None] = {}
@@ -57,6 +66,8 @@ class Claimer:
         #: While the pairs are being read: those notified meanwhile, which the read may not see.
         self._notified_during_read: set[tuple[str, str]] | None = None
         self._rotation = 0
+        #: Queues with limits: claimed through take_limited. Read with the pairs.
+        self._limited: frozenset[str] = frozenset()
         #: Whether the last claim read the pairs from the table (rather than from memory).
         self.read_fresh = False
 
@@ -92,6 +103,7 @@ class Claimer:
         finally:
             self._notified_during_read = None
         self._pairs = {pair: None for pair in pairs if self._takes(*pair)} | dict.fromkeys(notified)
+        self._limited = frozenset(await self._run(self.queue_settings.limited_queues()))
         self._pairs_read = time.monotonic()
 
     async def claim(self, free: int, paused_queues: frozenset[str]) -> tuple[list[ClaimedJob], float]:
@@ -103,6 +115,7 @@ class Claimer:
         sent = time.monotonic()
         if not pairs:
             self.backlog = False
+            self.limited_short = False
             return [], sent
         jobs: list[ClaimedJob] = await self._run(
             self.store.claim_jobs(
@@ -111,11 +124,24 @@ class Claimer:
                 pairs=pairs,
                 lease_seconds=self.settings.lease_seconds,
                 max_payload_bytes=self.settings.max_payload_bytes,
+                limited_queues=sorted(self._limited.intersection(queue for queue, _ in pairs)),
             )
         )
         self._last_claim = time.monotonic()
         self.backlog = len(jobs) == free
+        self.limited_short = len(jobs) < free and bool(self._limited.intersection(q for q, _ in pairs))
         return jobs, sent
+
+    async def wait_for_limits(self, longest: float) -> float:
+        """After a claim that limits cut short: how long until a rate window frees room (at most
+        `longest`, at least a few milliseconds); concurrency limits free slots when jobs end."""
+        if not self.limited_short:
+            return longest
+        queues = sorted({queue for queue, _ in self._pairs if queue in self._limited})
+        seconds: float | None = await self._run(self.queue_settings.seconds_until_rate_capacity(queues))
+        if seconds is None:
+            return min(longest, max(LIMITED_POLL_SECONDS, longest / 5))
+        return min(longest, max(LIMITED_POLL_SECONDS, seconds))
 
     def _serving_order(self, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
         """Pairs grouped by queue, the queues rotated one step per claim: each queue is first in turn."""

@@ -149,6 +149,7 @@ class Worker:
         self.claimer = Claimer(
             store=self.store,
             maintenance=self.maintenance,
+            queue_settings=app.queue_store,
             run=self._run,
             settings=self.settings,
             worker_id=self.worker_id,
@@ -568,7 +569,17 @@ class Worker:
                 break
             if claimed and claimed == free:
                 continue  # the claim was full: there may be more, claim again as soon as slots free up
-            await self._sleep(CLAIM_BATCH_WAIT_SECONDS if deferred else self.poll_interval)
+            if deferred:
+                await self._sleep(CLAIM_BATCH_WAIT_SECONDS)
+                continue
+            try:
+                wait = await self.claimer.wait_for_limits(self.poll_interval)
+            except Exception as exc:
+                if not is_transient(exc):
+                    self._fatal("claim loop", exc)
+                    break
+                wait = self.poll_interval
+            await self._sleep(wait)
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):

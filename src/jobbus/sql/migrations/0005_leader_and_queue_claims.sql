@@ -154,14 +154,16 @@ $$;
 -- The claim: one statement for the worker (one transaction), leasing up to p_limit jobs from the
 -- (queue, type) pairs it can take, which the worker knows from queued_pairs(). Queues are served in
 -- the order given (the worker rotates it): each first gets an equal share of the free slots, then
--- what a queue left unused goes to the others.
+-- what a queue left unused goes to the others. Queues with limits (p_limited_queues, which the worker
+-- reads from queue_setting) go through take_limited (migration 0008); the others pay nothing for it.
 CREATE FUNCTION {schema}.claim_jobs(
     p_worker_id text,
     p_limit integer,
     p_pair_queues text[],
     p_pair_types text[],
     p_lease_seconds double precision,
-    p_max_payload_bytes integer
+    p_max_payload_bytes integer,
+    p_limited_queues text[]
 ) RETURNS TABLE (
     id uuid, type text, queue text, name text, group_id uuid, priority integer, configuration_data jsonb,
     execution_data jsonb, attempts integer, max_attempts integer, lease_token uuid,
@@ -180,6 +182,7 @@ DECLARE
     v_share integer;
     v_ids uuid[] := '{{}}';
     v_pass integer;
+    v_want integer;
 BEGIN
     SELECT array_agg(q.queue ORDER BY q.first) INTO v_queues
     FROM (SELECT p.queue, min(p.n) AS first FROM unnest(p_pair_queues) WITH ORDINALITY AS p(queue, n) GROUP BY p.queue) AS q;
@@ -192,29 +195,39 @@ BEGIN
             EXIT WHEN cardinality(v_ids) >= p_limit;
             SELECT array_agg(p.type) INTO v_types
             FROM unnest(p_pair_queues, p_pair_types) AS p(queue, type) WHERE p.queue = v_queue;
-            v_ids := v_ids || {schema}.take_from_queue(
-                v_queue,
-                v_types,
-                CASE WHEN v_pass = 1 THEN least(v_share, p_limit - cardinality(v_ids)) ELSE p_limit - cardinality(v_ids) END,
-                v_ids
-            );
+            v_want := CASE WHEN v_pass = 1 THEN least(v_share, p_limit - cardinality(v_ids))
+                           ELSE p_limit - cardinality(v_ids) END;
+            IF v_queue = ANY(p_limited_queues) THEN
+                v_ids := v_ids || {schema}.take_limited(v_queue, v_types, v_want, v_ids);
+            ELSE
+                v_ids := v_ids || {schema}.take_from_queue(v_queue, v_types, v_want, v_ids);
+            END IF;
         END LOOP;
         EXIT WHEN cardinality(v_ids) >= p_limit OR cardinality(v_queues) = 1;
     END LOOP;
+    -- started_at is the clock at the update, not the transaction's start: a claim that waited for a
+    -- limited queue's lock must not date its starts before the rate window it was counted in.
     RETURN QUERY
-    UPDATE {schema}.job AS j
-    SET status = 'running',
-        attempts = j.attempts + 1,
-        lease_token = {schema}.uuid_generate_v7(),
-        lease_expires_at = now() + make_interval(secs => p_lease_seconds),
-        worker_id = p_worker_id,
-        started_at = now()
-    WHERE j.id = ANY(v_ids)
-    RETURNING j.id, j.type, j.queue, j.name, j.group_id, j.priority,
-              CASE WHEN pg_column_size(j.configuration_data) <= p_max_payload_bytes THEN j.configuration_data END,
-              j.execution_data, j.attempts, j.max_attempts, j.lease_token,
-              j.cancellation_requested_at IS NOT NULL, j.created_at, j.available_at, j.timeout_seconds,
-              CASE WHEN pg_column_size(j.configuration_data) > p_max_payload_bytes
-                   THEN pg_column_size(j.configuration_data) END;
+    WITH claimed AS (
+        UPDATE {schema}.job AS j
+        SET status = 'running',
+            attempts = j.attempts + 1,
+            lease_token = {schema}.uuid_generate_v7(),
+            lease_expires_at = now() + make_interval(secs => p_lease_seconds),
+            worker_id = p_worker_id,
+            started_at = clock_timestamp()
+        WHERE j.id = ANY(v_ids)
+        RETURNING j.*
+    ), started AS (
+        INSERT INTO {schema}.queue_start (queue, concurrency_key, started_at)
+        SELECT c.queue, c.concurrency_key, c.started_at FROM claimed AS c WHERE c.queue = ANY(p_limited_queues)
+    )
+    SELECT c.id, c.type, c.queue, c.name, c.group_id, c.priority,
+           CASE WHEN pg_column_size(c.configuration_data) <= p_max_payload_bytes THEN c.configuration_data END,
+           c.execution_data, c.attempts, c.max_attempts, c.lease_token,
+           c.cancellation_requested_at IS NOT NULL, c.created_at, c.available_at, c.timeout_seconds,
+           CASE WHEN pg_column_size(c.configuration_data) > p_max_payload_bytes
+                THEN pg_column_size(c.configuration_data) END
+    FROM claimed AS c;
 END
 $$;

@@ -70,7 +70,7 @@ WHERE %(unique_key)s::text IS NOT NULL
 -- function so the planner settings that keep it on the index travel with it (also through PgBouncer).
 SELECT * FROM {schema}.claim_jobs(
     %(worker_id)s, %(limit)s, %(pair_queues)s::text[], %(pair_types)s::text[], %(lease_seconds)s::float8,
-    %(max_payload_bytes)s::int
+    %(max_payload_bytes)s::int, %(limited_queues)s::text[]
 );
 
 -- name: recover_expired_leases
