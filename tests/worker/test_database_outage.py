@@ -94,3 +94,38 @@ def test_worker_starting_while_its_connections_are_killed_keeps_starting(cluster
         code, out = finish(worker, timeout=120)
     assert code == 0, out[-3000:]
     assert _completed(cluster.dsn) == 20
+
+
+def test_a_stop_issued_right_after_an_outage_reaches_the_worker_and_waits_for_it(cluster: Cluster) -> None:
+    """The database was away longer than the worker's lease: its row looks silent, yet the worker lives.
+    `stop --all --wait` must address it, and report success only once it applied the stop."""
+    import subprocess
+    import sys
+
+    from tests.processes import ROOT
+
+    env = {"JOBBUS_LEASE_SECONDS": "2", "JOBBUS_HEARTBEAT_INTERVAL_SECONDS": "0.3"}
+    with workers(cluster.dsn, 1, "--worker-id", "pod-out", env=env) as (worker,):
+        wait_until(lambda: _registered(cluster.dsn), what="the worker to register")
+        cluster.stop("fast")
+        time.sleep(3)  # longer than the lease: the registry row goes silent
+        cluster.start()
+        cluster.wait_ready()
+        stop = subprocess.run(
+            [sys.executable, "-m", "jobbus", "stop", "--all", "--wait", "--timeout", "30", "--dsn", cluster.dsn],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        code, out = finish(worker, timeout=30)
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    assert "addressed to 1 worker(s): pod-out" in stop.stdout and "acknowledged by: pod-out" in stop.stdout
+    assert code == 0, out
+
+
+def _registered(dsn: str) -> bool:
+    try:
+        return bool(query(dsn, "SELECT 1 FROM jobbus.worker WHERE id = 'pod-out'"))
+    except psycopg.OperationalError:
+        return False
