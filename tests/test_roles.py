@@ -108,7 +108,7 @@ async def test_producer_role_schedules_and_deduplicates_with_insert_and_select_o
         psycopg.connect(roles["producer"], autocommit=True) as conn,
         pytest.raises(psycopg.errors.InsufficientPrivilege),
     ):
-        conn.execute("SELECT * FROM jobbus.claim_jobs('x', 1, '{t}', true, '{}', '{}', 60, 1000000)")
+        conn.execute("SELECT * FROM jobbus.claim_jobs('x', 1, '{default}', '{t}', 60, 1000000, '{}')")
 
 
 def test_role_names_are_validated() -> None:

@@ -156,6 +156,11 @@ $$;
 -- the order given (the worker rotates it): each first gets an equal share of the free slots, then
 -- what a queue left unused goes to the others. Queues with limits (p_limited_queues, which the worker
 -- reads from queue_setting) go through take_limited (migration 0008); the others pay nothing for it.
+-- Each job comes back with when it was created and became available (a handler can measure its own
+-- queueing delay) and without a configuration larger than the worker accepts: producers other than
+-- this library could store any size, which workers would then load in claim batches. Such a job comes
+-- back with a NULL configuration and its stored size (pg_column_size reads the datum's header, without
+-- decompressing it), and the worker fails it at once.
 CREATE FUNCTION {schema}.claim_jobs(
     p_worker_id text,
     p_limit integer,
