@@ -179,3 +179,32 @@ async def test_schema_names_up_to_the_longest_allowed_enqueue_notify_and_steer(a
             report = await control.wait_for_acks(app, issued, timeout=10)
             assert report.complete
             assert await asyncio.wait_for(task, 10) == 0
+
+
+async def test_lease_renewals_and_checkpoints_are_hot_updates(dsn: str) -> None:
+    """No index covers what a renewal or a checkpoint changes, so PostgreSQL can update those rows in place
+    (HOT) without touching an index. Whether it does also depends on room in the page and on what other
+    transactions still see, so the bound is loose; an index on a lease column would take it to zero."""
+    app = jobbus.App(dsn=dsn, heartbeat_interval_seconds=0.05, **FAST)
+
+    @app.job("long")
+    async def long(job: jobbus.JobExecution) -> None:
+        for step in range(10):
+            await asyncio.sleep(0.1)
+            await job.checkpoint({"step": step})
+
+    async with app:
+        await app.schedule_many("long", [{} for _ in range(20)])
+        assert await jobbus.Worker(app, concurrency=20, stop_when_empty=True).run() == 0
+    # the worker's connections are closed: their statistics are flushed
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute("SELECT pg_stat_force_next_flush()")
+        cur = await conn.execute(
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE schemaname = 'jobbus' AND relname = 'job'"
+        )
+        row = await cur.fetchone()
+    assert row is not None
+    updates, hot = row
+    status_changes = 2 * 20  # each job's claim and outcome
+    assert updates > 400  # 20 jobs × 10 checkpoints, plus about 20 renewals each
+    assert hot >= 0.5 * (updates - status_changes), (updates, hot)
