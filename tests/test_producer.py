@@ -14,6 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import jobbus
+import jobbus.store as jobbus_store
+import jobbus.store.jobs as jobbus_jobs
 from jobbus import JobRequest, JobStatus
 from jobbus.requests import EARLIEST_AVAILABLE_AT, LATEST_AVAILABLE_AT, MAX_JSON_DEPTH, json_text
 
@@ -398,3 +400,113 @@ async def test_queue_limits_are_stored_merged_and_removed(app: jobbus.App) -> No
         jobbus.RateLimit(10, per=timedelta(days=30))
     assert jobbus.RateLimit.parse("100/1m") == jobbus.RateLimit(100, timedelta(minutes=1))
     assert jobbus.RateLimit.parse("50/s") == jobbus.RateLimit(50, timedelta(seconds=1))
+
+
+async def _rows(dsn: str, ids: list[uuid.UUID]) -> dict[uuid.UUID, tuple[Any, ...]]:
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        cur = await conn.execute(
+            "SELECT id, type, queue, name, group_id, priority, configuration_data, max_attempts, timeout_seconds,"
+            " concurrency_key, status, available_at <= now() FROM jobbus.job WHERE id = ANY(%s)",
+            [ids],
+        )
+        return {row[0]: row[1:] for row in await cur.fetchall()}
+
+
+async def test_a_large_batch_is_copied_with_every_option_and_announced(app: jobbus.App, dsn: str) -> None:
+    """From COPY_MIN_ROWS unkeyed jobs the batch streams by COPY: the rows are the ones a statement writes,
+    ids in input order, one notification per (queue, type) at commit."""
+    size = jobbus_jobs.COPY_MIN_ROWS + 1
+    group = uuid.uuid4()
+    configurations = [{"n": n, "text": "café ☕ \U0001f600", "nested": {"list": [n, None, True]}} for n in range(size)]
+    requests = [
+        JobRequest(
+            f"report.{n % 2}",
+            configurations[n],
+            name=f"job {n}",
+            group_id=group,
+            max_attempts=4,
+            queue=f"q{n % 3}",
+            priority=n % 5,
+            timeout=1.5,
+            concurrency_key="tenant-1" if n % 2 else None,
+        )
+        for n in range(size)
+    ]
+    specs, _ = app._specs(requests, None, {})
+    assert isinstance(app.store.insert_jobs(specs), jobbus_store.Copy)
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as listener:
+        await listener.execute(f"LISTEN {app.store.channel}")
+        ids = await app.insert_specs(specs)
+        notes = [note async for note in listener.notifies(timeout=1.0)]
+    assert len(ids) == size == len(set(ids))
+    rows = await _rows(dsn, ids)
+    for n, job_id in enumerate(ids):
+        kind, queue, name, group_id, priority, configuration, attempts, timeout, key, status, due = rows[job_id]
+        assert (kind, queue, name, group_id, priority) == (f"report.{n % 2}", f"q{n % 3}", f"job {n}", group, n % 5)
+        assert (configuration, attempts, timeout, status, due) == (configurations[n], 4, 1.5, "queued", True)
+        assert key == ("tenant-1" if n % 2 else None)
+    assert sorted(json.loads(note.payload) for note in notes) == sorted(
+        [f"q{n % 3}", f"report.{n % 2}"] for n in range(6)
+    )
+
+
+async def test_a_copied_batch_keeps_absolute_starts_and_a_delayed_one_counts_from_the_database(
+    app: jobbus.App, dsn: str
+) -> None:
+    size = jobbus_jobs.COPY_MIN_ROWS
+    at = datetime(2031, 5, 6, 7, 8, 9, tzinfo=UTC)
+    absolute = await app.schedule_many("later", [{}] * size, available_at=at)
+    delayed = await app.schedule_many("later", [{}] * size, available_at=timedelta(hours=1))
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        cur = await conn.execute(
+            "SELECT count(*) FILTER (WHERE id = ANY(%s) AND available_at = %s),"
+            " count(*) FILTER (WHERE id = ANY(%s) AND available_at BETWEEN now() + interval '59 minutes'"
+            " AND now() + interval '61 minutes') FROM jobbus.job",
+            [absolute, at, delayed],
+        )
+        assert await cur.fetchone() == (size, size)
+
+
+async def test_a_copy_repeated_after_its_commit_was_lost_writes_nothing_twice(app: jobbus.App, dsn: str) -> None:
+    """A lost connection after COPY committed makes the App send it again: the rows exist, so the copy
+    is undone and the ON CONFLICT statement answers in its place."""
+    specs, _ = app._specs("report", [{"n": n} for n in range(jobbus_jobs.COPY_MIN_ROWS)], {})
+    operation = app.store.insert_jobs(specs)
+    assert isinstance(operation, jobbus_store.Copy)
+    await app._run(operation)
+    assert await app._run(operation) == {}
+    assert await app.insert_specs(specs) == [spec.id for spec in specs]
+    assert _count(dsn) == len(specs)
+
+
+async def test_a_copied_batch_belongs_to_the_callers_transaction(app: jobbus.App, dsn: str) -> None:
+    size = jobbus_jobs.COPY_MIN_ROWS
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        await app.schedule_many("report", [{}] * size, connection=conn)
+        await conn.rollback()
+        assert _count(dsn) == 0
+        await conn.execute("SELECT 1")  # a transaction already open: the copy's savepoint is inside it
+        ids = await app.schedule_many("report", [{}] * size, connection=conn)
+        assert _count(dsn) == 0
+        await conn.commit()
+    assert _count(dsn) == size == len(ids)
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await app.schedule_many("report", [{}] * size, connection=conn)
+    assert _count(dsn) == 2 * size
+
+
+def test_a_copied_batch_sync_twin(sync_app: jobbus.App, dsn: str) -> None:
+    size = jobbus_jobs.COPY_MIN_ROWS
+    with psycopg.connect(dsn) as conn:
+        sync_app.sync.schedule_many("report", [{}] * size, connection=conn)
+        conn.rollback()
+        assert _count(dsn) == 0
+    ids = sync_app.sync.schedule_many("report", [{"n": n} for n in range(size)])
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute("SELECT configuration_data->>'n' FROM jobbus.job ORDER BY id").fetchall()
+    assert len(ids) == size and sorted(int(n) for (n,) in rows) == list(range(size))
+    specs, _ = sync_app._specs("report", [{}] * size, {})
+    operation = sync_app.store.insert_jobs(specs)
+    sync_app.sync._run(operation)
+    sync_app.sync._run(operation)
+    assert _count(dsn) == 2 * size

@@ -13,6 +13,7 @@ from psycopg.conninfo import make_conninfo
 
 import jobbus
 from jobbus import control, schema
+from jobbus.store.jobs import COPY_MIN_ROWS
 
 
 @pytest.fixture
@@ -96,6 +97,8 @@ async def test_producer_role_schedules_and_deduplicates_with_insert_and_select_o
     app = _app(roles["producer"])
     async with app:
         ids = await app.schedule_many("t", [{}, {}])
+        copied = await app.schedule_many("t", [{}] * COPY_MIN_ROWS)  # COPY needs only INSERT
+        assert len(set(copied)) == COPY_MIN_ROWS
         assert await app.schedule("t", unique_key="k") == await app.schedule("t", unique_key="k")
         assert await app.schedule("t", unique_key="busy") == running_id
         assert app.sync.schedule("t", unique_key="busy") == running_id

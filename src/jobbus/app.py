@@ -35,7 +35,7 @@ from jobbus.requests import (
 )
 from jobbus.resilience import Backoff, first_line, is_transient
 from jobbus.settings import Settings
-from jobbus.store import CancelResult, JobStore, Statement, run_async, run_sync
+from jobbus.store import CancelResult, Copy, JobStore, Statement, run_async, run_sync
 from jobbus.store.periodic import PeriodicStore
 from jobbus.store.queues import QueueStore
 from jobbus.store.statements import configure_async, configure_connection
@@ -237,7 +237,7 @@ class App:
 
     async def _run(
         self,
-        statement: Statement[T],
+        statement: Statement[T] | Copy[T],
         connection: psycopg.AsyncConnection[Any] | None = None,
         *,
         repeatable: bool = True,
@@ -576,7 +576,11 @@ class SyncApp:
         self.close()
 
     def _run(
-        self, statement: Statement[T], connection: psycopg.Connection[Any] | None = None, *, repeatable: bool = True
+        self,
+        statement: Statement[T] | Copy[T],
+        connection: psycopg.Connection[Any] | None = None,
+        *,
+        repeatable: bool = True,
     ) -> T:
         if connection is not None:
             if not isinstance(connection, psycopg.Connection):

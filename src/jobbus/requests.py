@@ -149,7 +149,7 @@ def specs_sharing(
 
 
 def configuration_json(configuration: Mapping[str, Any] | None, limit: int | None = None) -> str:
-    if configuration is None:
+    if configuration is None or (type(configuration) is dict and not configuration):
         return "{}"
     if not isinstance(configuration, Mapping):
         raise InvalidJobError(

@@ -2,12 +2,13 @@
 
 from jobbus.store.jobs import CancelResult, JobStore, Outcome, RecoveredJob
 from jobbus.store.maintenance import MaintenanceStore
-from jobbus.store.statements import Row, Statement, dumps, queries, run_async, run_sync
+from jobbus.store.statements import Copy, Row, Statement, dumps, queries, run_async, run_sync
 from jobbus.store.workers import ControlState, Registration, WorkerStore
 
 __all__ = [
     "CancelResult",
     "ControlState",
+    "Copy",
     "JobStore",
     "MaintenanceStore",
     "Outcome",

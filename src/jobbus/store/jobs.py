@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from psycopg.types.json import Jsonb
+
 from jobbus.models import JOB_COLUMNS, ClaimedJob, GroupProgress, Job, JobSpec, JobStatus
 from jobbus.schema import VERSION_QUERY, render
-from jobbus.store.statements import Row, Statement, channel_name, queries
+from jobbus.store.statements import Copy, Row, Statement, channel_name, queries
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +66,9 @@ class JobStore:
 
     # -- producers ---------------------------------------------------------------------------------
 
-    def insert_jobs(self, specs: Sequence[JobSpec]) -> Statement[dict[tuple[str, str], uuid.UUID]]:
+    def insert_jobs(
+        self, specs: Sequence[JobSpec]
+    ) -> Statement[dict[tuple[str, str], uuid.UUID]] | Copy[dict[tuple[str, str], uuid.UUID]]:
         """Insert jobs in one round trip; returns, per unique (type, key), the id of the active job.
 
         Specs must not repeat a (type, unique_key); the caller folds repeats onto the first. A keyed
@@ -89,6 +94,13 @@ class JobStore:
                 "channel": self.channel,
             }
             return Statement(self._q["insert_job"], one, _decode_inserted)
+        if len(specs) >= COPY_MIN_ROWS:
+            copied = self._copy_jobs(specs)
+            if copied is not None:
+                return copied
+        return self._insert_jobs(specs)
+
+    def _insert_jobs(self, specs: Sequence[JobSpec]) -> Statement[dict[tuple[str, str], uuid.UUID]]:
         # Keyed rows in (type, unique_key) order: concurrent batches with overlapping keys then take
         # the unique index's insertion locks in one order and cannot deadlock.
         specs = sorted(specs, key=lambda s: (s.unique_key is not None, s.type, s.unique_key or ""))
@@ -110,6 +122,41 @@ class JobStore:
         }
 
         return Statement(self._q["insert_jobs"], params, _decode_inserted, prepare=False)
+
+    def _copy_jobs(self, specs: Sequence[JobSpec]) -> Copy[dict[tuple[str, str], uuid.UUID]] | None:
+        """A large batch without unique keys, streamed by binary COPY (no arrays built and unnested).
+
+        Only when every job starts now or every job has an absolute start: a delay is counted from the
+        database's clock, which COPY cannot read, so mixed or delayed batches take the statement.
+        """
+        if any(s.unique_key is not None for s in specs):
+            return None
+        if all(s.available_at is None and not s.delay_seconds for s in specs):
+            query, starts = "copy_jobs", False
+        elif all(s.available_at is not None for s in specs):
+            query, starts = "copy_jobs_at", True
+        else:
+            return None
+        rows = [
+            (
+                s.id,
+                s.type,
+                s.queue,
+                s.name,
+                s.group_id,
+                s.priority,
+                Jsonb(s.configuration, dumps=_as_is),
+                s.max_attempts,
+                s.timeout_seconds,
+                s.concurrency_key,
+                *((s.available_at,) if starts else ()),
+            )
+            for s in specs
+        ]
+        pairs = [json.dumps(list(pair)) for pair in sorted({(s.queue, s.type) for s in specs})]
+        announce = Statement(self._q["announce_jobs"], {"channel": self.channel, "pairs": pairs}, _none_found)
+        types = _COPY_TYPES + (("timestamptz",) if starts else ())
+        return Copy(self._q[query], types, rows, then=announce, instead=self._insert_jobs(specs))
 
     # -- worker ------------------------------------------------------------------------------------
 
@@ -252,6 +299,22 @@ class JobStore:
 
     def schema_version(self) -> Statement[int]:
         return Statement(render(VERSION_QUERY, self.schema), {}, lambda rows, _: int(rows[0][0]))
+
+
+#: From this many jobs without unique keys, a batch is copied rather than inserted by one statement.
+COPY_MIN_ROWS = 1000
+
+#: The types of copy_jobs's columns, in its order (copy_jobs_at adds available_at, a timestamptz).
+_COPY_TYPES = ("uuid", "text", "text", "text", "uuid", "int4", "jsonb", "int4", "float8", "text")
+
+
+def _as_is(text: str) -> str:
+    """Configurations are JSON text already (validated by `build_spec`): copied without a second encoding."""
+    return text
+
+
+def _none_found(_rows: list[Row], _count: int) -> dict[tuple[str, str], uuid.UUID]:
+    return {}
 
 
 def _decode_inserted(rows: list[Row], _: int) -> dict[tuple[str, str], uuid.UUID]:

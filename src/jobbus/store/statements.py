@@ -11,13 +11,14 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from typing import Any, Generic, TypeVar
 
 import psycopg
+from psycopg import pq
 from psycopg.types.json import set_json_loads
 
 from jobbus.models import JOB_COLUMNS
@@ -66,16 +67,70 @@ class Statement(Generic[T]):
     prepare: bool | None = None
 
 
-async def run_async(conn: psycopg.AsyncConnection[Any], statement: Statement[T]) -> T:
+@dataclass(frozen=True, slots=True)
+class Copy(Generic[T]):
+    """Rows streamed by binary ``COPY``, then `then`, in one transaction: the caller's, or the pool's.
+
+    Rows carry client-made primary keys, so the only way one can already exist is an earlier attempt of
+    the same operation whose commit went through while its connection was lost: the copy is then undone
+    (a savepoint) and `instead`, an ``ON CONFLICT DO NOTHING`` statement for the same rows, runs in its
+    place, which makes a repeated operation as safe as a repeated statement.
+    """
+
+    copy: str
+    types: Sequence[str]
+    rows: Sequence[Row]
+    then: Statement[T]
+    instead: Statement[T]
+
+
+async def run_async(conn: psycopg.AsyncConnection[Any], statement: Statement[T] | Copy[T]) -> T:
+    if isinstance(statement, Copy):
+        return await _copy_async(conn, statement)
     cursor = await conn.execute(statement.query.encode(), statement.params, prepare=statement.prepare)
     rows = await cursor.fetchall() if cursor.description else []
     return statement.decode(rows, cursor.rowcount)
 
 
-def run_sync(conn: psycopg.Connection[Any], statement: Statement[T]) -> T:
+def run_sync(conn: psycopg.Connection[Any], statement: Statement[T] | Copy[T]) -> T:
+    if isinstance(statement, Copy):
+        return _copy_sync(conn, statement)
     cursor = conn.execute(statement.query.encode(), statement.params, prepare=statement.prepare)
     rows = cursor.fetchall() if cursor.description else []
     return statement.decode(rows, cursor.rowcount)
+
+
+#: Opens the transaction a savepoint needs, on a connection that has none yet (not in autocommit: there
+#: the savepoint's block is the transaction).
+_OPEN = b"SELECT"
+
+
+async def _copy_async(conn: psycopg.AsyncConnection[Any], op: Copy[T]) -> T:
+    if not conn.autocommit and conn.info.transaction_status == pq.TransactionStatus.IDLE:
+        await conn.execute(_OPEN)
+    try:
+        async with conn.transaction():
+            async with conn.cursor() as cursor, cursor.copy(op.copy.encode()) as copy:
+                copy.set_types(list(op.types))
+                for row in op.rows:
+                    await copy.write_row(row)
+            return await run_async(conn, op.then)
+    except psycopg.errors.UniqueViolation:
+        return await run_async(conn, op.instead)
+
+
+def _copy_sync(conn: psycopg.Connection[Any], op: Copy[T]) -> T:
+    if not conn.autocommit and conn.info.transaction_status == pq.TransactionStatus.IDLE:
+        conn.execute(_OPEN)
+    try:
+        with conn.transaction():
+            with conn.cursor() as cursor, cursor.copy(op.copy.encode()) as copy:
+                copy.set_types(list(op.types))
+                for row in op.rows:
+                    copy.write_row(row)
+            return run_sync(conn, op.then)
+    except psycopg.errors.UniqueViolation:
+        return run_sync(conn, op.instead)
 
 
 class UndecodableJson(dict[str, Any]):

@@ -63,6 +63,23 @@ WHERE %(unique_key)s::text IS NOT NULL
   AND existing.type = %(type)s AND existing.unique_key = %(unique_key)s::text
   AND existing.status IN ('queued', 'running');
 
+-- name: copy_jobs
+-- A large batch without unique keys (`JobStore.insert_jobs` decides), jobs available now: streamed in
+-- binary, no arrays to build and unnest. The columns are `_COPY_TYPES` of jobbus/store/jobs.py, in order.
+COPY {schema}.job (id, type, queue, name, group_id, priority, configuration_data, max_attempts, timeout_seconds,
+                   concurrency_key)
+FROM STDIN (FORMAT BINARY);
+
+-- name: copy_jobs_at
+-- copy_jobs for jobs that each have an absolute start.
+COPY {schema}.job (id, type, queue, name, group_id, priority, configuration_data, max_attempts, timeout_seconds,
+                   concurrency_key, available_at)
+FROM STDIN (FORMAT BINARY);
+
+-- name: announce_jobs
+-- After a copy, in its transaction: one notification per (queue, type) of the batch, as insert_jobs sends.
+SELECT pg_notify(%(channel)s, pair) FROM unnest(%(pairs)s::text[]) AS pair;
+
 -- name: claim_jobs
 -- The one claim statement: lease up to %(limit)s available jobs of the given (queue, type) pairs in claim
 -- order, skipping rows other workers hold, in one transaction. The body is the function claim_jobs of
