@@ -17,6 +17,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from jobbus import schema as schema_module
+from jobbus.batching import InsertBatcher
 from jobbus.errors import DatabaseUnavailableError, InvalidJobError, InvalidStateError, JobbusError
 from jobbus.events import EventHub, JobCancelled, JobEvent, JobScheduled
 from jobbus.limits import KEEP, Keep, QueueSettings, RateLimit, check_count, check_rate
@@ -53,6 +54,10 @@ JobItem = JobRequest | Mapping[str, Any] | tuple[str, Mapping[str, Any] | None]
 TERMINAL = ("completed", "failed", "cancelled")
 #: A keyed insert that meets an active job committed after its snapshot asks again, this many times.
 DEDUPE_ROUNDS = 10
+#: Insert statements one App has in flight at once; concurrent `schedule` calls beyond share them.
+BATCHES_IN_FLIGHT = 4
+#: At most this many jobs of concurrent callers go in one shared statement.
+BATCH_JOBS = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +95,7 @@ class App:
         self.events = EventHub()
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
         self._pool_users = 0
+        self._batcher: InsertBatcher | None = None
         self.sync = SyncApp(self)
 
     # -- registry ----------------------------------------------------------------------------------
@@ -215,11 +221,14 @@ class App:
                 await pool.close()
                 raise
             self._pool = pool
+            self._batcher = InsertBatcher(
+                self._insert_now, in_flight=min(BATCHES_IN_FLIGHT, self.settings.pool_max_size), max_jobs=BATCH_JOBS
+            )
 
     async def close(self) -> None:
         self._pool_users = max(0, self._pool_users - 1)
         if self._pool_users == 0 and self._pool is not None:
-            pool, self._pool = self._pool, None
+            pool, self._pool, self._batcher = self._pool, None, None
             await pool.close()
 
     async def __aenter__(self) -> App:
@@ -321,19 +330,32 @@ class App:
         """
         if not specs:
             return []
-        found = await self._run(self.store.insert_jobs(specs), connection)
+        found = await self._insert(specs, connection)
         for _ in range(DEDUPE_ROUNDS):
             missing = _missing(specs, found)
             if not missing:
                 break
-            more: dict[tuple[str, str], uuid.UUID] = await self._run(self.store.insert_jobs(missing), connection)
-            found.update(more)
+            found.update(await self._insert(missing, connection))
         else:
             raise _dedupe_contention(specs, found)
         if self.events:
             for spec in _inserted(specs, found):
                 await self.events.emit(JobScheduled(spec.id, spec.type, spec.queue))
         return _resolve_ids(specs, range(len(specs)), found)
+
+    async def _insert(
+        self, specs: Sequence[JobSpec], connection: psycopg.AsyncConnection[Any] | None
+    ) -> dict[tuple[str, str], uuid.UUID]:
+        """In the caller's transaction, or on the pool in a statement shared with concurrent callers."""
+        if connection is not None:
+            return await self._run(self.store.insert_jobs(specs), connection)
+        if self._batcher is None:
+            self.pool  # noqa: B018 - raises: the App is not open
+            raise AssertionError("an open App has a batcher")
+        return dict(await self._batcher.insert(specs))
+
+    async def _insert_now(self, specs: Sequence[JobSpec]) -> dict[tuple[str, str], uuid.UUID]:
+        return await self._run(self.store.insert_jobs(specs))
 
     def _specs(
         self,
