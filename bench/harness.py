@@ -38,7 +38,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--batch", type=int, default=0, help="claim batch size, for queues that have one")
     parser.add_argument("--interval", type=float, default=0.02, help="latency: seconds between two jobs")
+    parser.add_argument(
+        "--limit",
+        default="",
+        help="flow control for fill and drain: queue=N (at most N running fleet-wide) or keys=N (N keys, one each)",
+    )
     return parser.parse_args(argv)
+
+
+def parse_limit(text: str) -> tuple[str, int] | None:
+    """`queue=100` -> ("queue", 100); empty -> None (no limit)."""
+    if not text:
+        return None
+    kind, _, value = text.partition("=")
+    if kind not in ("queue", "keys") or not value.isdigit():
+        raise SystemExit(f"--limit must be queue=N or keys=N, not {text!r}")
+    return kind, int(value)
 
 
 def emit(**values: Any) -> None:

@@ -58,13 +58,23 @@ async def enqueue_bulk(args: Namespace) -> dict[str, Any]:
 
 
 async def fill(args: Namespace) -> dict[str, Any]:
+    """`jobs` no-op jobs in queue `default`; with `--limit`, the queue's limit is stored first."""
+    limit = harness.parse_limit(args.limit)
     app = _app(args.dsn)
     async with app:
-        left = args.jobs
-        while left > 0:
-            chunk = min(left, FILL_CHUNK)
-            await app.schedule_many(harness.NOOP, [{}] * chunk)
-            left -= chunk
+        if limit is not None and limit[0] == "queue":
+            await app.set_queue("default", concurrency=limit[1])
+        if limit is not None and limit[0] == "keys":
+            await app.set_queue("default", concurrency_per_key=1)
+        for start in range(0, args.jobs, FILL_CHUNK):
+            count = min(FILL_CHUNK, args.jobs - start)
+            if limit is not None and limit[0] == "keys":
+                keys = limit[1]
+                await app.schedule_many(
+                    {"type": harness.NOOP, "concurrency_key": f"k{(start + i) % keys}"} for i in range(count)
+                )
+            else:
+                await app.schedule_many(harness.NOOP, [{}] * count)
     return {"jobs": args.jobs}
 
 

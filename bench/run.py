@@ -68,6 +68,7 @@ SCENARIOS = [
     "drain_2proc",
     "latency",
     "finished_1m",
+    "drain_limited",
     "commits",
     "floor",
 ]
@@ -86,6 +87,12 @@ class Sizes:
 
 
 QUICK = Sizes(single=500, drain_large=30_000, latency=100, finished=200_000, floor=30_000)
+
+
+#: The flow-control drains: label and the drivers' `--limit` (see bench/harness.py).
+LIMITED_DRAINS = [("unlimited", ""), ("queue limit 100", "queue=100"), ("1,000 keys, 1 each", "keys=1000")]
+#: Which limits each system has: pgqueuer's entrypoint `concurrency_limit`, procrastinate's `lock`.
+LIMITS_SUPPORTED = {"jobbus": {"queue", "keys"}, "pgqueuer": {"queue"}, "procrastinate": {"keys"}, "oban": set()}
 
 
 @dataclass(frozen=True)
@@ -518,16 +525,22 @@ class Suite:
         jobs: int,
         processes: int = 1,
         reset: bool = True,
+        limit: str = "",
     ) -> dict[str, float]:
-        """Fill `jobs`, drain them with `processes` workers; returns the figures of this run."""
+        """Fill `jobs`, drain them with `processes` workers; returns the figures of this run.
+
+        `limit` (`queue=N` or `keys=N`) is handed to the drivers' fill and drain: see bench/harness.py.
+        """
         if reset:
             self.reset(system, dbname)
         dsn = self.dsn(dbname)
-        run_driver(system.argv("fill", dsn, jobs=jobs))
+        limited = {"limit": limit} if limit else {}
+        run_driver(system.argv("fill", dsn, jobs=jobs, **limited))
         self.server.sample_noise()
         commits0, wal0 = self.server.counters(dbname)
         if processes == 1:
-            result = run_driver(system.argv("drain", dsn, concurrency=setting.concurrency, batch=setting.batch))
+            argv = system.argv("drain", dsn, concurrency=setting.concurrency, batch=setting.batch, **limited)
+            result = run_driver(argv)
         else:
             result = self.drain_processes(system, dsn, setting, processes)
         time.sleep(0.5)  # backends flush their statistics when they exit
@@ -680,6 +693,28 @@ class Suite:
                     with self.guarded("finished_1m", system):
                         figures = self.drain_once("finished_1m", system, dbs[system.name], setting, n, reset=False)
                         self.record_drain("finished_1m", system, setting, n, figures, run)
+
+    def limited(self) -> None:
+        """Drains of a queue with a fleet-wide limit of 100 and of 1,000 keys run one at a time each,
+        beside the same drain unlimited, for each system that has the feature."""
+        jobs = self.sizes.drain_small
+        with self.databases("drain_limited") as dbs:
+            for run in range(self.runs):
+                for system in self.systems:
+                    if system.name not in dbs:
+                        continue
+                    for label, limit in LIMITED_DRAINS:
+                        if limit and limit.split("=")[0] not in LIMITS_SUPPORTED[system.name]:
+                            if run == 0:
+                                self.note("drain_limited", system.name, f"{label}: no equivalent feature")
+                            continue
+                        best = system.best_setting
+                        setting = Setting(f"{label} ({best.label})", best.concurrency, best.batch)
+                        with self.guarded("drain_limited", system):
+                            n = system.drain_size(jobs)
+                            dbname = dbs[system.name]
+                            figures = self.drain_once("drain_limited", system, dbname, setting, n, limit=limit)
+                            self.record_drain("drain_limited", system, setting, n, figures, run)
 
     def floor(self) -> None:
         """The SQL floor: claim 100 rows per statement, complete them with one UPDATE, one connection."""
@@ -1154,6 +1189,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             suite.latency()
         if "finished_1m" in scenarios:
             suite.finished()
+        if "drain_limited" in scenarios:
+            suite.limited()
         if "floor" in scenarios:
             suite.floor()
     except KeyboardInterrupt:

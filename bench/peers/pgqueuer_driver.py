@@ -72,10 +72,13 @@ async def fill(args):
     return {"jobs": args.jobs}
 
 
-def _worker(conn, on_start):
+def _worker(conn, on_start, limit=None):
+    """`limit` ("queue", N): the entrypoint's `concurrency_limit` (pgqueuer has no per-key limit)."""
+    if limit is not None and limit[0] != "queue":
+        raise SystemExit(f"pgqueuer has no equivalent of --limit {limit[0]}=N")
     pgq = PgQueuer(AsyncpgDriver(conn))
 
-    @pgq.entrypoint(harness.NOOP)
+    @pgq.entrypoint(harness.NOOP, concurrency_limit=limit[1] if limit else 0)
     async def noop(job) -> None:
         on_start(job)
 
@@ -92,7 +95,7 @@ def _run_kwargs(args):
 async def drain(args):
     conn = await asyncpg.connect(args.dsn)
     stamps = []
-    pgq = _worker(conn, lambda job: stamps.append(time.time()))
+    pgq = _worker(conn, lambda job: stamps.append(time.time()), harness.parse_limit(args.limit))
     started = time.time()
     await pgq.run(mode=QueueExecutionMode.drain, **_run_kwargs(args))
     ended = time.time()

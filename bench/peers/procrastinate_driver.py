@@ -59,8 +59,16 @@ async def enqueue_bulk(args):
 
 
 async def fill(args):
+    """With `--limit keys=N`, each job takes one of N `lock`s: procrastinate runs one job per lock at a time."""
+    limit = harness.parse_limit(args.limit)
+    if limit is not None and limit[0] != "keys":
+        raise SystemExit("procrastinate has no fleet-wide limit per queue")
     app, noop = _app(args.dsn)
     async with app.open_async():
+        if limit is not None:
+            for index in range(args.jobs):
+                await noop.configure(lock=f"k{index % limit[1]}").defer_async()
+            return {"jobs": args.jobs}
         left = args.jobs
         while left > 0:
             chunk = min(left, FILL_CHUNK)
