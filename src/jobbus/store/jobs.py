@@ -67,14 +67,18 @@ class JobStore:
     # -- producers ---------------------------------------------------------------------------------
 
     def insert_jobs(
-        self, specs: Sequence[JobSpec]
+        self, specs: Sequence[JobSpec], *, callback: tuple[uuid.UUID, str] | None = None
     ) -> Statement[dict[tuple[str, str], uuid.UUID]] | Copy[dict[tuple[str, str], uuid.UUID]]:
         """Insert jobs in one round trip; returns, per unique (type, key), the id of the active job.
 
         Specs must not repeat a (type, unique_key); the caller folds repeats onto the first. A keyed
         spec missing from the result met an active job committed after the statement's snapshot: ask
-        again. Safe to repeat after a lost connection (ids are the client's; no row is doubled).
+        again. Safe to repeat after a lost connection (ids are the client's; no row is doubled, and
+        neither is a follow-up or a group callback). `callback` is (group id, `spec_json`) of a
+        group's callback, written with its members.
         """
+        if callback is not None:
+            return self._insert_jobs(specs, callback)
         if len(specs) == 1:
             (spec,) = specs
             one = {
@@ -91,6 +95,7 @@ class JobStore:
                 "delay": float(spec.delay_seconds),
                 "timeout": spec.timeout_seconds,
                 "concurrency_key": spec.concurrency_key,
+                "then": spec.then,
                 "channel": self.channel,
             }
             return Statement(self._q["insert_job"], one, _decode_inserted)
@@ -100,7 +105,9 @@ class JobStore:
                 return copied
         return self._insert_jobs(specs)
 
-    def _insert_jobs(self, specs: Sequence[JobSpec]) -> Statement[dict[tuple[str, str], uuid.UUID]]:
+    def _insert_jobs(
+        self, specs: Sequence[JobSpec], callback: tuple[uuid.UUID, str] | None = None
+    ) -> Statement[dict[tuple[str, str], uuid.UUID]]:
         # Keyed rows in (type, unique_key) order: concurrent batches with overlapping keys then take
         # the unique index's insertion locks in one order and cannot deadlock.
         specs = sorted(specs, key=lambda s: (s.unique_key is not None, s.type, s.unique_key or ""))
@@ -118,6 +125,9 @@ class JobStore:
             "delays": [float(s.delay_seconds) for s in specs],
             "timeouts": [s.timeout_seconds for s in specs],
             "concurrency_keys": [s.concurrency_key for s in specs],
+            "thens": [s.then for s in specs],
+            "callback_group": callback[0] if callback else None,
+            "callback_spec": callback[1] if callback else None,
             "channel": self.channel,
         }
 
@@ -129,8 +139,8 @@ class JobStore:
         Only when every job starts now or every job has an absolute start: a delay is counted from the
         database's clock, which COPY cannot read, so mixed or delayed batches take the statement.
         """
-        if any(s.unique_key is not None for s in specs):
-            return None
+        if any(s.unique_key is not None or s.then is not None for s in specs):
+            return None  # keys need ON CONFLICT; follow-ups are written beside their jobs by insert_jobs
         if all(s.available_at is None and not s.delay_seconds for s in specs):
             query, starts = "copy_jobs", False
         elif all(s.available_at is not None for s in specs):
@@ -339,6 +349,7 @@ def _flag(rows: list[Row], _: int) -> bool | None:
 
 
 def _job(row: Row) -> Job:
-    values = dict(zip(JOB_COLUMNS, row, strict=True))
+    values = dict(zip(JOB_COLUMNS, row[:-1], strict=True))
     values["status"] = JobStatus(values["status"])
+    values["steps"] = row[-1] or {}
     return Job(**values)

@@ -18,9 +18,10 @@ WITH input AS (
     FROM unnest(
         %(ids)b::uuid[], %(types)b::text[], %(queues)b::text[], %(names)b::text[], %(group_ids)b::uuid[],
         %(unique_keys)b::text[], %(priorities)b::int[], %(configurations)b::text[], %(max_attempts)b::int[],
-        %(available_ats)b::timestamptz[], %(delays)b::float8[], %(timeouts)b::float8[], %(concurrency_keys)b::text[]
+        %(available_ats)b::timestamptz[], %(delays)b::float8[], %(timeouts)b::float8[], %(concurrency_keys)b::text[],
+        %(thens)b::text[]
     ) AS t(id, type, queue, name, group_id, unique_key, priority, configuration, max_attempts,
-           available_at, delay, timeout_seconds, concurrency_key)
+           available_at, delay, timeout_seconds, concurrency_key, then_spec)
 ), inserted AS (
     INSERT INTO {schema}.job AS j (id, type, queue, name, group_id, unique_key, priority,
                                   configuration_data, max_attempts, available_at, timeout_seconds, concurrency_key)
@@ -29,6 +30,18 @@ WITH input AS (
     FROM input
     ON CONFLICT DO NOTHING
     RETURNING j.id, j.type, j.unique_key, j.queue
+), chained AS (
+    -- Follow-ups (`then=`) of the rows this statement inserted: a repeat of the statement inserts no
+    -- job again, so no follow-up either.
+    INSERT INTO {schema}.job_follow_up (job_id, spec)
+    SELECT input.id, input.then_spec::jsonb FROM input JOIN inserted ON inserted.id = input.id
+    WHERE input.then_spec IS NOT NULL
+    ON CONFLICT DO NOTHING
+), grouped AS (
+    -- A group's callback (`schedule_group(..., then=)`), with its members; one per group.
+    INSERT INTO {schema}.job_group (group_id, spec)
+    SELECT %(callback_group)b::uuid, %(callback_spec)b::text::jsonb WHERE %(callback_spec)b::text IS NOT NULL
+    ON CONFLICT DO NOTHING
 )
 SELECT id, type, unique_key, true, NULL::void FROM inserted WHERE unique_key IS NOT NULL
 UNION ALL
@@ -54,6 +67,10 @@ WITH inserted AS (
             %(timeout)s::float8, %(concurrency_key)s::text)
     ON CONFLICT DO NOTHING
     RETURNING j.id, j.type, j.unique_key, j.queue
+), chained AS (
+    INSERT INTO {schema}.job_follow_up (job_id, spec)
+    SELECT id, %(then)s::jsonb FROM inserted WHERE %(then)s::text IS NOT NULL
+    ON CONFLICT DO NOTHING
 )
 SELECT id, type, unique_key, true, pg_notify(%(channel)s, json_build_array(queue, type)::text) FROM inserted
 UNION ALL
@@ -224,15 +241,17 @@ SELECT old.status, (SELECT count(*) FROM updated) = 1,
 FROM old;
 
 -- name: find_job
-SELECT {columns} FROM {schema}.job WHERE id = %(id)s;
+-- Reads add the job's durable steps (`Job.steps`) after its columns.
+SELECT {columns}, (SELECT jsonb_object_agg(s.name, s.result) FROM {schema}.job_step AS s WHERE s.job_id = j.id)
+FROM {schema}.job AS j WHERE id = %(id)s;
 
 -- name: group_progress
 SELECT status, count(*) FROM {schema}.job WHERE group_id = %(group_id)s GROUP BY status;
 
 -- name: list_jobs
 -- Keyset pagination on id (UUIDv7, so creation order): pass the last id seen as %(after)s.
-SELECT {columns}
-FROM {schema}.job
+SELECT {columns}, (SELECT jsonb_object_agg(s.name, s.result) FROM {schema}.job_step AS s WHERE s.job_id = j.id)
+FROM {schema}.job AS j
 WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
   AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
   AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
