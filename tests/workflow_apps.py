@@ -1,0 +1,71 @@
+"""Workflow handlers that worker subprocesses load with `--app tests.workflow_apps:app`.
+
+Side effects are rows of `public.effects` (created by `prepare`), written in their own transaction, so a
+test can tell whether a step's function ran again after its worker was killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+import psycopg
+
+import jobbus
+
+EFFECTS_DDL = """
+CREATE TABLE IF NOT EXISTS public.effects (
+    job_id uuid NOT NULL,
+    name text NOT NULL,
+    attempt integer NOT NULL,
+    pid integer NOT NULL,
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
+)
+"""
+
+app = jobbus.App(retry_base_delay_seconds=0, retry_max_delay_seconds=0, poll_interval_seconds=0.2)
+
+
+def prepare(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(EFFECTS_DDL)
+
+
+async def effect(job: jobbus.JobExecution, name: str) -> None:
+    async with await psycopg.AsyncConnection.connect(app.dsn, autocommit=True) as conn:
+        await conn.execute(
+            "INSERT INTO public.effects (job_id, name, attempt, pid) VALUES (%s, %s, %s, %s)",
+            (job.id, name, job.attempt, os.getpid()),
+        )
+
+
+@app.job("wf.noop")
+async def noop(job: jobbus.JobExecution) -> Any:
+    return job.configuration.get("value")
+
+
+@app.job("wf.fail", max_attempts=1)
+async def fail(job: jobbus.JobExecution) -> None:
+    raise jobbus.NonRetryableError("this member fails")
+
+
+@app.job("wf.steps")
+async def steps(job: jobbus.JobExecution) -> dict[str, Any]:
+    """Two steps with side effects; `pause_in` / `pause_after` name a step to pause inside (after its
+    side effect, before its result is stored) or after (its result stored), for a test to SIGKILL."""
+    pause_in = job.configuration.get("pause_in")
+    pause_after = job.configuration.get("pause_after")
+
+    async def side_effect(name: str) -> str:
+        await effect(job, name)
+        if name == pause_in and job.attempt == 1:
+            await asyncio.sleep(60)
+        return f"{name} done in attempt {job.attempt}"
+
+    results = {}
+    for name in ("charge", "ship"):
+        results[name] = await job.step(name, side_effect, name)
+        if name == pause_after and job.attempt == 1:
+            await asyncio.sleep(60)
+    return results
