@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import inspect
+import json
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
@@ -124,6 +126,8 @@ class JobExecution:
         self._configuration = MappingProxyType(dict(claimed.configuration_data or {}))
         self._signals = signals if signals is not None else AttemptSignals(cancelled=claimed.cancellation_requested)
         self.scope: Any = None
+        #: Stored step results, read at the first `step` of the attempt.
+        self._steps: dict[str, Any] | None = None
 
     # -- identity ----------------------------------------------------------------------------------
     @property
@@ -228,6 +232,53 @@ class JobExecution:
         statement = self._store.heartbeat_job(self.id, self.lease_token, self._lease_seconds)
         await self._fenced(statement, "heartbeat")
 
+    # -- durable steps -----------------------------------------------------------------------------
+
+    async def step(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run `fn(*args)` (async, or sync in a thread) once and keep its JSON result under `name`.
+
+        A later attempt of the job gets the stored result back without calling `fn`. The result is
+        stored only while this attempt holds the lease (else `LeaseLostError`); a worker that dies
+        after `fn` ran but before its result was stored runs it again in the next attempt
+        (at-least-once, like the job itself).
+        """
+        found, result = await self.stored_step(name)
+        if found:
+            return result
+        if inspect.iscoroutinefunction(fn):
+            value = await fn(*args)
+        else:
+            value = await asyncio.to_thread(fn, *args)
+            if inspect.isawaitable(value):
+                value = await value
+        return await self.store_step(name, value)
+
+    async def stored_step(self, name: str) -> tuple[bool, Any]:
+        """(True, result) if a step of this name is stored (by any attempt), else (False, None)."""
+        check_step_name(name)
+        if self._steps is None:
+            self._steps = await self._run(self._store.job_steps(self.id))
+        if name in self._steps:
+            return True, self._steps[name]
+        return False, None
+
+    async def store_step(self, name: str, value: Any) -> Any:
+        """Store a step's result, fenced by the lease; returns the result as later attempts will see it."""
+        text = json_text(f"the result of step {name!r}", value, self._max_payload_bytes)
+        if self._signals.lease_lost or self._signals.closed:
+            raise self._refuse(f"step {name!r}")
+        held, stored = await self._run(self._store.record_step(self.id, self.lease_token, name, text))
+        if not held:
+            self._signals.request(StopReason.LEASE_LOST)
+            raise self._refuse(f"step {name!r}")
+        if not stored:  # stored meanwhile by this same attempt (two calls of one name at once): keep that
+            self._steps = await self._run(self._store.job_steps(self.id))
+            return self._steps.get(name)
+        result = json.loads(text)
+        assert self._steps is not None
+        self._steps[name] = result
+        return result
+
 
 class SyncJobExecution:
     """The same attempt for a sync handler running in a worker thread: the methods block."""
@@ -303,6 +354,22 @@ class SyncJobExecution:
 
     def heartbeat(self) -> None:
         self._wait(self._execution.heartbeat())
+
+    def step(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """The blocking twin of `JobExecution.step`: `fn` runs in this thread, once."""
+        found, result = self._wait(self._execution.stored_step(name))
+        if found:
+            return result
+        return self._wait(self._execution.store_step(name, fn(*args)))
+
+
+#: Step names are text of 1 to 255 characters (the table's CHECK).
+MAX_STEP_NAME = 255
+
+
+def check_step_name(name: str) -> None:
+    if not isinstance(name, str) or not 1 <= len(name) <= MAX_STEP_NAME or "\x00" in name:
+        raise ValueError(f"a step name must be text of 1 to {MAX_STEP_NAME} characters, got {name!r:.80}")
 
 
 async def _as_coroutine(awaitable: Awaitable[T]) -> T:

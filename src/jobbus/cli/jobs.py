@@ -201,6 +201,14 @@ def _job_detail(job: Job) -> Group:
     for field, value in rows:
         table.add_row(field, value)
     parts: list[Table | Text] = [table]
+    if job.steps:
+        parts.append(Text("steps:", style="bold"))
+        steps = Table(box=None, pad_edge=False)
+        steps.add_column("step", no_wrap=True)
+        steps.add_column("result")
+        for name, result in job.steps.items():
+            steps.add_row(shown(name), shown(one_line(json.dumps(result, ensure_ascii=False, default=str), 100)))
+        parts.append(steps)
     if job.history:
         parts.append(Text("history:", style="bold"))
         parts.append(_history_table(job))

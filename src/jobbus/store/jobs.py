@@ -7,6 +7,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from psycopg.types.json import Jsonb
 
@@ -226,6 +227,16 @@ class JobStore:
     def heartbeat_job(self, job_id: uuid.UUID, token: uuid.UUID, lease_seconds: float) -> Statement[bool | None]:
         params = {"id": job_id, "token": token, "lease_seconds": lease_seconds}
         return Statement(self._q["heartbeat_job"], params, _flag)
+
+    def job_steps(self, job_id: uuid.UUID) -> Statement[dict[str, Any]]:
+        return Statement(self._q["job_steps"], {"id": job_id}, lambda rows, _: {name: result for name, result in rows})
+
+    def record_step(
+        self, job_id: uuid.UUID, token: uuid.UUID, name: str, result_json: str
+    ) -> Statement[tuple[bool, bool]]:
+        """Store a step's result, fenced by the lease; returns (lease held, stored by this call)."""
+        params = {"id": job_id, "token": token, "name": name, "result": result_json}
+        return Statement(self._q["record_step"], params, lambda rows, _: (bool(rows[0][0]), bool(rows[0][1])))
 
     def record_outcomes(self, outcomes: Sequence[Outcome]) -> Statement[set[uuid.UUID]]:
         """Fenced outcome writes for many jobs; returns the ids whose write applied.

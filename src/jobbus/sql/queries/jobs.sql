@@ -271,3 +271,24 @@ WHERE id IN (
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 );
+
+-- name: job_steps
+-- The stored results of a job's durable steps, read once per attempt at its first `step`.
+SELECT name, result FROM {schema}.job_step WHERE job_id = %(id)s;
+
+-- name: record_step
+-- Store a step's result, fenced like every write of an attempt: only while the caller holds the job's
+-- current, unexpired lease. The job row is read FOR SHARE, so a lease recovery (an UPDATE) cannot slip
+-- between the check and the commit. Returns (lease held, stored): a step some attempt stored first is
+-- kept, never overwritten.
+WITH holder AS (
+    SELECT id, attempts FROM {schema}.job
+    WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running' AND lease_expires_at > now()
+    FOR SHARE
+), stored AS (
+    INSERT INTO {schema}.job_step (job_id, name, result, attempt)
+    SELECT id, %(name)s, %(result)s::jsonb, attempts FROM holder
+    ON CONFLICT (job_id, name) DO NOTHING
+    RETURNING job_id
+)
+SELECT EXISTS (SELECT 1 FROM holder), EXISTS (SELECT 1 FROM stored);
