@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import uuid
 from typing import Any
@@ -13,7 +14,7 @@ import jobbus
 from jobbus import JobStatus
 from jobbus.execution import JobExecution
 from jobbus.store import Statement, run_sync
-from tests.cli.test_jobs_cli import jobbus as jobbus_cli
+from tests.cli import jobbus as jobbus_cli
 from tests.processes import query, start_worker, status_of, wait_until, workers
 from tests.storehelpers import claim, expire_lease
 from tests.worker.test_runtime import drain
@@ -54,9 +55,13 @@ async def test_a_later_attempt_gets_stored_steps_back_without_running_them(app: 
 async def test_sync_handlers_have_a_blocking_step(app: jobbus.App) -> None:
     calls: list[int] = []
 
+    def add(a: int, b: int) -> int:
+        calls.append(1)
+        return a + b
+
     @app.job("sync-order")
     def order(job: jobbus.SyncJobExecution) -> int:
-        total: int = job.step("add", lambda a, b: calls.append(1) or a + b, 2, 3)
+        total: int = job.step("add", add, 2, 3)
         if job.attempt == 1:
             raise RuntimeError("again")
         return total
@@ -103,8 +108,6 @@ def test_a_stale_attempt_cannot_store_a_step(sync_app: jobbus.App, dsn: str) -> 
             with pytest.raises(jobbus.LeaseLostError, match="lease"):
                 await stale.step("refund", lambda: "by attempt 1")
             assert stale.lease_lost
-
-        import asyncio
 
         asyncio.run(scenario())
     job = app.sync.find(job_id)
