@@ -21,6 +21,7 @@ from jobbus import schema as schema_module
 from jobbus.batching import InsertBatcher
 from jobbus.errors import DatabaseUnavailableError, InvalidJobError, InvalidStateError, JobbusError
 from jobbus.events import EventHub, JobCancelled, JobEvent, JobScheduled
+from jobbus.execution import check_event_key
 from jobbus.limits import KEEP, Keep, QueueSettings, RateLimit, check_count, check_rate
 from jobbus.models import GroupProgress, Job, JobSpec, JobStatus
 from jobbus.periodic import Periodic, PeriodicSpec
@@ -29,6 +30,7 @@ from jobbus.requests import (
     JobDefaults,
     JobRequest,
     build_spec,
+    json_text,
     new_job_id,
     resolve_available_at,
     seconds_or_none,
@@ -395,7 +397,7 @@ class App:
         order: list[int] = []
         first_by_key: dict[tuple[str, str], int] = {}
         for request in requests:
-            spec = self._build(request)
+            spec = self.build_job_spec(request)
             if spec.unique_key is not None:
                 key = (spec.type, spec.unique_key)
                 if key in first_by_key:  # a repeat within the batch folds onto the first
@@ -406,7 +408,7 @@ class App:
             specs.append(spec)
         return specs, order
 
-    def _build(self, request: JobRequest, depth: int = 0) -> JobSpec:
+    def build_job_spec(self, request: JobRequest, depth: int = 0) -> JobSpec:
         """Validate a request and its chain of follow-ups (each gets its id now, so it is written once)."""
         settings = self.settings
         spec = build_spec(
@@ -418,7 +420,7 @@ class App:
             raise InvalidJobError(f"then must be a jobbus.JobRequest, got {request.then!r:.80}")
         if depth >= MAX_CHAIN:
             raise InvalidJobError(f"a chain of then= may hold at most {MAX_CHAIN} follow-ups")
-        return dataclasses.replace(spec, then=spec_json(self._build(request.then, depth + 1)))
+        return dataclasses.replace(spec, then=spec_json(self.build_job_spec(request.then, depth + 1)))
 
     async def schedule_group(
         self,
@@ -455,7 +457,7 @@ class App:
         if then is not None:
             if not isinstance(then, JobRequest):
                 raise InvalidJobError(f"then must be a jobbus.JobRequest, got {then!r:.80}")
-            callback = (group, spec_json(self._build(then)))
+            callback = (group, spec_json(self.build_job_spec(then)))
         return group, specs, order, callback
 
     # -- reads and admin ---------------------------------------------------------------------------
@@ -505,6 +507,13 @@ class App:
                 settings.notification_dsn, channel_name(settings.schema, "_done"), settings.connection_kwargs
             )
         return self._finished
+
+    async def emit_event(self, key: str, payload: Any = None) -> bool:
+        """Emit an event for `job.wait_for_event(key)`: the first emit of a key wins and is kept (later
+        ones change nothing); jobs waiting for it are due at once. Returns whether this was the first."""
+        check_event_key(key)
+        text = json_text("the event's payload", payload, self.settings.max_payload_bytes)
+        return await self._run(self.store.emit_event(key, text))
 
     async def list_jobs(
         self,
@@ -836,6 +845,11 @@ class SyncApp:
                     raise TimeoutError(timeout_message(job_id, job.status.value, seconds or 0.0))
             finally:
                 finished.unregister(job_id, woken)
+
+    def emit_event(self, key: str, payload: Any = None) -> bool:
+        check_event_key(key)
+        text = json_text("the event's payload", payload, self._app.settings.max_payload_bytes)
+        return self._run(self._app.store.emit_event(key, text))
 
     def schedule_group(
         self,

@@ -15,13 +15,13 @@ import inspect
 import json
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from jobbus.errors import LeaseLostError
-from jobbus.models import ClaimedJob
-from jobbus.requests import json_text
+from jobbus.models import ClaimedJob, Job, JobSpec
+from jobbus.requests import JobRequest, json_text, seconds_or_none, spec_json
 from jobbus.store import Statement
 
 if TYPE_CHECKING:
@@ -105,6 +105,14 @@ class AttemptSignals:
         return self._closed
 
 
+class JobParked(BaseException):
+    """Raised by a durable wait that parked the job (lease given back, queued until its wake-up).
+
+    A `BaseException`, so that a handler's ``except Exception`` does not swallow it: the handler must
+    let it through; the worker then writes nothing more for the attempt, which does not count.
+    """
+
+
 class JobExecution:
     """One attempt of one job, as its async handler sees it."""
 
@@ -116,8 +124,10 @@ class JobExecution:
         lease_seconds: float,
         max_payload_bytes: int,
         signals: AttemptSignals | None = None,
+        build: Callable[[JobRequest], JobSpec] | None = None,
     ) -> None:
         self._claimed = claimed
+        self._build = build
         self._max_payload_bytes = max_payload_bytes
         self._store = store
         self._run = run
@@ -128,6 +138,8 @@ class JobExecution:
         self.scope: Any = None
         #: Stored step results, read at the first `step` of the attempt.
         self._steps: dict[str, Any] | None = None
+        #: `spawn` calls so far in this run of the handler: the n-th call is the same child every run.
+        self._spawned = 0
 
     # -- identity ----------------------------------------------------------------------------------
     @property
@@ -262,6 +274,69 @@ class JobExecution:
             return True, self._steps[name]
         return False, None
 
+    # -- durable waits ------------------------------------------------------------------------------
+
+    def _parked(self, what: str) -> JobParked:
+        self._signals.close()
+        return JobParked(f"job {self.id} waits for {what}")
+
+    async def sleep(self, name: str, delay: float | timedelta) -> None:
+        """Sleep durably: the first call stores the wake-up time (database clock) under `name` and
+        parks the job (its slot and lease given back, the attempt not counted); the handler runs again
+        from the top once it is due, and then this returns at once."""
+        check_step_name(name)
+        seconds = seconds_or_none("delay", delay) or 0.0
+        state = await self._run(self._store.sleep_job(self.id, self.lease_token, f"sleep:{name}", seconds))
+        self._after_wait(state, f"sleep {name!r}")
+
+    async def wait_for_event(self, key: str, timeout: float | timedelta | None = None) -> Any:
+        """The payload of the first `app.emit_event(key, ...)`, emitted before or after this call; parks
+        the job until then (or until `timeout`, counted from the first call, then `TimeoutError`)."""
+        check_event_key(key)
+        step = f"event:{key}"
+        found, stored = await self.stored_step(step)
+        if not found or not isinstance(stored, dict) or not ({"payload", "timed_out"} & stored.keys()):
+            timeout_seconds = seconds_or_none("timeout", timeout)
+            statement = self._store.wait_for_event(self.id, self.lease_token, key, step, timeout_seconds)
+            state, stored = await self._run(statement)
+            self._after_wait(state, f"event {key!r}")
+            assert self._steps is not None
+            self._steps[step] = stored
+        if "timed_out" in stored:
+            raise TimeoutError(f"job {self.id}: no event {key!r} before the wait's timeout")
+        return stored["payload"]
+
+    async def spawn(self, type: str, configuration: Mapping[str, Any] | None = None, **options: Any) -> uuid.UUID:
+        """Schedule a child job (its `parent_id` is this job's id); returns its id. The n-th `spawn` of
+        a run is the same child in every run of the handler: it is scheduled once."""
+        if self._build is None:
+            raise RuntimeError("spawn needs the App's handlers: run the job in a jobbus worker")
+        self._spawned += 1
+        step = f"spawn:{self._spawned}"
+        found, stored = await self.stored_step(step)
+        if found:
+            return uuid.UUID(str(stored))
+        spec = self._build(JobRequest(type, configuration, **options))
+        state, child = await self._run(self._store.spawn_child(self.id, self.lease_token, step, spec_json(spec)))
+        self._after_wait(state, "spawn")
+        assert child is not None and self._steps is not None
+        self._steps[step] = str(child)
+        return uuid.UUID(str(child))
+
+    async def wait_for_children(self) -> list[Job]:
+        """The terminal `Job`s of every child once none is queued or running; parks the job until then."""
+        state = await self._run(self._store.wait_for_children(self.id, self.lease_token))
+        self._after_wait(state, "its children")
+        children: list[Job] = await self._run(self._store.list_children(self.id))
+        return children
+
+    def _after_wait(self, state: str, what: str) -> None:
+        if state == "lost":
+            self._signals.request(StopReason.LEASE_LOST)
+            raise self._refuse(what)
+        if state == "parked":
+            raise self._parked(what)
+
     async def store_step(self, name: str, value: Any) -> Any:
         """Store a step's result, fenced by the lease; returns the result as later attempts will see it."""
         text = json_text(f"the result of step {name!r}", value, self._max_payload_bytes)
@@ -362,9 +437,30 @@ class SyncJobExecution:
             return result
         return self._wait(self._execution.store_step(name, fn(*args)))
 
+    def sleep(self, name: str, delay: float | timedelta) -> None:
+        self._wait(self._execution.sleep(name, delay))
+
+    def wait_for_event(self, key: str, timeout: float | timedelta | None = None) -> Any:
+        return self._wait(self._execution.wait_for_event(key, timeout))
+
+    def spawn(self, type: str, configuration: Mapping[str, Any] | None = None, **options: Any) -> uuid.UUID:
+        return self._wait(self._execution.spawn(type, configuration, **options))
+
+    def wait_for_children(self) -> list[Job]:
+        return self._wait(self._execution.wait_for_children())
+
 
 #: Step names are text of 1 to 255 characters (the table's CHECK).
 MAX_STEP_NAME = 255
+
+
+#: Event keys are text of 1 to 1,000 characters (the event table's CHECK).
+MAX_EVENT_KEY = 1000
+
+
+def check_event_key(key: str) -> None:
+    if not isinstance(key, str) or not 1 <= len(key) <= MAX_EVENT_KEY or "\x00" in key:
+        raise ValueError(f"an event key must be text of 1 to {MAX_EVENT_KEY} characters, got {key!r:.80}")
 
 
 def check_step_name(name: str) -> None:

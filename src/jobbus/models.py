@@ -59,6 +59,8 @@ class Job:
     #: How each attempt ended, oldest first: dicts with `attempt`, `outcome`, `at`, `worker_id`, and
     #: `error` or `delay_seconds` where they apply.
     history: list[dict[str, Any]] = field(default_factory=list)
+    #: The job whose handler spawned this one (`job.spawn`).
+    parent_id: uuid.UUID | None = None
     #: Results of the job's durable steps (`job.step`) by step name; not a column of the job table.
     steps: dict[str, Any] = field(default_factory=dict)
 

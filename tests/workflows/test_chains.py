@@ -61,8 +61,8 @@ async def test_a_retried_outcome_write_schedules_the_follow_up_once(app: jobbus.
 
 async def test_a_repeated_insert_statement_writes_the_follow_up_once(app: jobbus.App, dsn: str) -> None:
     """The batcher (or a lost connection) may send an insert again: neither job nor follow-up doubles."""
-    spec = app._build(JobRequest("t", then=JobRequest("next")))
-    spec2 = app._build(JobRequest("t", then=JobRequest("next")))
+    spec = app.build_job_spec(JobRequest("t", then=JobRequest("next")))
+    spec2 = app.build_job_spec(JobRequest("t", then=JobRequest("next")))
     with psycopg.connect(dsn, autocommit=True) as conn:
         for specs in ([spec], [spec], [spec, spec2], [spec, spec2]):
             run_sync(conn, app.store.insert_jobs(specs))
@@ -107,7 +107,9 @@ def test_completion_raced_by_lease_recovery_writes_the_follow_up_exactly_once(sy
             time.sleep(random.uniform(0, 0.04))
             run_sync(b, app.store.recover_expired_leases())
             thread.join()
-        # whatever recovery put back is completed now, by a fresh attempt
+        # whatever lost its lease is recovered and completed now, by a fresh attempt
+        time.sleep(0.05)
+        run_sync(b, app.store.recover_expired_leases())
         while jobs := claim(app, a, limit=20):
             for job in jobs:
                 assert write(app, a, job, JobStatus.COMPLETED)

@@ -238,6 +238,37 @@ class JobStore:
         params = {"id": job_id, "token": token, "name": name, "result": result_json}
         return Statement(self._q["record_step"], params, lambda rows, _: (bool(rows[0][0]), bool(rows[0][1])))
 
+    # -- durable waits (functions of migration 0010; each fenced by the lease, each parks the job itself) --
+
+    def sleep_job(self, job_id: uuid.UUID, token: uuid.UUID, step: str, seconds: float) -> Statement[str]:
+        """'ready' once the stored wake-up time has passed, 'parked' (lease given back) or 'lost'."""
+        params = {"id": job_id, "token": token, "step": step, "seconds": seconds}
+        return Statement(self._q["sleep_job"], params, lambda rows, _: str(rows[0][0]))
+
+    def wait_for_event(
+        self, job_id: uuid.UUID, token: uuid.UUID, key: str, step: str, timeout: float | None
+    ) -> Statement[tuple[str, Any]]:
+        """('ready', {"payload": ...}), ('timeout', ...), ('parked', ...) or ('lost', None)."""
+        params = {"id": job_id, "token": token, "key": key, "step": step, "timeout": timeout}
+        return Statement(self._q["wait_for_event"], params, lambda rows, _: (str(rows[0][0]), rows[0][1]))
+
+    def emit_event(self, key: str, payload_json: str) -> Statement[bool]:
+        params = {"key": key, "payload": payload_json, "channel": self.channel}
+        return Statement(self._q["emit_event"], params, lambda rows, _: bool(rows[0][0]))
+
+    def spawn_child(
+        self, job_id: uuid.UUID, token: uuid.UUID, step: str, spec_json: str
+    ) -> Statement[tuple[str, uuid.UUID | None]]:
+        params = {"id": job_id, "token": token, "step": step, "spec": spec_json, "channel": self.channel}
+        return Statement(self._q["spawn_child"], params, lambda rows, _: (str(rows[0][0]), rows[0][1]))
+
+    def wait_for_children(self, job_id: uuid.UUID, token: uuid.UUID) -> Statement[str]:
+        params = {"id": job_id, "token": token}
+        return Statement(self._q["wait_for_children"], params, lambda rows, _: str(rows[0][0]))
+
+    def list_children(self, job_id: uuid.UUID) -> Statement[list[Job]]:
+        return Statement(self._q["list_children"], {"id": job_id}, lambda rows, _: [_job(r) for r in rows])
+
     def record_outcomes(self, outcomes: Sequence[Outcome]) -> Statement[set[uuid.UUID]]:
         """Fenced outcome writes for many jobs; returns the ids whose write applied.
 

@@ -41,6 +41,24 @@ CREATE TABLE {schema}.job_step (
     PRIMARY KEY (job_id, name)
 );
 
+-- Children spawned by a job's handler (`job.spawn`) name it; `wait_for_children` waits for them.
+ALTER TABLE {schema}.job ADD COLUMN parent_id uuid;
+CREATE INDEX job_parent_idx ON {schema}.job (parent_id) WHERE parent_id IS NOT NULL;
+
+-- Events for `job.wait_for_event`: the first emit of a key wins and is kept.
+CREATE TABLE {schema}.event (
+    key        text PRIMARY KEY CHECK (length(key) BETWEEN 1 AND 1000),
+    payload    jsonb,
+    emitted_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- Jobs parked until an event is emitted (woken by `emit_event`).
+CREATE TABLE {schema}.event_wait (
+    key    text NOT NULL,
+    job_id uuid NOT NULL REFERENCES {schema}.job (id) ON DELETE CASCADE,
+    PRIMARY KEY (key, job_id)
+);
+
 -- Insert one job described by a spec (the shape of `jobbus.requests.spec_json`), its own follow-up with
 -- it, and announce it to workers as insert_jobs does. Idempotent: a spec whose id exists inserts nothing.
 CREATE FUNCTION {schema}.schedule_spec(p_spec jsonb, p_channel text) RETURNS uuid
@@ -49,13 +67,13 @@ DECLARE
     v_id uuid;
 BEGIN
     INSERT INTO {schema}.job AS j (id, type, queue, name, group_id, unique_key, priority, configuration_data,
-                                  max_attempts, available_at, timeout_seconds, concurrency_key)
+                                  max_attempts, available_at, timeout_seconds, concurrency_key, parent_id)
     VALUES ((p_spec ->> 'id')::uuid, p_spec ->> 'type', p_spec ->> 'queue', p_spec ->> 'name',
             (p_spec ->> 'group_id')::uuid, p_spec ->> 'unique_key', (p_spec ->> 'priority')::integer,
             p_spec -> 'configuration', (p_spec ->> 'max_attempts')::integer,
             coalesce((p_spec ->> 'available_at')::timestamptz,
                      now() + make_interval(secs => coalesce((p_spec ->> 'delay')::float8, 0))),
-            (p_spec ->> 'timeout')::float8, p_spec ->> 'concurrency_key')
+            (p_spec ->> 'timeout')::float8, p_spec ->> 'concurrency_key', (p_spec ->> 'parent_id')::uuid)
     ON CONFLICT DO NOTHING
     RETURNING j.id INTO v_id;
     IF v_id IS NULL THEN
@@ -85,14 +103,18 @@ DECLARE
     v_finished uuid[];
     v_completed uuid[];
     v_groups uuid[];
+    v_parents uuid[];
+    v_parent uuid;
+    v_woken bigint;
     v_channel text;
     v_group record;
     v_spec record;
 BEGIN
     SELECT array_agg(n.id ORDER BY n.id),
            array_agg(n.id ORDER BY n.id) FILTER (WHERE n.status = 'completed'),
-           array_agg(DISTINCT n.group_id) FILTER (WHERE n.group_id IS NOT NULL)
-    INTO v_finished, v_completed, v_groups
+           array_agg(DISTINCT n.group_id) FILTER (WHERE n.group_id IS NOT NULL),
+           array_agg(DISTINCT n.parent_id) FILTER (WHERE n.parent_id IS NOT NULL)
+    INTO v_finished, v_completed, v_groups, v_parents
     FROM finished_new AS n
     JOIN finished_old AS o ON o.id = n.id
     WHERE n.status IN ('completed', 'failed', 'cancelled') AND o.status IN ('queued', 'running');
@@ -127,6 +149,26 @@ BEGIN
             END IF;
         END LOOP;
     END IF;
+
+    -- 4. a parent parked in wait_for_children whose last active child this statement finished: due now.
+    --    The parent's advisory lock orders this against its own check in `wait_for_children`.
+    IF v_parents IS NOT NULL THEN
+        FOREACH v_parent IN ARRAY (SELECT array_agg(p ORDER BY p) FROM unnest(v_parents) AS p) LOOP
+            PERFORM pg_advisory_xact_lock({schema}.wait_lock('children:' || v_parent::text));
+            IF NOT EXISTS (SELECT 1 FROM {schema}.job AS c
+                           WHERE c.parent_id = v_parent AND c.status IN ('queued', 'running')) THEN
+                WITH woken AS (
+                    UPDATE {schema}.job AS p SET available_at = now()
+                    WHERE p.id = v_parent AND p.status = 'queued' AND p.available_at > now()
+                      AND EXISTS (SELECT 1 FROM {schema}.event_wait AS w
+                                  WHERE w.key = 'children:' || v_parent::text AND w.job_id = v_parent)
+                    RETURNING p.queue, p.type
+                )
+                SELECT count(pg_notify(v_channel, json_build_array(queue, type)::text)) INTO v_woken FROM woken;
+                DELETE FROM {schema}.event_wait WHERE key = 'children:' || v_parent::text;
+            END IF;
+        END LOOP;
+    END IF;
     RETURN NULL;
 END
 $$;
@@ -135,3 +177,178 @@ CREATE TRIGGER job_finished
     AFTER UPDATE ON {schema}.job
     REFERENCING OLD TABLE AS finished_old NEW TABLE AS finished_new
     FOR EACH STATEMENT EXECUTE FUNCTION {schema}.job_finished();
+
+-- The advisory lock that orders a job's check-then-park against the emit (or the last child) that would
+-- wake it: whoever comes second sees what the first committed.
+CREATE FUNCTION {schema}.wait_lock(p_key text) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$ SELECT hashtextextended('jobbus-wait:' || p_key, 0) $$;
+
+-- The far future a job waits for when nothing but a wake-up ends its wait (an event without timeout, its
+-- children): still a time Python can read back.
+CREATE FUNCTION {schema}.never() RETURNS timestamptz
+LANGUAGE sql IMMUTABLE AS $$ SELECT '9000-01-01 00:00:00+00'::timestamptz $$;
+
+-- The attempts of a job if `p_token` is its current, unexpired lease; the row stays locked until the
+-- caller's transaction ends (so no lease recovery can slip in). NULL: the lease is not held.
+CREATE FUNCTION {schema}.held_attempts(p_id uuid, p_token uuid) RETURNS integer
+LANGUAGE sql AS $$
+    SELECT attempts FROM {schema}.job
+    WHERE id = p_id AND lease_token = p_token AND status = 'running' AND lease_expires_at > now()
+    FOR UPDATE
+$$;
+
+-- Give a held lease back and park the job until `p_until` (or until woken): queued again, the attempt
+-- not counted (as a snooze), its history saying what it waits for.
+CREATE FUNCTION {schema}.park_job(p_id uuid, p_until timestamptz, p_waiting_for text) RETURNS void
+LANGUAGE sql AS $$
+    UPDATE {schema}.job AS j
+    SET status = 'queued',
+        available_at = p_until,
+        attempts = j.attempts - 1,
+        lease_token = NULL,
+        lease_expires_at = NULL,
+        history = (CASE WHEN jsonb_array_length(j.history) >= 50 THEN j.history - 0 ELSE j.history END)
+                  || jsonb_build_array(jsonb_build_object(
+                         'attempt', j.attempts, 'outcome', 'waiting', 'at', now(), 'worker_id', j.worker_id,
+                         'waiting_for', p_waiting_for))
+    WHERE j.id = p_id
+$$;
+
+-- `job.sleep(name, delay)`: the wake-up time is stored once (step `p_step`); until it has passed the job
+-- is parked. Returns 'ready', 'parked' or 'lost' (the lease is not held).
+CREATE FUNCTION {schema}.sleep_job(p_id uuid, p_token uuid, p_step text, p_seconds float8) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_attempts integer := {schema}.held_attempts(p_id, p_token);
+    v_until timestamptz;
+BEGIN
+    IF v_attempts IS NULL THEN
+        RETURN 'lost';
+    END IF;
+    INSERT INTO {schema}.job_step (job_id, name, result, attempt)
+    VALUES (p_id, p_step, jsonb_build_object('until', now() + make_interval(secs => p_seconds)), v_attempts)
+    ON CONFLICT DO NOTHING;
+    SELECT (result ->> 'until')::timestamptz INTO v_until FROM {schema}.job_step WHERE job_id = p_id AND name = p_step;
+    IF v_until <= now() THEN
+        RETURN 'ready';
+    END IF;
+    PERFORM {schema}.park_job(p_id, v_until, p_step);
+    RETURN 'parked';
+END
+$$;
+
+-- `job.wait_for_event(key, timeout)`. Under the key's advisory lock, which `emit_event` takes too: an
+-- event emitted before sees no waiter and is found here; one emitted after finds the job parked and
+-- wakes it. The step `p_step` keeps the deadline while waiting, then {"payload": ...} or
+-- {"timed_out": true} for good. Returns (state, step): 'ready', 'timeout', 'parked' or 'lost'.
+CREATE FUNCTION {schema}.wait_for_event(p_id uuid, p_token uuid, p_key text, p_step text, p_timeout float8)
+RETURNS TABLE (state text, step jsonb)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_attempts integer;
+    v_step jsonb;
+    v_until timestamptz;
+    v_payload jsonb;
+BEGIN
+    PERFORM pg_advisory_xact_lock({schema}.wait_lock('event:' || p_key));
+    v_attempts := {schema}.held_attempts(p_id, p_token);
+    IF v_attempts IS NULL THEN
+        RETURN QUERY SELECT 'lost', NULL::jsonb;
+        RETURN;
+    END IF;
+    SELECT result INTO v_step FROM {schema}.job_step WHERE job_id = p_id AND name = p_step;
+    IF v_step ? 'payload' OR v_step ? 'timed_out' THEN
+        RETURN QUERY SELECT CASE WHEN v_step ? 'payload' THEN 'ready' ELSE 'timeout' END, v_step;
+        RETURN;
+    END IF;
+    SELECT e.payload INTO v_payload FROM {schema}.event AS e WHERE e.key = p_key;
+    IF FOUND THEN
+        v_step := jsonb_build_object('payload', v_payload);
+        INSERT INTO {schema}.job_step (job_id, name, result, attempt) VALUES (p_id, p_step, v_step, v_attempts)
+        ON CONFLICT (job_id, name) DO UPDATE SET result = EXCLUDED.result;
+        DELETE FROM {schema}.event_wait WHERE key = 'event:' || p_key AND job_id = p_id;
+        RETURN QUERY SELECT 'ready', v_step;
+        RETURN;
+    END IF;
+    IF v_step IS NULL THEN
+        v_step := jsonb_build_object('until', now() + make_interval(secs => p_timeout));
+        INSERT INTO {schema}.job_step (job_id, name, result, attempt) VALUES (p_id, p_step, v_step, v_attempts);
+    END IF;
+    v_until := (v_step ->> 'until')::timestamptz;
+    IF v_until <= now() THEN
+        v_step := jsonb_build_object('timed_out', true);
+        UPDATE {schema}.job_step SET result = v_step WHERE job_id = p_id AND name = p_step;
+        RETURN QUERY SELECT 'timeout', v_step;
+        RETURN;
+    END IF;
+    INSERT INTO {schema}.event_wait (key, job_id) VALUES ('event:' || p_key, p_id) ON CONFLICT DO NOTHING;
+    PERFORM {schema}.park_job(p_id, coalesce(v_until, {schema}.never()), 'event ' || p_key);
+    RETURN QUERY SELECT 'parked', v_step;
+END
+$$;
+
+-- `App.emit_event`: the first emit of a key is kept; jobs parked on it are due at once. Returns whether
+-- this emit was the first.
+CREATE FUNCTION {schema}.emit_event(p_key text, p_payload jsonb, p_channel text) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_first boolean;
+    v_woken bigint;
+BEGIN
+    PERFORM pg_advisory_xact_lock({schema}.wait_lock('event:' || p_key));
+    INSERT INTO {schema}.event (key, payload) VALUES (p_key, p_payload) ON CONFLICT DO NOTHING;
+    v_first := FOUND;
+    WITH woken AS (
+        UPDATE {schema}.job AS j SET available_at = now()
+        FROM {schema}.event_wait AS ew
+        WHERE ew.key = 'event:' || p_key AND j.id = ew.job_id AND j.status = 'queued'
+        RETURNING j.queue, j.type
+    )
+    SELECT count(pg_notify(p_channel, json_build_array(queue, type)::text)) INTO v_woken
+    FROM (SELECT DISTINCT queue, type FROM woken) AS pairs;
+    DELETE FROM {schema}.event_wait WHERE key = 'event:' || p_key;
+    RETURN v_first;
+END
+$$;
+
+-- `job.spawn(...)`: the child is scheduled and its id stored under the step `p_step` in one transaction,
+-- so a re-run of the handler gets the same child back and never schedules a second.
+CREATE FUNCTION {schema}.spawn_child(p_id uuid, p_token uuid, p_step text, p_spec jsonb, p_channel text)
+RETURNS TABLE (state text, child uuid)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_attempts integer := {schema}.held_attempts(p_id, p_token);
+    v_child uuid;
+BEGIN
+    IF v_attempts IS NULL THEN
+        RETURN QUERY SELECT 'lost', NULL::uuid;
+        RETURN;
+    END IF;
+    SELECT (result #>> '{{}}')::uuid INTO v_child FROM {schema}.job_step WHERE job_id = p_id AND name = p_step;
+    IF v_child IS NULL THEN
+        v_child := (p_spec ->> 'id')::uuid;
+        PERFORM {schema}.schedule_spec(p_spec || jsonb_build_object('parent_id', p_id), p_channel);
+        INSERT INTO {schema}.job_step (job_id, name, result, attempt)
+        VALUES (p_id, p_step, to_jsonb(v_child::text), v_attempts);
+    END IF;
+    RETURN QUERY SELECT 'ready', v_child;
+END
+$$;
+
+-- `job.wait_for_children()`: 'ready' when no child is queued or running, else the job is parked until
+-- the trigger job_finished sees its last active child finish (both under the parent's advisory lock).
+CREATE FUNCTION {schema}.wait_for_children(p_id uuid, p_token uuid) RETURNS text
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock({schema}.wait_lock('children:' || p_id::text));
+    IF {schema}.held_attempts(p_id, p_token) IS NULL THEN
+        RETURN 'lost';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM {schema}.job WHERE parent_id = p_id AND status IN ('queued', 'running')) THEN
+        RETURN 'ready';
+    END IF;
+    INSERT INTO {schema}.event_wait (key, job_id) VALUES ('children:' || p_id::text, p_id) ON CONFLICT DO NOTHING;
+    PERFORM {schema}.park_job(p_id, {schema}.never(), 'children');
+    RETURN 'parked';
+END
+$$;

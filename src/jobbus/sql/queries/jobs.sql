@@ -292,3 +292,22 @@ WITH holder AS (
     RETURNING job_id
 )
 SELECT EXISTS (SELECT 1 FROM holder), EXISTS (SELECT 1 FROM stored);
+
+-- name: sleep_job
+SELECT {schema}.sleep_job(%(id)s, %(token)s, %(step)s, %(seconds)s::float8);
+
+-- name: wait_for_event
+SELECT state, step FROM {schema}.wait_for_event(%(id)s, %(token)s, %(key)s, %(step)s, %(timeout)s::float8);
+
+-- name: emit_event
+SELECT {schema}.emit_event(%(key)s, %(payload)s::jsonb, %(channel)s);
+
+-- name: spawn_child
+SELECT state, child FROM {schema}.spawn_child(%(id)s, %(token)s, %(step)s, %(spec)s::jsonb, %(channel)s);
+
+-- name: wait_for_children
+SELECT {schema}.wait_for_children(%(id)s, %(token)s);
+
+-- name: list_children
+SELECT {columns}, (SELECT jsonb_object_agg(s.name, s.result) FROM {schema}.job_step AS s WHERE s.job_id = j.id)
+FROM {schema}.job AS j WHERE parent_id = %(id)s ORDER BY id;
