@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from jobbus.errors import LeaseLostError
 from jobbus.models import ClaimedJob, Job, JobSpec
-from jobbus.requests import JobRequest, json_text, seconds_or_none, spec_json
+from jobbus.requests import JobRequest, json_text, spec_json
 from jobbus.store import Statement
 
 if TYPE_CHECKING:
@@ -285,7 +285,7 @@ class JobExecution:
         parks the job (its slot and lease given back, the attempt not counted); the handler runs again
         from the top once it is due, and then this returns at once."""
         check_step_name(name)
-        seconds = seconds_or_none("delay", delay) or 0.0
+        seconds = wait_seconds("delay", delay)
         state = await self._run(self._store.sleep_job(self.id, self.lease_token, f"sleep:{name}", seconds))
         self._after_wait(state, f"sleep {name!r}")
 
@@ -296,7 +296,7 @@ class JobExecution:
         step = f"event:{key}"
         found, stored = await self.stored_step(step)
         if not found or not isinstance(stored, dict) or not ({"payload", "timed_out"} & stored.keys()):
-            timeout_seconds = seconds_or_none("timeout", timeout)
+            timeout_seconds = None if timeout is None else wait_seconds("timeout", timeout)
             statement = self._store.wait_for_event(self.id, self.lease_token, key, step, timeout_seconds)
             state, stored = await self._run(statement)
             self._after_wait(state, f"event {key!r}")
@@ -452,6 +452,18 @@ class SyncJobExecution:
 
 #: Step names are text of 1 to 255 characters (the table's CHECK).
 MAX_STEP_NAME = 255
+
+
+#: The longest durable wait: a hundred years (a wake-up time must stay a date Python can read back).
+MAX_WAIT_SECONDS = 100 * 365 * 86400.0
+
+
+def wait_seconds(what: str, value: float | timedelta) -> float:
+    """Seconds of a durable wait: a non-negative number or timedelta."""
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 <= seconds <= MAX_WAIT_SECONDS:
+        raise ValueError(f"{what} must be seconds (or a timedelta) from 0 to a hundred years, got {value!r}")
+    return float(seconds)
 
 
 #: Event keys are text of 1 to 1,000 characters (the event table's CHECK).

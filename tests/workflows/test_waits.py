@@ -1,0 +1,140 @@
+"""Durable waits: a wait parks the job (slot and lease given back, the attempt not counted); the handler
+runs again from the top when the job is due, and completed steps, sleeps and waits return at once."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+import jobbus
+from jobbus import JobStatus
+from jobbus.worker.runtime import Worker
+from tests.processes import eventually
+
+
+@contextlib.asynccontextmanager
+async def running(app: jobbus.App, concurrency: int = 4) -> AsyncIterator[Worker]:
+    worker = Worker(app, concurrency=concurrency, install_signal_handlers=False)
+    task = asyncio.create_task(worker.run())
+    try:
+        yield worker
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(task, 30)
+
+
+async def _parked(app: jobbus.App, job_id: Any) -> jobbus.Job | None:
+    job = await app.find(job_id)
+    if job and job.status is JobStatus.QUEUED and job.history and job.history[-1]["outcome"] == "waiting":
+        return job
+    return None
+
+
+async def test_sleep_parks_the_job_and_resumes_after_its_delay_without_counting_an_attempt(app: jobbus.App) -> None:
+    runs: list[int] = []
+    effects: list[str] = []
+
+    @app.job("cool")
+    async def cool(job: jobbus.JobExecution) -> str:
+        runs.append(job.attempt)
+        await job.step("charge", lambda: effects.append("charge"))
+        await job.sleep("cool-off", timedelta(seconds=1))
+        await job.sleep("zero", 0)
+        return "done"
+
+    job_id = await app.schedule("cool")
+    async with running(app):
+        parked = await eventually(lambda: _parked(app, job_id), what="the job parked")
+        assert parked.attempts == 0 and parked.lease_token is None
+        job = await app.wait(job_id, timeout=20)
+    assert (job.status, job.result, job.attempts) == (JobStatus.COMPLETED, "done", 1)
+    assert runs == [1, 1] and effects == ["charge"]
+    assert set(job.steps) == {"charge", "sleep:cool-off", "sleep:zero"}
+    assert [entry["outcome"] for entry in job.history] == ["waiting", "completed"]
+
+
+@pytest.mark.parametrize("emitted_first", [False, True])
+async def test_wait_for_event_gets_the_first_payload_emitted_before_or_after(
+    app: jobbus.App, emitted_first: bool
+) -> None:
+    @app.job("pay")
+    async def pay(job: jobbus.JobExecution) -> Any:
+        return await job.wait_for_event(f"order:{job.configuration['order']}:paid", timeout=60)
+
+    if emitted_first:
+        assert await app.emit_event("order:7:paid", {"amount": 10})
+    job_id = await app.schedule("pay", {"order": 7})
+    async with running(app):
+        if not emitted_first:
+            await eventually(lambda: _parked(app, job_id), what="the job parked")
+            assert await app.emit_event("order:7:paid", {"amount": 10})
+        job = await app.wait(job_id, timeout=20)
+    assert not await app.emit_event("order:7:paid", {"amount": 99})  # the first emit is kept
+    assert (job.status, job.result, job.attempts) == (JobStatus.COMPLETED, {"amount": 10}, 1)
+    assert job.steps["event:order:7:paid"] == {"payload": {"amount": 10}}
+    assert [entry["outcome"] for entry in job.history] == (["completed"] if emitted_first else ["waiting", "completed"])
+
+
+async def test_wait_for_event_times_out_inside_the_handler(app: jobbus.App) -> None:
+    @app.job("late")
+    async def late(job: jobbus.JobExecution) -> str:
+        try:
+            await job.wait_for_event("never", timeout=timedelta(seconds=0.5))
+        except TimeoutError:
+            return "gave up"
+        return "paid"
+
+    job_id = await app.schedule("late")
+    async with running(app):
+        job = await app.wait(job_id, timeout=20)
+    assert (job.status, job.result, job.attempts) == (JobStatus.COMPLETED, "gave up", 1)
+    assert job.steps["event:never"] == {"timed_out": True}
+    assert await app.emit_event("never")  # an emit after the timeout changes nothing
+    assert (await app.find(job_id)).result == "gave up"  # type: ignore[union-attr]
+
+
+async def test_spawned_children_are_scheduled_once_and_their_parent_waits_for_all(app: jobbus.App) -> None:
+    runs: list[str] = []
+
+    @app.job("parent")
+    async def parent(job: jobbus.JobExecution) -> list[Any]:
+        runs.append("parent")
+        ids = [await job.spawn("child", {"n": n}) for n in range(3)]
+        children = await job.wait_for_children()
+        assert [c.id for c in children] == sorted(ids)
+        return sorted([c.status.value, c.result] for c in children)
+
+    @app.job("child", max_attempts=1)
+    async def child(job: jobbus.JobExecution) -> int:
+        await asyncio.sleep(0.3)
+        if job.configuration["n"] == 2:
+            raise RuntimeError("child 2 fails")
+        return int(job.configuration["n"])
+
+    job_id = await app.schedule("parent")
+    async with running(app):
+        job = await app.wait(job_id, timeout=30)
+    assert job.status is JobStatus.COMPLETED and job.attempts == 1
+    assert job.result == [["completed", 0], ["completed", 1], ["failed", None]]
+    children = await app.list_jobs(type="child")
+    assert len(children) == 3 and {c.parent_id for c in children} == {job_id}
+    assert runs == ["parent", "parent"]
+
+
+async def test_sync_handlers_wait_too(app: jobbus.App) -> None:
+    @app.job("sync-wait")
+    def sync_wait(job: jobbus.SyncJobExecution) -> Any:
+        job.sleep("nap", 0.2)
+        return job.wait_for_event("go")
+
+    job_id = await app.schedule("sync-wait")
+    async with running(app):
+        await asyncio.sleep(0.5)
+        await app.emit_event("go", [1, 2])
+        job = await app.wait(job_id, timeout=20)
+    assert (job.status, job.result) == (JobStatus.COMPLETED, [1, 2])
