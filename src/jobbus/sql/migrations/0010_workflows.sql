@@ -288,9 +288,11 @@ END
 $$;
 
 -- `App.emit_event`: the first emit of a key is kept; jobs parked on it are due at once. Returns whether
--- this emit was the first.
+-- this emit was the first. It runs as the schema's owner (SECURITY DEFINER, with a fixed search path), so
+-- a producer role emits events without any right to update jobs: this function moves nothing but the
+-- wake-up time of jobs parked on that key.
 CREATE FUNCTION {schema}.emit_event(p_key text, p_payload jsonb, p_channel text) RETURNS boolean
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_first boolean;
     v_woken bigint;
