@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 from typing import Any
 
 import psycopg
@@ -69,3 +70,10 @@ async def steps(job: jobbus.JobExecution) -> dict[str, Any]:
         if name == pause_after and job.attempt == 1:
             await asyncio.sleep(60)
     return results
+
+
+@app.job("wf.pay")
+async def pay(job: jobbus.JobExecution) -> Any:
+    """Wait for the payment event of order `n` (a short random pause first widens the race with emits)."""
+    await asyncio.sleep(random.uniform(0, 0.02))
+    return await job.wait_for_event(f"pay:{job.configuration['n']}", timeout=300)

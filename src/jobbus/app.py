@@ -63,6 +63,8 @@ DEDUPE_ROUNDS = 10
 BATCHES_IN_FLIGHT = 4
 #: At most this many jobs of concurrent callers go in one shared statement.
 BATCH_JOBS = 500
+#: What reading a job raises on a schema without migration 0010's tables and columns.
+_BEFORE_WORKFLOWS = (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn)
 #: The longest chain of `then=` follow-ups one request may carry.
 MAX_CHAIN = 20
 
@@ -463,7 +465,10 @@ class App:
     # -- reads and admin ---------------------------------------------------------------------------
 
     async def find(self, job_id: uuid.UUID) -> Job | None:
-        return await self._run(self.store.find_job(_uuid(job_id)))
+        try:
+            return await self._run(self.store.find_job(_uuid(job_id)))
+        except _BEFORE_WORKFLOWS:  # the schema is a migration behind (rolling deploy): read without steps
+            return await self._run(self.store.find_job(_uuid(job_id), legacy=True))
 
     async def wait(self, job_id: uuid.UUID, timeout: float | timedelta | None = None) -> Job:
         """The job once it is terminal (with its result, error and steps); `TimeoutError` after `timeout`.
@@ -526,7 +531,11 @@ class App:
         limit: int = 100,
     ) -> list[Job]:
         """Jobs in creation order, filtered; pass the last id seen as `after` for the next page."""
-        return await self._run(self.store.list_jobs(**_list_filters(status, queue, type, group_id, after, limit)))
+        filters = _list_filters(status, queue, type, group_id, after, limit)
+        try:
+            return await self._run(self.store.list_jobs(**filters))
+        except _BEFORE_WORKFLOWS:
+            return await self._run(self.store.list_jobs(**filters, legacy=True))
 
     async def group_progress(self, group_id: uuid.UUID) -> GroupProgress:
         return await self._run(self.store.group_progress(_uuid(group_id)))
@@ -812,7 +821,10 @@ class SyncApp:
         return _resolve_ids(specs, range(len(specs)), found)
 
     def find(self, job_id: uuid.UUID) -> Job | None:
-        return self._run(self._app.store.find_job(_uuid(job_id)))
+        try:
+            return self._run(self._app.store.find_job(_uuid(job_id)))
+        except _BEFORE_WORKFLOWS:
+            return self._run(self._app.store.find_job(_uuid(job_id), legacy=True))
 
     def wait(self, job_id: uuid.UUID, timeout: float | timedelta | None = None) -> Job:
         job_id = _uuid(job_id)
@@ -881,7 +893,11 @@ class SyncApp:
         after: uuid.UUID | None = None,
         limit: int = 100,
     ) -> list[Job]:
-        return self._run(self._app.store.list_jobs(**_list_filters(status, queue, type, group_id, after, limit)))
+        filters = _list_filters(status, queue, type, group_id, after, limit)
+        try:
+            return self._run(self._app.store.list_jobs(**filters))
+        except _BEFORE_WORKFLOWS:
+            return self._run(self._app.store.list_jobs(**filters, legacy=True))
 
     def group_progress(self, group_id: uuid.UUID) -> GroupProgress:
         return self._run(self._app.store.group_progress(_uuid(group_id)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
@@ -14,7 +15,7 @@ import pytest
 import jobbus
 from jobbus import JobStatus
 from jobbus.worker.runtime import Worker
-from tests.processes import eventually
+from tests.processes import eventually, workers
 
 
 @contextlib.asynccontextmanager
@@ -138,3 +139,26 @@ async def test_sync_handlers_wait_too(app: jobbus.App) -> None:
         await app.emit_event("go", [1, 2])
         job = await app.wait(job_id, timeout=20)
     assert (job.status, job.result) == (JobStatus.COMPLETED, [1, 2])
+
+
+def test_events_emitted_before_during_and_after_the_waits_of_two_worker_processes(
+    dsn: str, sync_app: jobbus.App
+) -> None:
+    """300 jobs wait for their own event; a third of the events are emitted before the jobs exist, the rest
+    while two worker processes claim, wait and park them. Every job gets its payload: no wake-up is lost."""
+    app = sync_app
+    count = 300
+    for n in range(0, count, 3):
+        assert app.sync.emit_event(f"pay:{n}", {"n": n})
+    ids = app.sync.schedule_many("wf.pay", [{"n": n} for n in range(count)])
+    with workers(dsn, 2, "--app", "tests.workflow_apps:app", "--concurrency", "20", "--log-level", "WARNING") as procs:
+        for n in range(count):
+            if n % 3:
+                app.sync.emit_event(f"pay:{n}", {"n": n})
+            if n % 50 == 0:
+                time.sleep(0.05)
+        done = [app.sync.wait(job_id, timeout=120) for job_id in ids]
+        assert all(proc.poll() is None for proc in procs)
+    assert [job.result for job in done] == [{"n": n} for n in range(count)]
+    assert {job.status for job in done} == {JobStatus.COMPLETED}
+    assert {job.attempts for job in done} == {1}

@@ -78,7 +78,7 @@ class JobStore:
         neither is a follow-up or a group callback). `callback` is (group id, `spec_json`) of a
         group's callback, written with its members.
         """
-        if callback is not None:
+        if callback is not None or any(s.then is not None for s in specs):
             return self._insert_jobs(specs, callback)
         if len(specs) == 1:
             (spec,) = specs
@@ -96,7 +96,6 @@ class JobStore:
                 "delay": float(spec.delay_seconds),
                 "timeout": spec.timeout_seconds,
                 "concurrency_key": spec.concurrency_key,
-                "then": spec.then,
                 "channel": self.channel,
             }
             return Statement(self._q["insert_job"], one, _decode_inserted)
@@ -126,13 +125,15 @@ class JobStore:
             "delays": [float(s.delay_seconds) for s in specs],
             "timeouts": [s.timeout_seconds for s in specs],
             "concurrency_keys": [s.concurrency_key for s in specs],
-            "thens": [s.then for s in specs],
-            "callback_group": callback[0] if callback else None,
-            "callback_spec": callback[1] if callback else None,
             "channel": self.channel,
         }
-
-        return Statement(self._q["insert_jobs"], params, _decode_inserted, prepare=False)
+        query = "insert_jobs"
+        if callback is not None or any(s.then is not None for s in specs):
+            query = "insert_jobs_chained"
+            params["thens"] = [s.then for s in specs]
+            params["callback_group"] = callback[0] if callback else None
+            params["callback_spec"] = callback[1] if callback else None
+        return Statement(self._q[query], params, _decode_inserted, prepare=False)
 
     def _copy_jobs(self, specs: Sequence[JobSpec]) -> Copy[dict[tuple[str, str], uuid.UUID]] | None:
         """A large batch without unique keys, streamed by binary COPY (no arrays built and unnested).
@@ -315,8 +316,10 @@ class JobStore:
 
         return Statement(self._q["retry_job"], params, decode)
 
-    def find_job(self, job_id: uuid.UUID) -> Statement[Job | None]:
-        return Statement(self._q["find_job"], {"id": job_id}, lambda rows, _: _job(rows[0]) if rows else None)
+    def find_job(self, job_id: uuid.UUID, *, legacy: bool = False) -> Statement[Job | None]:
+        """One job with its steps; `legacy`: on a schema before migration 0010 (no steps, no parent)."""
+        query = self._q["find_job_legacy" if legacy else "find_job"]
+        return Statement(query, {"id": job_id}, lambda rows, _: _job(rows[0]) if rows else None)
 
     def list_jobs(
         self,
@@ -327,6 +330,7 @@ class JobStore:
         group_id: uuid.UUID | None = None,
         after: uuid.UUID | None = None,
         limit: int = 100,
+        legacy: bool = False,
     ) -> Statement[list[Job]]:
         params = {
             "statuses": list(statuses) if statuses else None,
@@ -336,7 +340,8 @@ class JobStore:
             "after": after,
             "limit": limit,
         }
-        return Statement(self._q["list_jobs"], params, lambda rows, _: [_job(r) for r in rows], prepare=False)
+        query = self._q["list_jobs_legacy" if legacy else "list_jobs"]
+        return Statement(query, params, lambda rows, _: [_job(r) for r in rows], prepare=False)
 
     def group_progress(self, group_id: uuid.UUID) -> Statement[GroupProgress]:
         def decode(rows: list[Row], _: int) -> GroupProgress:

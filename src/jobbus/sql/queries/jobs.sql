@@ -18,6 +18,39 @@ WITH input AS (
     FROM unnest(
         %(ids)b::uuid[], %(types)b::text[], %(queues)b::text[], %(names)b::text[], %(group_ids)b::uuid[],
         %(unique_keys)b::text[], %(priorities)b::int[], %(configurations)b::text[], %(max_attempts)b::int[],
+        %(available_ats)b::timestamptz[], %(delays)b::float8[], %(timeouts)b::float8[], %(concurrency_keys)b::text[]
+    ) AS t(id, type, queue, name, group_id, unique_key, priority, configuration, max_attempts,
+           available_at, delay, timeout_seconds, concurrency_key)
+), inserted AS (
+    INSERT INTO {schema}.job AS j (id, type, queue, name, group_id, unique_key, priority,
+                                  configuration_data, max_attempts, available_at, timeout_seconds, concurrency_key)
+    SELECT id, type, queue, name, group_id, unique_key, priority, configuration::jsonb, max_attempts,
+           coalesce(available_at, now() + make_interval(secs => delay)), timeout_seconds, concurrency_key
+    FROM input
+    ON CONFLICT DO NOTHING
+    RETURNING j.id, j.type, j.unique_key, j.queue
+)
+SELECT id, type, unique_key, true, NULL::void FROM inserted WHERE unique_key IS NOT NULL
+UNION ALL
+SELECT existing.id, existing.type, existing.unique_key, false, NULL::void
+FROM input
+JOIN {schema}.job AS existing
+  ON existing.type = input.type AND existing.unique_key = input.unique_key
+ AND existing.status IN ('queued', 'running')
+WHERE input.unique_key IS NOT NULL
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, pg_notify(%(channel)b, json_build_array(queue, type)::text)
+FROM (SELECT DISTINCT queue, type FROM inserted) AS q;
+
+-- name: insert_jobs_chained
+-- insert_jobs for jobs with follow-ups (`then=`) or a group callback: the same, plus those rows. The
+-- tables are those of migration 0010; plain inserts do not name them, so producers of this code keep
+-- working on the previous schema during a rolling deploy.
+WITH input AS (
+    SELECT *
+    FROM unnest(
+        %(ids)b::uuid[], %(types)b::text[], %(queues)b::text[], %(names)b::text[], %(group_ids)b::uuid[],
+        %(unique_keys)b::text[], %(priorities)b::int[], %(configurations)b::text[], %(max_attempts)b::int[],
         %(available_ats)b::timestamptz[], %(delays)b::float8[], %(timeouts)b::float8[], %(concurrency_keys)b::text[],
         %(thens)b::text[]
     ) AS t(id, type, queue, name, group_id, unique_key, priority, configuration, max_attempts,
@@ -67,10 +100,6 @@ WITH inserted AS (
             %(timeout)s::float8, %(concurrency_key)s::text)
     ON CONFLICT DO NOTHING
     RETURNING j.id, j.type, j.unique_key, j.queue
-), chained AS (
-    INSERT INTO {schema}.job_follow_up (job_id, spec)
-    SELECT id, %(then)s::jsonb FROM inserted WHERE %(then)s::text IS NOT NULL
-    ON CONFLICT DO NOTHING
 )
 SELECT id, type, unique_key, true, pg_notify(%(channel)s, json_build_array(queue, type)::text) FROM inserted
 UNION ALL
@@ -245,12 +274,29 @@ FROM old;
 SELECT {columns}, (SELECT jsonb_object_agg(s.name, s.result) FROM {schema}.job_step AS s WHERE s.job_id = j.id)
 FROM {schema}.job AS j WHERE id = %(id)s;
 
+-- name: find_job_legacy
+-- find_job on a schema before migration 0010 (a rolling deploy): no parent_id, no steps.
+SELECT {legacy_columns}, NULL::jsonb FROM {schema}.job WHERE id = %(id)s;
+
 -- name: group_progress
 SELECT status, count(*) FROM {schema}.job WHERE group_id = %(group_id)s GROUP BY status;
 
 -- name: list_jobs
 -- Keyset pagination on id (UUIDv7, so creation order): pass the last id seen as %(after)s.
 SELECT {columns}, (SELECT jsonb_object_agg(s.name, s.result) FROM {schema}.job_step AS s WHERE s.job_id = j.id)
+FROM {schema}.job AS j
+WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+  AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+  AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
+  AND (%(group_id)s::uuid IS NULL OR group_id = %(group_id)s::uuid)
+  AND (%(after)s::uuid IS NULL OR id > %(after)s::uuid)
+ORDER BY id
+LIMIT %(limit)s;
+
+-- name: list_jobs_legacy
+-- list_jobs on a schema before migration 0010.
+-- Keyset pagination on id (UUIDv7, so creation order): pass the last id seen as %(after)s.
+SELECT {legacy_columns}, NULL::jsonb
 FROM {schema}.job AS j
 WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
   AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
