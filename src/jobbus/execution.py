@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import hashlib
 import inspect
 import json
 import uuid
@@ -138,8 +139,8 @@ class JobExecution:
         self.scope: Any = None
         #: Stored step results, read at the first `step` of the attempt.
         self._steps: dict[str, Any] | None = None
-        #: `spawn` calls so far in this run of the handler: the n-th call is the same child every run.
-        self._spawned = 0
+        #: `spawn` calls so far in this run of the handler, per spawned (type, configuration).
+        self._spawned: dict[str, int] = {}
 
     # -- identity ----------------------------------------------------------------------------------
     @property
@@ -307,16 +308,19 @@ class JobExecution:
         return stored["payload"]
 
     async def spawn(self, type: str, configuration: Mapping[str, Any] | None = None, **options: Any) -> uuid.UUID:
-        """Schedule a child job (its `parent_id` is this job's id); returns its id. The n-th `spawn` of
-        a run is the same child in every run of the handler: it is scheduled once."""
+        """Schedule a child job (its `parent_id` is this job's id) once; returns its id. The k-th spawn
+        of one (type, configuration) in a run of the handler is the same child in every run."""
         if self._build is None:
             raise RuntimeError("spawn needs the App's handlers: run the job in a jobbus worker")
-        self._spawned += 1
-        step = f"spawn:{self._spawned}"
+        spec = self._build(JobRequest(type, configuration, **options))
+        # Keyed by what is spawned, not by position: a deploy that adds or removes other spawns does not
+        # hand this call another call's child. The k-th identical spawn of a run is the k-th child.
+        what = hashlib.sha256(f"{spec.type}\x00{spec.configuration}".encode()).hexdigest()[:16]
+        self._spawned[what] = count = self._spawned.get(what, 0) + 1
+        step = f"spawn:{spec.type[:200]}:{what}:{count}"
         found, stored = await self.stored_step(step)
         if found:
             return uuid.UUID(str(stored))
-        spec = self._build(JobRequest(type, configuration, **options))
         state, child = await self._run(self._store.spawn_child(self.id, self.lease_token, step, spec_json(spec)))
         self._after_wait(state, "spawn")
         assert child is not None and self._steps is not None
