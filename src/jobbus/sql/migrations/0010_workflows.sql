@@ -110,6 +110,10 @@ DECLARE
     v_group record;
     v_spec record;
 BEGIN
+    -- Most updates finish nothing (claims, heartbeats, checkpoints, retries): one pass over the new rows.
+    IF NOT EXISTS (SELECT 1 FROM finished_new WHERE status IN ('completed', 'failed', 'cancelled')) THEN
+        RETURN NULL;
+    END IF;
     SELECT array_agg(n.id ORDER BY n.id),
            array_agg(n.id ORDER BY n.id) FILTER (WHERE n.status = 'completed'),
            array_agg(DISTINCT n.group_id) FILTER (WHERE n.group_id IS NOT NULL),
