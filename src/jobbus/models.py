@@ -59,14 +59,14 @@ class Job:
     #: How each attempt ended, oldest first: dicts with `attempt`, `outcome`, `at`, `worker_id`, and
     #: `error` or `delay_seconds` where they apply.
     history: list[dict[str, Any]] = field(default_factory=list)
-    #: The job whose handler spawned this one (`job.spawn`).
+    #: The job whose handler spawned this one (`job.spawn`); not a column of the job table.
     parent_id: uuid.UUID | None = None
     #: Results of the job's durable steps (`job.step`) by step name; not a column of the job table.
     steps: dict[str, Any] = field(default_factory=dict)
 
 
-#: The columns of the job table, in `Job`'s order (reads add `steps` after them).
-JOB_COLUMNS: tuple[str, ...] = tuple(name for name in Job.__dataclass_fields__ if name != "steps")
+#: The columns of the job table, in `Job`'s order (reads add `parent_id` and `steps` after them).
+JOB_COLUMNS: tuple[str, ...] = tuple(name for name in Job.__dataclass_fields__ if name not in ("parent_id", "steps"))
 
 
 @dataclass(frozen=True, slots=True)

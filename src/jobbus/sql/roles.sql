@@ -30,7 +30,7 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.periodic TO {worker}, {operator
 -- Workflows: whatever finishes a job (an outcome, a recovery, a cancel) schedules its follow-up and its
 -- group's callback; handlers store steps, park on events and children. Events are emitted through the
 -- function emit_event, which runs as the schema owner.
-GRANT SELECT, INSERT ON {schema}.job_follow_up TO {worker}, {operator};
+GRANT SELECT, INSERT ON {schema}.job_follow_up, {schema}.job_child TO {worker}, {operator};
 GRANT SELECT, INSERT, UPDATE ON {schema}.job_group, {schema}.job_step TO {worker}, {operator};
 GRANT SELECT ON {schema}.event TO {worker}, {operator};
 GRANT SELECT, INSERT, DELETE ON {schema}.event_wait TO {worker}, {operator};

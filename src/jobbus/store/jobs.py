@@ -396,7 +396,8 @@ def _flag(rows: list[Row], _: int) -> bool | None:
 
 
 def _job(row: Row) -> Job:
-    values = dict(zip(JOB_COLUMNS, row[:-1], strict=True))
+    values = dict(zip(JOB_COLUMNS, row[:-2], strict=True))
     values["status"] = JobStatus(values["status"])
+    values["parent_id"] = row[-2]
     values["steps"] = row[-1] or {}
     return Job(**values)

@@ -48,15 +48,7 @@ def _templates() -> dict[str, str]:
 def queries(schema: str) -> dict[str, str]:
     """Every named query, rendered for `schema`."""
     columns = ", ".join(JOB_COLUMNS)
-    legacy = ", ".join("NULL::uuid" if name in LATER_COLUMNS else name for name in JOB_COLUMNS)
-    return {
-        name: render(text.replace("{columns}", columns).replace("{legacy_columns}", legacy), schema)
-        for name, text in _templates().items()
-    }
-
-
-#: Job columns added by migration 0010: reads on an older schema (a rolling deploy) give them as NULL.
-LATER_COLUMNS = frozenset({"parent_id"})
+    return {name: render(text.replace("{columns}", columns), schema) for name, text in _templates().items()}
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,9 +41,14 @@ CREATE TABLE {schema}.job_step (
     PRIMARY KEY (job_id, name)
 );
 
--- Children spawned by a job's handler (`job.spawn`) name it; `wait_for_children` waits for them.
-ALTER TABLE {schema}.job ADD COLUMN parent_id uuid;
-CREATE INDEX job_parent_idx ON {schema}.job (parent_id) WHERE parent_id IS NOT NULL;
+-- Children spawned by a job's handler (`job.spawn`): `Job.parent_id`, and what `wait_for_children` waits
+-- for. A table of its own rather than a column of job: this migration neither rewrites nor indexes the
+-- job table, so it never blocks job writes for longer than creating a trigger takes.
+CREATE TABLE {schema}.job_child (
+    child_id  uuid PRIMARY KEY REFERENCES {schema}.job (id) ON DELETE CASCADE,
+    parent_id uuid NOT NULL
+);
+CREATE INDEX job_child_parent_idx ON {schema}.job_child (parent_id);
 
 -- Events for `job.wait_for_event`: the first emit of a key wins and is kept.
 CREATE TABLE {schema}.event (
@@ -67,17 +72,20 @@ DECLARE
     v_id uuid;
 BEGIN
     INSERT INTO {schema}.job AS j (id, type, queue, name, group_id, unique_key, priority, configuration_data,
-                                  max_attempts, available_at, timeout_seconds, concurrency_key, parent_id)
+                                  max_attempts, available_at, timeout_seconds, concurrency_key)
     VALUES ((p_spec ->> 'id')::uuid, p_spec ->> 'type', p_spec ->> 'queue', p_spec ->> 'name',
             (p_spec ->> 'group_id')::uuid, p_spec ->> 'unique_key', (p_spec ->> 'priority')::integer,
             p_spec -> 'configuration', (p_spec ->> 'max_attempts')::integer,
             coalesce((p_spec ->> 'available_at')::timestamptz,
                      now() + make_interval(secs => coalesce((p_spec ->> 'delay')::float8, 0))),
-            (p_spec ->> 'timeout')::float8, p_spec ->> 'concurrency_key', (p_spec ->> 'parent_id')::uuid)
+            (p_spec ->> 'timeout')::float8, p_spec ->> 'concurrency_key')
     ON CONFLICT DO NOTHING
     RETURNING j.id INTO v_id;
     IF v_id IS NULL THEN
         RETURN NULL;
+    END IF;
+    IF p_spec ? 'parent_id' THEN
+        INSERT INTO {schema}.job_child (child_id, parent_id) VALUES (v_id, (p_spec ->> 'parent_id')::uuid);
     END IF;
     IF jsonb_typeof(p_spec -> 'then') = 'object' THEN
         INSERT INTO {schema}.job_follow_up (job_id, spec) VALUES (v_id, p_spec -> 'then') ON CONFLICT DO NOTHING;
@@ -116,9 +124,8 @@ BEGIN
     END IF;
     SELECT array_agg(n.id ORDER BY n.id),
            array_agg(n.id ORDER BY n.id) FILTER (WHERE n.status = 'completed'),
-           array_agg(DISTINCT n.group_id) FILTER (WHERE n.group_id IS NOT NULL),
-           array_agg(DISTINCT n.parent_id) FILTER (WHERE n.parent_id IS NOT NULL)
-    INTO v_finished, v_completed, v_groups, v_parents
+           array_agg(DISTINCT n.group_id) FILTER (WHERE n.group_id IS NOT NULL)
+    INTO v_finished, v_completed, v_groups
     FROM finished_new AS n
     JOIN finished_old AS o ON o.id = n.id
     WHERE n.status IN ('completed', 'failed', 'cancelled') AND o.status IN ('queued', 'running');
@@ -156,11 +163,13 @@ BEGIN
 
     -- 4. a parent parked in wait_for_children whose last active child this statement finished: due now.
     --    The parent's advisory lock orders this against its own check in `wait_for_children`.
+    SELECT array_agg(DISTINCT c.parent_id ORDER BY c.parent_id) INTO v_parents
+    FROM {schema}.job_child AS c WHERE c.child_id = ANY (v_finished);
     IF v_parents IS NOT NULL THEN
-        FOREACH v_parent IN ARRAY (SELECT array_agg(p ORDER BY p) FROM unnest(v_parents) AS p) LOOP
+        FOREACH v_parent IN ARRAY v_parents LOOP
             PERFORM pg_advisory_xact_lock({schema}.wait_lock('children:' || v_parent::text));
-            IF NOT EXISTS (SELECT 1 FROM {schema}.job AS c
-                           WHERE c.parent_id = v_parent AND c.status IN ('queued', 'running')) THEN
+            IF NOT EXISTS (SELECT 1 FROM {schema}.job_child AS c JOIN {schema}.job AS j ON j.id = c.child_id
+                           WHERE c.parent_id = v_parent AND j.status IN ('queued', 'running')) THEN
                 WITH woken AS (
                     UPDATE {schema}.job AS p SET available_at = now()
                     WHERE p.id = v_parent AND p.status = 'queued' AND p.available_at > now()
@@ -350,7 +359,8 @@ BEGIN
     IF {schema}.held_attempts(p_id, p_token) IS NULL THEN
         RETURN 'lost';
     END IF;
-    IF NOT EXISTS (SELECT 1 FROM {schema}.job WHERE parent_id = p_id AND status IN ('queued', 'running')) THEN
+    IF NOT EXISTS (SELECT 1 FROM {schema}.job_child AS c JOIN {schema}.job AS j ON j.id = c.child_id
+                   WHERE c.parent_id = p_id AND j.status IN ('queued', 'running')) THEN
         RETURN 'ready';
     END IF;
     INSERT INTO {schema}.event_wait (key, job_id) VALUES ('children:' || p_id::text, p_id) ON CONFLICT DO NOTHING;

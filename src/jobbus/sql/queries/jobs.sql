@@ -270,20 +270,22 @@ SELECT old.status, (SELECT count(*) FROM updated) = 1,
 FROM old;
 
 -- name: find_job
--- Reads add the job's durable steps (`Job.steps`) after its columns.
-SELECT {columns}, (SELECT jsonb_object_agg(s.name, s.result) FROM {schema}.job_step AS s WHERE s.job_id = j.id)
+-- Reads add the job's parent (`Job.parent_id`) and durable steps (`Job.steps`) after its columns.
+SELECT {columns}, (SELECT c.parent_id FROM {schema}.job_child AS c WHERE c.child_id = j.id),
+       (SELECT jsonb_object_agg(s.name, s.result) FROM {schema}.job_step AS s WHERE s.job_id = j.id)
 FROM {schema}.job AS j WHERE id = %(id)s;
 
 -- name: find_job_legacy
--- find_job on a schema before migration 0010 (a rolling deploy): no parent_id, no steps.
-SELECT {legacy_columns}, NULL::jsonb FROM {schema}.job WHERE id = %(id)s;
+-- find_job on a schema before migration 0010 (a rolling deploy): no parent, no steps.
+SELECT {columns}, NULL::uuid, NULL::jsonb FROM {schema}.job AS j WHERE id = %(id)s;
 
 -- name: group_progress
 SELECT status, count(*) FROM {schema}.job WHERE group_id = %(group_id)s GROUP BY status;
 
 -- name: list_jobs
 -- Keyset pagination on id (UUIDv7, so creation order): pass the last id seen as %(after)s.
-SELECT {columns}, (SELECT jsonb_object_agg(s.name, s.result) FROM {schema}.job_step AS s WHERE s.job_id = j.id)
+SELECT {columns}, (SELECT c.parent_id FROM {schema}.job_child AS c WHERE c.child_id = j.id),
+       (SELECT jsonb_object_agg(s.name, s.result) FROM {schema}.job_step AS s WHERE s.job_id = j.id)
 FROM {schema}.job AS j
 WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
   AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
@@ -296,7 +298,7 @@ LIMIT %(limit)s;
 -- name: list_jobs_legacy
 -- list_jobs on a schema before migration 0010.
 -- Keyset pagination on id (UUIDv7, so creation order): pass the last id seen as %(after)s.
-SELECT {legacy_columns}, NULL::jsonb
+SELECT {columns}, NULL::uuid, NULL::jsonb
 FROM {schema}.job AS j
 WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
   AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
@@ -355,5 +357,7 @@ SELECT state, child FROM {schema}.spawn_child(%(id)s, %(token)s, %(step)s, %(spe
 SELECT {schema}.wait_for_children(%(id)s, %(token)s);
 
 -- name: list_children
-SELECT {columns}, (SELECT jsonb_object_agg(s.name, s.result) FROM {schema}.job_step AS s WHERE s.job_id = j.id)
-FROM {schema}.job AS j WHERE parent_id = %(id)s ORDER BY id;
+SELECT {columns}, (SELECT c.parent_id FROM {schema}.job_child AS c WHERE c.child_id = j.id),
+       (SELECT jsonb_object_agg(s.name, s.result) FROM {schema}.job_step AS s WHERE s.job_id = j.id)
+FROM {schema}.job_child AS child JOIN {schema}.job AS j ON j.id = child.child_id
+WHERE child.parent_id = %(id)s ORDER BY j.id;
