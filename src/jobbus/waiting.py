@@ -19,6 +19,7 @@ from typing import Any
 
 import psycopg
 
+from jobbus.errors import DatabaseUnavailableError
 from jobbus.resilience import Backoff, first_line
 
 logger = logging.getLogger("jobbus")
@@ -46,7 +47,12 @@ class FinishedJobs:
             return
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._listen(self._dsn), name="jobbus-wait-listener")
-        await asyncio.wait_for(self._listening.wait(), timeout)
+        try:
+            await asyncio.wait_for(self._listening.wait(), timeout)
+        except TimeoutError:
+            raise DatabaseUnavailableError(
+                f"could not LISTEN for finished jobs within {timeout:g} s (is the database reachable?)", written=False
+            ) from None
 
     def register(self, job_id: uuid.UUID) -> asyncio.Future[None]:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -122,7 +128,9 @@ class SyncFinishedJobs:
                 self._thread = threading.Thread(target=self._listen, args=(self._dsn,), daemon=True)
                 self._thread.start()
         if not self._listening.wait(timeout):
-            raise TimeoutError(f"could not LISTEN for finished jobs within {timeout:g} s")
+            raise DatabaseUnavailableError(
+                f"could not LISTEN for finished jobs within {timeout:g} s (is the database reachable?)", written=False
+            )
 
     def register(self, job_id: uuid.UUID) -> threading.Event:
         event = threading.Event()
