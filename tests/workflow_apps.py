@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import signal
 from typing import Any
 
 import psycopg
@@ -77,3 +78,25 @@ async def pay(job: jobbus.JobExecution) -> Any:
     """Wait for the payment event of order `n` (a short random pause first widens the race with emits)."""
     await asyncio.sleep(random.uniform(0, 0.02))
     return await job.wait_for_event(f"pay:{job.configuration['n']}", timeout=300)
+
+
+@app.job("wf.slowstep")
+async def slow_step(job: jobbus.JobExecution) -> Any:
+    """One step whose function takes 3 s in the first attempt (long enough to stop its worker inside)."""
+
+    async def charge() -> str:
+        await effect(job, "charge")
+        if job.attempt == 1:
+            await asyncio.sleep(3)
+        return f"charge by attempt {job.attempt}"
+
+    return await job.step("charge", charge)
+
+
+@app.job("wf.chained")
+async def chained(job: jobbus.JobExecution) -> Any:
+    """Record the run; the first attempt of `crash_once` jobs kills its own worker (SIGKILL) first."""
+    await effect(job, "run")
+    if job.configuration.get("crash_once") and job.attempt == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return job.configuration.get("n")

@@ -14,7 +14,9 @@ import pytest
 import jobbus
 from jobbus import JobRequest, JobStatus
 from jobbus.store import run_sync
+from tests.processes import query, start_worker
 from tests.storehelpers import claim, write
+from tests.workflow_apps import prepare
 
 
 def _jobs(dsn: str, job_type: str) -> list[tuple[Any, ...]]:
@@ -117,3 +119,39 @@ def test_completion_raced_by_lease_recovery_writes_the_follow_up_exactly_once(sy
     assert sorted(follow_ups) == list(range(20))
     assert all(isinstance(i, uuid.UUID) for i in ids)
     assert len(won) == 20
+
+
+def test_follow_ups_are_written_once_by_worker_processes_killed_mid_flight(dsn: str, sync_app: jobbus.App) -> None:
+    """200 chained jobs on two worker processes; five of them SIGKILL their worker in their first attempt
+    (its other jobs in flight are recovered when their leases expire). Every job completes with exactly
+    one follow-up."""
+    prepare(dsn)
+    count = 200
+    requests = [
+        JobRequest("wf.chained", {"n": n, "crash_once": n % 40 == 7}, then=JobRequest("wf.noop", {"value": n}))
+        for n in range(count)
+    ]
+    ids = sync_app.sync.schedule_many(requests)
+    args = ("--app", "tests.workflow_apps:app", "--concurrency", "8", "--log-level", "WARNING")
+    env = {"JOBBUS_LEASE_SECONDS": "2", "JOBBUS_HEARTBEAT_INTERVAL_SECONDS": "0.5"}
+    procs = [start_worker(dsn, *args, env=env) for _ in range(2)]
+    try:
+        deadline = time.monotonic() + 120
+        while (
+            query(dsn, "SELECT count(*) FROM jobbus.job WHERE status <> 'completed'")[0][0]
+            or len(_jobs(dsn, "wf.noop")) < count
+        ):
+            assert time.monotonic() < deadline, "the chains did not finish"
+            for i, proc in enumerate(procs):
+                if proc.poll() is not None:  # killed by its own job: start another
+                    procs[i] = start_worker(dsn, *args, env=env)
+            time.sleep(0.2)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    follow_ups = sorted(row[2]["value"] for row in _jobs(dsn, "wf.noop"))
+    assert follow_ups == list(range(count))
+    ((again,),) = query(dsn, "SELECT count(*) FROM jobbus.job WHERE type = 'wf.chained' AND attempts > 1")
+    assert again >= 5  # the five that killed their worker, and any job in flight beside them
+    assert len(ids) == count

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 import uuid
 from typing import Any
 
@@ -15,7 +16,7 @@ from jobbus import JobStatus
 from jobbus.execution import JobExecution
 from jobbus.store import Statement, run_sync
 from tests.cli import jobbus as jobbus_cli
-from tests.processes import query, start_worker, status_of, wait_until, workers
+from tests.processes import finish, query, start_worker, status_of, wait_until, workers
 from tests.storehelpers import claim, expire_lease
 from tests.worker.test_runtime import drain
 from tests.workflow_apps import prepare
@@ -161,3 +162,34 @@ def test_sigkill_after_a_step_was_stored_does_not_run_it_again(db: str, sync_app
     job = sync_app.sync.find(job_id)
     assert job is not None and job.status is JobStatus.COMPLETED
     assert job.result == {"charge": "charge done in attempt 1", "ship": "ship done in attempt 2"}
+
+
+def test_a_stopped_worker_past_its_lease_does_not_overwrite_the_new_attempts_step(
+    db: str, sync_app: jobbus.App
+) -> None:
+    """Attempt 1 is frozen (SIGSTOP) inside its step after the side effect; attempt 2, on another worker,
+    stores the step and completes. Resumed, the stale attempt stores nothing and logs the lost lease."""
+    job_id = sync_app.sync.schedule("wf.slowstep")
+    with workers(db, 1, "--app", "tests.workflow_apps:app", env=SHORT_LEASE) as (stale,):
+        wait_until(lambda: _effects(db, job_id), what="attempt 1 inside its step")
+        stale.send_signal(signal.SIGSTOP)
+        fresh = start_worker(db, app="tests.workflow_apps:app", env=SHORT_LEASE)
+        try:
+            wait_until(lambda: status_of(db, job_id) == "completed", timeout=30, what="attempt 2")
+        finally:
+            fresh.kill()
+            fresh.wait()
+        stale.send_signal(signal.SIGCONT)
+        time.sleep(4)  # the stale step's function returns; its write is refused
+        assert stale.poll() is None
+        stale.send_signal(signal.SIGTERM)
+        code, out = finish(stale)
+    assert code == 0 and "lease" in out
+    job = sync_app.sync.find(job_id)
+    assert job is not None
+    assert (job.status, job.result, job.steps) == (
+        JobStatus.COMPLETED,
+        "charge by attempt 2",
+        {"charge": "charge by attempt 2"},
+    )
+    assert [attempt for _, attempt in _effects(db, job_id)] == [1, 2]
