@@ -312,6 +312,8 @@ class JobExecution:
         of one (type, configuration) in a run of the handler is the same child in every run."""
         if self._build is None:
             raise RuntimeError("spawn needs the App's handlers: run the job in a jobbus worker")
+        if options.get("unique_key") is not None:
+            raise ValueError("spawn: a child cannot have a unique_key (it would not be scheduled if taken)")
         spec = self._build(JobRequest(type, configuration, **options))
         # Keyed by what is spawned, not by position: a deploy that adds or removes other spawns does not
         # hand this call another call's child. The k-th identical spawn of a run is the k-th child.
