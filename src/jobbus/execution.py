@@ -255,7 +255,7 @@ class JobExecution:
         after `fn` ran but before its result was stored runs it again in the next attempt
         (at-least-once, like the job itself).
         """
-        found, result = await self.stored_step(name)
+        found, result = await self.stored_step(check_step_name(name, user=True))
         if found:
             return result
         if inspect.iscoroutinefunction(fn):
@@ -285,7 +285,7 @@ class JobExecution:
         """Sleep durably: the first call stores the wake-up time (database clock) under `name` and
         parks the job (its slot and lease given back, the attempt not counted); the handler runs again
         from the top once it is due, and then this returns at once."""
-        check_step_name(name)
+        check_step_name(name, user=True)
         seconds = wait_seconds("delay", delay)
         state = await self._run(self._store.sleep_job(self.id, self.lease_token, f"sleep:{name}", seconds))
         self._after_wait(state, f"sleep {name!r}")
@@ -438,7 +438,7 @@ class SyncJobExecution:
 
     def step(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
         """The blocking twin of `JobExecution.step`: `fn` runs in this thread, once."""
-        found, result = self._wait(self._execution.stored_step(name))
+        found, result = self._wait(self._execution.stored_step(check_step_name(name, user=True)))
         if found:
             return result
         return self._wait(self._execution.store_step(name, fn(*args)))
@@ -456,8 +456,11 @@ class SyncJobExecution:
         return self._wait(self._execution.wait_for_children())
 
 
-#: Step names are text of 1 to 255 characters (the table's CHECK).
-MAX_STEP_NAME = 255
+#: Step names (and sleep names) are text of 1 to 200 characters: stored with a prefix for sleeps, events
+#: and spawns, they stay within the 255 of the table's CHECK.
+MAX_STEP_NAME = 200
+#: Names that sleeps, event waits and spawns store their state under: not for `step`.
+RESERVED_PREFIXES = ("sleep:", "event:", "spawn:")
 
 
 #: The longest durable wait: a hundred years (a wake-up time must stay a date Python can read back).
@@ -472,8 +475,8 @@ def wait_seconds(what: str, value: float | timedelta) -> float:
     return float(seconds)
 
 
-#: Event keys are text of 1 to 1,000 characters (the event table's CHECK).
-MAX_EVENT_KEY = 1000
+#: Event keys are text of 1 to 200 characters (a wait stores its outcome under `event:<key>`).
+MAX_EVENT_KEY = 200
 
 
 def check_event_key(key: str) -> None:
@@ -481,9 +484,14 @@ def check_event_key(key: str) -> None:
         raise ValueError(f"an event key must be text of 1 to {MAX_EVENT_KEY} characters, got {key!r:.80}")
 
 
-def check_step_name(name: str) -> None:
-    if not isinstance(name, str) or not 1 <= len(name) <= MAX_STEP_NAME or "\x00" in name:
-        raise ValueError(f"a step name must be text of 1 to {MAX_STEP_NAME} characters, got {name!r:.80}")
+def check_step_name(name: str, *, user: bool = False) -> str:
+    """`name` if it can name a step; `user`: a name a handler chose (not one of the reserved prefixes)."""
+    limit = MAX_STEP_NAME if user else 255
+    if not isinstance(name, str) or not 1 <= len(name) <= limit or "\x00" in name:
+        raise ValueError(f"a step name must be text of 1 to {limit} characters, got {name!r:.80}")
+    if user and name.startswith(RESERVED_PREFIXES):
+        raise ValueError(f"step name {name!r:.80}: names starting with {', '.join(RESERVED_PREFIXES)} are reserved")
+    return name
 
 
 async def _as_coroutine(awaitable: Awaitable[T]) -> T:

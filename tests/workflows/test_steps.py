@@ -78,6 +78,10 @@ async def test_step_results_must_be_json_and_names_text(app: jobbus.App) -> None
     async def bad(job: jobbus.JobExecution) -> None:
         with pytest.raises(ValueError, match="step name"):
             await job.step("", lambda: 1)
+        with pytest.raises(ValueError, match="reserved"):
+            await job.step("sleep:x", lambda: 1)
+        with pytest.raises(ValueError, match="200 characters"):
+            await job.step("x" * 201, lambda: 1)
         await job.step("set", lambda: {1, 2})
 
     job_id = await app.schedule("bad", max_attempts=1)

@@ -162,3 +162,11 @@ def test_events_emitted_before_during_and_after_the_waits_of_two_worker_processe
     assert [job.result for job in done] == [{"n": n} for n in range(count)]
     assert {job.status for job in done} == {JobStatus.COMPLETED}
     assert {job.attempts for job in done} == {1}
+
+
+async def test_event_keys_and_payloads_are_checked(app: jobbus.App) -> None:
+    with pytest.raises(ValueError, match="event key"):
+        await app.emit_event("k" * 201)
+    with pytest.raises(jobbus.InvalidJobError, match="payload"):
+        await app.emit_event("k", {"bad": float("nan")})
+    assert await app.emit_event("k") and not await app.emit_event("k", 1)
