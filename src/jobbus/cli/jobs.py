@@ -183,6 +183,7 @@ def _job_detail(job: Job) -> Group:
         ("attempts", f"{job.attempts} of {job.max_attempts}"),
         ("priority", str(job.priority)),
         ("group", str(job.group_id) if job.group_id else "-"),
+        ("parent", str(job.parent_id) if job.parent_id else "-"),
         ("unique key", shown(job.unique_key or "-")),
         ("concurrency key", shown(job.concurrency_key or "-")),
         ("timeout", f"{job.timeout_seconds:g} s" if job.timeout_seconds is not None else "-"),
