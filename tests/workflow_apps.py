@@ -100,3 +100,15 @@ async def chained(job: jobbus.JobExecution) -> Any:
     if job.configuration.get("crash_once") and job.attempt == 1:
         os.kill(os.getpid(), signal.SIGKILL)
     return job.configuration.get("n")
+
+
+@app.job("wf.fanout")
+async def fanout(job: jobbus.JobExecution) -> Any:
+    """Charge once, sleep, spawn `children` children, wait for them and sum their results."""
+    await job.step("charge", effect, job, "charge")
+    await job.sleep("cool-off", float(job.configuration.get("sleep", 0.5)))
+    for n in range(int(job.configuration["children"])):
+        await job.spawn("wf.noop", {"value": n})
+    children = await job.wait_for_children()
+    await effect(job, "finish")
+    return sum(child.result for child in children)

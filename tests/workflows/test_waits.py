@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import time
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -15,7 +16,8 @@ import pytest
 import jobbus
 from jobbus import JobStatus
 from jobbus.worker.runtime import Worker
-from tests.processes import eventually, workers
+from tests.processes import eventually, query, wait_until, workers
+from tests.workflow_apps import prepare
 
 
 @contextlib.asynccontextmanager
@@ -170,3 +172,28 @@ async def test_event_keys_and_payloads_are_checked(app: jobbus.App) -> None:
     with pytest.raises(jobbus.InvalidJobError, match="payload"):
         await app.emit_event("k", {"bad": float("nan")})
     assert await app.emit_event("k") and not await app.emit_event("k", 1)
+
+
+def test_a_sleeping_workflow_outlives_its_worker_and_its_children_run_on_two_processes(
+    dsn: str, sync_app: jobbus.App
+) -> None:
+    """The worker that parked the job in its sleep is SIGKILLed; two fresh worker processes resume it, run
+    its 20 children and finish it: the step ran once, each child was spawned once, one attempt counted."""
+    prepare(dsn)
+    job_id = sync_app.sync.schedule("wf.fanout", {"sleep": 2, "children": 20})
+    args = ("--app", "tests.workflow_apps:app", "--log-level", "WARNING")
+    with workers(dsn, 1, *args) as (first,):
+        wait_until(lambda: _effect_names(dsn, job_id) == ["charge"], what="the charge step")
+        wait_until(lambda: query(dsn, "SELECT status FROM jobbus.job WHERE id = %s", (job_id,)) == [("queued",)])
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    with workers(dsn, 2, *args, "--concurrency", "5"):
+        job = sync_app.sync.wait(job_id, timeout=60)
+    assert (job.status, job.result, job.attempts) == (JobStatus.COMPLETED, sum(range(20)), 1)
+    assert _effect_names(dsn, job_id) == ["charge", "finish"]
+    assert query(dsn, "SELECT count(*) FROM jobbus.job WHERE type = 'wf.noop'") == [(20,)]
+    assert [entry["outcome"] for entry in job.history] == ["waiting", "waiting", "completed"]
+
+
+def _effect_names(dsn: str, job_id: Any) -> list[str]:
+    return [name for (name,) in query(dsn, "SELECT name FROM public.effects WHERE job_id = %s ORDER BY at", (job_id,))]
