@@ -6,13 +6,14 @@ import asyncio
 import signal
 import time
 import uuid
+from datetime import timedelta
 from typing import Any
 
 import psycopg
 import pytest
 
 import jobbus
-from jobbus import JobStatus
+from jobbus import JobRequest, JobStatus
 from jobbus.execution import JobExecution
 from jobbus.store import Statement, run_sync
 from tests.cli import jobbus as jobbus_cli
@@ -197,3 +198,23 @@ def test_a_stopped_worker_past_its_lease_does_not_overwrite_the_new_attempts_ste
         {"charge": "charge by attempt 2"},
     )
     assert [attempt for _, attempt in _effects(db, job_id)] == [1, 2]
+
+
+async def test_pruned_jobs_take_their_workflow_rows_with_them_and_truncate_still_works(
+    app: jobbus.App, dsn: str
+) -> None:
+    @app.job("pruned")
+    async def pruned(job: jobbus.JobExecution) -> None:
+        await job.step("s", lambda: 1)
+        await job.spawn("child")
+
+    await app.schedule("pruned", then=JobRequest("next"))
+    await drain(app)
+    tables = ("job_step", "job_follow_up", "job_child")
+    counts = [query(dsn, f"SELECT count(*) FROM jobbus.{table}")[0][0] for table in tables]
+    assert counts == [2, 1, 1]  # the step and the spawn's record, the follow-up, the child
+    assert await app.prune(timedelta(0)) == 1
+    counts = [query(dsn, f"SELECT count(*) FROM jobbus.{table}")[0][0] for table in tables]
+    assert counts == [0, 0, 1]  # the child (queued, not pruned) keeps its parent link
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("TRUNCATE jobbus.job")

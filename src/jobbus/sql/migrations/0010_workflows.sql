@@ -17,7 +17,7 @@ $$;
 -- `spec` is the follow-up as `jobbus.requests.spec_json` writes it, its id chosen by the producer, so the
 -- follow-up can be inserted at most once (ON CONFLICT on its id) even if anything ran twice.
 CREATE TABLE {schema}.job_follow_up (
-    job_id uuid PRIMARY KEY REFERENCES {schema}.job (id) ON DELETE CASCADE,
+    job_id uuid PRIMARY KEY,
     spec   jsonb NOT NULL
 );
 
@@ -33,7 +33,7 @@ CREATE TABLE {schema}.job_group (
 -- Durable steps: the result of `job.step(name, ...)`, written once per (job, name) and only by the attempt
 -- that holds the job's lease.
 CREATE TABLE {schema}.job_step (
-    job_id     uuid NOT NULL REFERENCES {schema}.job (id) ON DELETE CASCADE,
+    job_id     uuid NOT NULL,
     name       text NOT NULL CHECK (length(name) BETWEEN 1 AND 255),
     result     jsonb,
     attempt    integer NOT NULL,
@@ -45,7 +45,7 @@ CREATE TABLE {schema}.job_step (
 -- for. A table of its own rather than a column of job: this migration neither rewrites nor indexes the
 -- job table, so it never blocks job writes for longer than creating a trigger takes.
 CREATE TABLE {schema}.job_child (
-    child_id  uuid PRIMARY KEY REFERENCES {schema}.job (id) ON DELETE CASCADE,
+    child_id  uuid PRIMARY KEY,
     parent_id uuid NOT NULL
 );
 CREATE INDEX job_child_parent_idx ON {schema}.job_child (parent_id);
@@ -60,9 +60,10 @@ CREATE TABLE {schema}.event (
 -- Jobs parked until an event is emitted (woken by `emit_event`).
 CREATE TABLE {schema}.event_wait (
     key    text NOT NULL,
-    job_id uuid NOT NULL REFERENCES {schema}.job (id) ON DELETE CASCADE,
+    job_id uuid NOT NULL,
     PRIMARY KEY (key, job_id)
 );
+CREATE INDEX event_wait_job_idx ON {schema}.event_wait (job_id);
 
 -- Insert one job described by a spec (the shape of `jobbus.requests.spec_json`), its own follow-up with
 -- it, and announce it to workers as insert_jobs does. Idempotent: a spec whose id exists inserts nothing.
@@ -368,3 +369,23 @@ BEGIN
     RETURN 'parked';
 END
 $$;
+
+-- The rows of deleted jobs (prune, retention) go with them. A statement trigger rather than foreign keys,
+-- so `TRUNCATE <schema>.job` keeps working as it did (it leaves these rows behind, which nothing reads).
+-- SECURITY DEFINER, owned by the schema owner: whoever may delete jobs may delete their rows, and no
+-- role needs DELETE on these tables.
+CREATE FUNCTION {schema}.job_deleted() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    DELETE FROM {schema}.job_step WHERE job_id IN (SELECT id FROM deleted_jobs);
+    DELETE FROM {schema}.job_follow_up WHERE job_id IN (SELECT id FROM deleted_jobs);
+    DELETE FROM {schema}.job_child WHERE child_id IN (SELECT id FROM deleted_jobs);
+    DELETE FROM {schema}.event_wait WHERE job_id IN (SELECT id FROM deleted_jobs);
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER job_deleted
+    AFTER DELETE ON {schema}.job
+    REFERENCING OLD TABLE AS deleted_jobs
+    FOR EACH STATEMENT EXECUTE FUNCTION {schema}.job_deleted();
