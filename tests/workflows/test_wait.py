@@ -12,6 +12,7 @@ import pytest
 
 import jobbus
 from jobbus import JobStatus
+from jobbus.store.statements import channel_name
 from tests.processes import workers
 from tests.storehelpers import claim, write
 
@@ -88,3 +89,10 @@ async def test_wait_polls_without_a_listening_connection(dsn: str) -> None:
         await asyncio.sleep(0.2)
         await app.cancel(job_id)
         assert (await waiter).status is JobStatus.CANCELLED
+
+
+@pytest.mark.parametrize("schema", ["jobbus", "tenant_" + "x" * 60])
+async def test_the_database_names_the_done_channel_as_the_app_does(app: jobbus.App, dsn: str, schema: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        (name,) = conn.execute("SELECT jobbus.channel_name(%s, '_done')", (schema,)).fetchone()  # type: ignore[misc]
+    assert name == channel_name(schema, "_done")
