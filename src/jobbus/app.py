@@ -459,6 +459,8 @@ class App:
         if then is not None:
             if not isinstance(then, JobRequest):
                 raise InvalidJobError(f"then must be a jobbus.JobRequest, got {then!r:.80}")
+            if any(spec.unique_key is not None for spec in specs):
+                raise InvalidJobError("schedule_group with then=: members cannot have a unique_key")
             callback = (group, spec_json(self.build_job_spec(then)))
         return group, specs, order, callback
 

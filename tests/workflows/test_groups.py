@@ -134,3 +134,18 @@ def test_last_two_members_finished_at_the_same_instant_schedule_one_callback(syn
 
 def _done(job: ClaimedJob, status: JobStatus = JobStatus.COMPLETED) -> Outcome:
     return Outcome(job.id, job.lease_token, status, error=None if status is JobStatus.COMPLETED else "no")
+
+
+async def test_a_failed_member_retried_before_the_others_finish_is_waited_for(app: jobbus.App, dsn: str) -> None:
+    await app.schedule_group([("t", {}), ("t", {})], then=JobRequest("merge", {"group": "r"}))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        first, second = claim(app, conn, limit=2)
+        assert write(app, conn, first, JobStatus.FAILED, error="no")
+        await app.retry(first.id)  # the group has two active members again
+        assert write(app, conn, second, JobStatus.COMPLETED)
+        assert _callbacks(dsn) == []
+        (again,) = claim(app, conn)
+        assert write(app, conn, again, JobStatus.COMPLETED)
+    assert _callbacks(dsn) == ["r"]
+    with pytest.raises(jobbus.InvalidJobError, match="unique_key"):
+        await app.schedule_group([JobRequest("t", unique_key="k")], then=JobRequest("merge"))

@@ -22,10 +22,13 @@ CREATE TABLE {schema}.job_follow_up (
 );
 
 -- A group's callback (`schedule_group(..., then=)`): scheduled in the transaction that makes the last
--- member terminal; `scheduled_at` records that it was.
+-- member terminal; `scheduled_at` records that it was. `remaining` counts the members not terminal: set
+-- when the members are inserted, moved by the trigger job_finished (down when a member becomes terminal,
+-- up when a failed one is retried), so finding the last member costs the same for any size of group.
 CREATE TABLE {schema}.job_group (
     group_id     uuid PRIMARY KEY,
     spec         jsonb NOT NULL,
+    remaining    integer NOT NULL,
     created_at   timestamptz NOT NULL DEFAULT now(),
     scheduled_at timestamptz
 );
@@ -99,10 +102,10 @@ $$;
 -- After every UPDATE of job rows, for the rows that became terminal in it:
 --   1. one notification on the `_done` channel per 200 ids (comma-separated), for `App.wait`;
 --   2. the follow-up of each job that became `completed`;
---   3. the callback of each group whose last active member this statement finished. Group rows are locked
---      in group order (no deadlock between two statements finishing members of the same groups), and
---      the members are counted after the lock is held, in a fresh snapshot: of two transactions
---      finishing a group's last two members, the second to get the lock sees the first's commit;
+--   3. the callback of each group whose last active member this statement finished: the group's row is
+--      updated (`remaining`) in group order, so two statements finishing members of the same groups
+--      take the row locks in one order (no deadlock) and the second to get a row sees what the first
+--      wrote: of the last two members finished at once, exactly one statement brings `remaining` to 0;
 --   4. the wake-up of each parent parked in `wait_for_children` whose last active child it finished.
 -- A statement trigger with transition tables: one call per statement, and an update that finishes
 -- nothing (a claim, a heartbeat, a checkpoint) returns after one scan of its own rows. Measured on this
@@ -112,7 +115,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_finished uuid[];
     v_completed uuid[];
-    v_groups uuid[];
+    v_due boolean;
     v_parents uuid[];
     v_parent uuid;
     v_woken bigint;
@@ -120,14 +123,37 @@ DECLARE
     v_group record;
     v_spec record;
 BEGIN
-    -- Most updates finish nothing (claims, heartbeats, checkpoints, retries): one pass over the new rows.
-    IF NOT EXISTS (SELECT 1 FROM finished_new WHERE status IN ('completed', 'failed', 'cancelled')) THEN
+    -- Most updates neither finish a job nor reopen one (claims, heartbeats, checkpoints): one pass over
+    -- the new rows and one over the old.
+    IF NOT EXISTS (SELECT 1 FROM finished_new WHERE status IN ('completed', 'failed', 'cancelled'))
+       AND NOT EXISTS (SELECT 1 FROM finished_old WHERE status IN ('completed', 'failed', 'cancelled')) THEN
         RETURN NULL;
     END IF;
+    -- 3 first (a retried member reopens its group); the group rows in group order.
+    FOR v_group IN
+        SELECT g.group_id, g.spec, d.delta FROM {schema}.job_group AS g
+        JOIN (SELECT n.group_id,
+                     count(*) FILTER (WHERE n.status IN ('queued', 'running'))
+                     - count(*) FILTER (WHERE n.status IN ('completed', 'failed', 'cancelled')) AS delta
+              FROM finished_new AS n JOIN finished_old AS o ON o.id = n.id
+              WHERE n.group_id IS NOT NULL
+                AND (n.status IN ('completed', 'failed', 'cancelled')) <> (o.status IN ('completed', 'failed', 'cancelled'))
+              GROUP BY n.group_id) AS d ON d.group_id = g.group_id
+        WHERE g.scheduled_at IS NULL AND d.delta <> 0
+        ORDER BY g.group_id
+    LOOP
+        UPDATE {schema}.job_group AS g
+        SET remaining = g.remaining + v_group.delta,
+            scheduled_at = CASE WHEN g.remaining + v_group.delta <= 0 THEN now() END
+        WHERE g.group_id = v_group.group_id AND g.scheduled_at IS NULL
+        RETURNING g.scheduled_at IS NOT NULL INTO v_due;
+        IF v_due THEN
+            PERFORM {schema}.schedule_spec(v_group.spec, {schema}.channel_name(TG_TABLE_SCHEMA, ''));
+        END IF;
+    END LOOP;
     SELECT array_agg(n.id ORDER BY n.id),
-           array_agg(n.id ORDER BY n.id) FILTER (WHERE n.status = 'completed'),
-           array_agg(DISTINCT n.group_id) FILTER (WHERE n.group_id IS NOT NULL)
-    INTO v_finished, v_completed, v_groups
+           array_agg(n.id ORDER BY n.id) FILTER (WHERE n.status = 'completed')
+    INTO v_finished, v_completed
     FROM finished_new AS n
     JOIN finished_old AS o ON o.id = n.id
     WHERE n.status IN ('completed', 'failed', 'cancelled') AND o.status IN ('queued', 'running');
@@ -145,21 +171,6 @@ BEGIN
             SELECT f.spec FROM {schema}.job_follow_up AS f WHERE f.job_id = ANY (v_completed) ORDER BY f.job_id
         LOOP
             PERFORM {schema}.schedule_spec(v_spec.spec, v_channel);
-        END LOOP;
-    END IF;
-
-    IF v_groups IS NOT NULL THEN
-        FOR v_group IN
-            SELECT g.group_id, g.spec FROM {schema}.job_group AS g
-            WHERE g.group_id = ANY (v_groups) AND g.scheduled_at IS NULL
-            ORDER BY g.group_id
-            FOR UPDATE
-        LOOP
-            IF NOT EXISTS (SELECT 1 FROM {schema}.job AS j
-                           WHERE j.group_id = v_group.group_id AND j.status IN ('queued', 'running')) THEN
-                PERFORM {schema}.schedule_spec(v_group.spec, v_channel);
-                UPDATE {schema}.job_group SET scheduled_at = now() WHERE group_id = v_group.group_id;
-            END IF;
         END LOOP;
     END IF;
 

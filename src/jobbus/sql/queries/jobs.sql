@@ -71,9 +71,11 @@ WITH input AS (
     WHERE input.then_spec IS NOT NULL
     ON CONFLICT DO NOTHING
 ), grouped AS (
-    -- A group's callback (`schedule_group(..., then=)`), with its members; one per group.
-    INSERT INTO {schema}.job_group (group_id, spec)
-    SELECT %(callback_group)b::uuid, %(callback_spec)b::text::jsonb WHERE %(callback_spec)b::text IS NOT NULL
+    -- A group's callback (`schedule_group(..., then=)`), with its members (all of them in this statement);
+    -- one per group. A repeat of the statement inserts no member and keeps the first count.
+    INSERT INTO {schema}.job_group (group_id, spec, remaining)
+    SELECT %(callback_group)b::uuid, %(callback_spec)b::text::jsonb, (SELECT count(*) FROM inserted)
+    WHERE %(callback_spec)b::text IS NOT NULL
     ON CONFLICT DO NOTHING
 )
 SELECT id, type, unique_key, true, NULL::void FROM inserted WHERE unique_key IS NOT NULL
