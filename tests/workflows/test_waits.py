@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import threading
 import time
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
+import psycopg
 import pytest
 
 import jobbus
@@ -197,3 +199,41 @@ def test_a_sleeping_workflow_outlives_its_worker_and_its_children_run_on_two_pro
 
 def _effect_names(dsn: str, job_id: Any) -> list[str]:
     return [name for (name,) in query(dsn, "SELECT name FROM public.effects WHERE job_id = %s ORDER BY at", (job_id,))]
+
+
+def test_a_parent_parking_as_its_last_child_ends_is_never_left_asleep(sync_app: jobbus.App, dsn: str) -> None:
+    """50 rounds: a parent's wait_for_children and its only child's outcome sent at the same instant by two
+    connections. Whichever goes first, the parent either goes on at once or is parked and woken."""
+    from jobbus.requests import JobRequest, spec_json
+    from jobbus.store import Outcome, run_sync
+    from tests.storehelpers import claim
+
+    app = sync_app
+    for _ in range(50):
+        app.sync.schedule("parent")
+        with psycopg.connect(dsn, autocommit=True) as a, psycopg.connect(dsn, autocommit=True) as b:
+            (parent,) = claim(app, a, types=("parent",))
+            spec = spec_json(app.build_job_spec(JobRequest("child")))
+            assert run_sync(a, app.store.spawn_child(parent.id, parent.lease_token, "spawn:1", spec))[0] == "ready"
+            (child,) = claim(app, a, types=("child",))
+            barrier = threading.Barrier(2)
+            states: list[str] = []
+
+            def park(barrier: threading.Barrier = barrier, parent: Any = parent, states: list[str] = states) -> None:
+                barrier.wait()
+                states.append(run_sync(b, app.store.wait_for_children(parent.id, parent.lease_token)))
+
+            thread = threading.Thread(target=park)
+            thread.start()
+            barrier.wait()
+            run_sync(a, app.store.record_outcomes([Outcome(child.id, child.lease_token, JobStatus.COMPLETED)]))
+            thread.join()
+            (status, due) = query(
+                dsn, "SELECT status, available_at <= now() FROM jobbus.job WHERE id = %s", (parent.id,)
+            )[0]
+            if states == ["parked"]:
+                assert (status, due) == ("queued", True), "the parent was left asleep"
+            else:
+                assert states == ["ready"] and status == "running"
+                run_sync(a, app.store.record_outcomes([Outcome(parent.id, parent.lease_token, JobStatus.COMPLETED)]))
+            a.execute("DELETE FROM jobbus.job")

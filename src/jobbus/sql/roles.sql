@@ -31,7 +31,7 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.periodic TO {worker}, {operator
 -- group's callback; handlers store steps, park on events and children. Events are emitted through the
 -- function emit_event, which runs as the schema owner.
 GRANT SELECT, INSERT ON {schema}.job_follow_up, {schema}.job_child TO {worker}, {operator};
-GRANT SELECT, INSERT, UPDATE ON {schema}.job_group, {schema}.job_step TO {worker}, {operator};
+GRANT SELECT, INSERT, UPDATE ON {schema}.job_group, {schema}.job_step, {schema}.job_parent TO {worker}, {operator};
 GRANT SELECT ON {schema}.event TO {worker}, {operator};
 GRANT SELECT, INSERT, DELETE ON {schema}.event_wait TO {worker}, {operator};
 

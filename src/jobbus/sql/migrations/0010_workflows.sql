@@ -53,6 +53,15 @@ CREATE TABLE {schema}.job_child (
 );
 CREATE INDEX job_child_parent_idx ON {schema}.job_child (parent_id);
 
+-- Per parent: its children not yet terminal (up at each spawn, moved by the trigger job_finished like a
+-- group's count), and whether it is parked in `wait_for_children`. Its row lock orders a parent's check
+-- against its last child's end: each takes this row before the parent's job row.
+CREATE TABLE {schema}.job_parent (
+    parent_id uuid PRIMARY KEY,
+    active    integer NOT NULL,
+    waiting   boolean NOT NULL DEFAULT false
+);
+
 -- Events for `job.wait_for_event`: the first emit of a key wins and is kept.
 CREATE TABLE {schema}.event (
     key        text PRIMARY KEY CHECK (length(key) BETWEEN 1 AND 1000),
@@ -90,6 +99,8 @@ BEGIN
     END IF;
     IF p_spec ? 'parent_id' THEN
         INSERT INTO {schema}.job_child (child_id, parent_id) VALUES (v_id, (p_spec ->> 'parent_id')::uuid);
+        INSERT INTO {schema}.job_parent AS p (parent_id, active) VALUES ((p_spec ->> 'parent_id')::uuid, 1)
+        ON CONFLICT (parent_id) DO UPDATE SET active = p.active + 1;
     END IF;
     IF jsonb_typeof(p_spec -> 'then') = 'object' THEN
         INSERT INTO {schema}.job_follow_up (job_id, spec) VALUES (v_id, p_spec -> 'then') ON CONFLICT DO NOTHING;
@@ -106,7 +117,8 @@ $$;
 --      updated (`remaining`) in group order, so two statements finishing members of the same groups
 --      take the row locks in one order (no deadlock) and the second to get a row sees what the first
 --      wrote: of the last two members finished at once, exactly one statement brings `remaining` to 0;
---   4. the wake-up of each parent parked in `wait_for_children` whose last active child it finished.
+--   4. the wake-up of each parent parked in `wait_for_children` whose last active child it finished
+--      (counted like a group's members, in `job_parent`).
 -- A statement trigger with transition tables: one call per statement, and an update that finishes
 -- nothing (a claim, a heartbeat, a checkpoint) returns after one scan of its own rows. Measured on this
 -- machine: 0.8 µs per updated row.
@@ -116,8 +128,7 @@ DECLARE
     v_finished uuid[];
     v_completed uuid[];
     v_due boolean;
-    v_parents uuid[];
-    v_parent uuid;
+    v_parent record;
     v_woken bigint;
     v_channel text;
     v_group record;
@@ -151,6 +162,32 @@ BEGIN
             PERFORM {schema}.schedule_spec(v_group.spec, {schema}.channel_name(TG_TABLE_SCHEMA, ''));
         END IF;
     END LOOP;
+    -- 4, likewise per parent; a parked parent whose count reaches 0 is due now.
+    FOR v_parent IN
+        SELECT c.parent_id, count(*) FILTER (WHERE n.status IN ('queued', 'running'))
+                            - count(*) FILTER (WHERE n.status IN ('completed', 'failed', 'cancelled')) AS delta
+        FROM finished_new AS n
+        JOIN finished_old AS o ON o.id = n.id
+        JOIN {schema}.job_child AS c ON c.child_id = n.id
+        WHERE (n.status IN ('completed', 'failed', 'cancelled')) <> (o.status IN ('completed', 'failed', 'cancelled'))
+        GROUP BY c.parent_id
+        ORDER BY c.parent_id
+    LOOP
+        CONTINUE WHEN v_parent.delta = 0;
+        UPDATE {schema}.job_parent AS p SET active = p.active + v_parent.delta
+        WHERE p.parent_id = v_parent.parent_id
+        RETURNING p.active <= 0 AND p.waiting INTO v_due;
+        IF v_due THEN
+            UPDATE {schema}.job_parent SET waiting = false WHERE parent_id = v_parent.parent_id;
+            WITH woken AS (
+                UPDATE {schema}.job AS j SET available_at = now()
+                WHERE j.id = v_parent.parent_id AND j.status = 'queued' AND j.available_at > now()
+                RETURNING j.queue, j.type
+            )
+            SELECT count(pg_notify({schema}.channel_name(TG_TABLE_SCHEMA, ''), json_build_array(queue, type)::text))
+            INTO v_woken FROM woken;
+        END IF;
+    END LOOP;
     SELECT array_agg(n.id ORDER BY n.id),
            array_agg(n.id ORDER BY n.id) FILTER (WHERE n.status = 'completed')
     INTO v_finished, v_completed
@@ -174,27 +211,6 @@ BEGIN
         END LOOP;
     END IF;
 
-    -- 4. a parent parked in wait_for_children whose last active child this statement finished: due now.
-    --    The parent's advisory lock orders this against its own check in `wait_for_children`.
-    SELECT array_agg(DISTINCT c.parent_id ORDER BY c.parent_id) INTO v_parents
-    FROM {schema}.job_child AS c WHERE c.child_id = ANY (v_finished);
-    IF v_parents IS NOT NULL THEN
-        FOREACH v_parent IN ARRAY v_parents LOOP
-            PERFORM pg_advisory_xact_lock({schema}.wait_lock('children:' || v_parent::text));
-            IF NOT EXISTS (SELECT 1 FROM {schema}.job_child AS c JOIN {schema}.job AS j ON j.id = c.child_id
-                           WHERE c.parent_id = v_parent AND j.status IN ('queued', 'running')) THEN
-                WITH woken AS (
-                    UPDATE {schema}.job AS p SET available_at = now()
-                    WHERE p.id = v_parent AND p.status = 'queued' AND p.available_at > now()
-                      AND EXISTS (SELECT 1 FROM {schema}.event_wait AS w
-                                  WHERE w.key = 'children:' || v_parent::text AND w.job_id = v_parent)
-                    RETURNING p.queue, p.type
-                )
-                SELECT count(pg_notify(v_channel, json_build_array(queue, type)::text)) INTO v_woken FROM woken;
-                DELETE FROM {schema}.event_wait WHERE key = 'children:' || v_parent::text;
-            END IF;
-        END LOOP;
-    END IF;
     RETURN NULL;
 END
 $$;
@@ -363,20 +379,22 @@ BEGIN
 END
 $$;
 
--- `job.wait_for_children()`: 'ready' when no child is queued or running, else the job is parked until
--- the trigger job_finished sees its last active child finish (both under the parent's advisory lock).
+-- `job.wait_for_children()`: 'ready' when no child is queued or running, else the job is parked (and
+-- marked waiting) until the trigger job_finished brings its count of active children to 0. The parent's
+-- `job_parent` row is locked before its job row, in the order the trigger takes them.
 CREATE FUNCTION {schema}.wait_for_children(p_id uuid, p_token uuid) RETURNS text
 LANGUAGE plpgsql AS $$
+DECLARE
+    v_active integer;
 BEGIN
-    PERFORM pg_advisory_xact_lock({schema}.wait_lock('children:' || p_id::text));
+    SELECT active INTO v_active FROM {schema}.job_parent WHERE parent_id = p_id FOR UPDATE;
     IF {schema}.held_attempts(p_id, p_token) IS NULL THEN
         RETURN 'lost';
     END IF;
-    IF NOT EXISTS (SELECT 1 FROM {schema}.job_child AS c JOIN {schema}.job AS j ON j.id = c.child_id
-                   WHERE c.parent_id = p_id AND j.status IN ('queued', 'running')) THEN
+    IF coalesce(v_active, 0) <= 0 THEN
         RETURN 'ready';
     END IF;
-    INSERT INTO {schema}.event_wait (key, job_id) VALUES ('children:' || p_id::text, p_id) ON CONFLICT DO NOTHING;
+    UPDATE {schema}.job_parent SET waiting = true WHERE parent_id = p_id;
     PERFORM {schema}.park_job(p_id, {schema}.never(), 'children');
     RETURN 'parked';
 END
@@ -392,6 +410,7 @@ BEGIN
     DELETE FROM {schema}.job_step WHERE job_id IN (SELECT id FROM deleted_jobs);
     DELETE FROM {schema}.job_follow_up WHERE job_id IN (SELECT id FROM deleted_jobs);
     DELETE FROM {schema}.job_child WHERE child_id IN (SELECT id FROM deleted_jobs);
+    DELETE FROM {schema}.job_parent WHERE parent_id IN (SELECT id FROM deleted_jobs);
     DELETE FROM {schema}.event_wait WHERE job_id IN (SELECT id FROM deleted_jobs);
     RETURN NULL;
 END
