@@ -119,9 +119,10 @@ $$;
 --      wrote: of the last two members finished at once, exactly one statement brings `remaining` to 0;
 --   4. the wake-up of each parent parked in `wait_for_children` whose last active child it finished
 --      (counted like a group's members, in `job_parent`).
--- A statement trigger with transition tables: one call per statement, and an update that finishes
--- nothing (a claim, a heartbeat, a checkpoint) returns after one scan of its own rows. Measured on this
--- machine: 0.8 µs per updated row.
+-- A statement trigger with transition tables: one call per statement, and an update that neither finishes
+-- nor reopens a job (a claim, a heartbeat, a checkpoint) returns after one pass over its old and its new
+-- rows. Measured on the 2-core test machine: 100,000 leases renewed in statements of 500 took 0.64-0.83 s
+-- with the trigger and the same without it (the difference is below the run-to-run noise).
 CREATE FUNCTION {schema}.job_finished() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
