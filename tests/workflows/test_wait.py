@@ -96,3 +96,28 @@ async def test_the_database_names_the_done_channel_as_the_app_does(app: jobbus.A
     with psycopg.connect(dsn, autocommit=True) as conn:
         (name,) = conn.execute("SELECT jobbus.channel_name(%s, '_done')", (schema,)).fetchone()  # type: ignore[misc]
     assert name == channel_name(schema, "_done")
+
+
+async def test_a_waiter_outlives_the_loss_of_the_listening_connection(app: jobbus.App, dsn: str) -> None:
+    job_id = await app.schedule("t")
+    waiter = asyncio.create_task(app.wait(job_id, timeout=60))
+    await asyncio.sleep(0.3)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        killed = conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND query LIKE 'LISTEN%%'"
+        ).fetchall()
+        assert killed == [(True,)]
+        await asyncio.sleep(0.5)  # the listener reconnects (and wakes its waiters to read again)
+        (claimed,) = claim(app, conn)
+        assert write(app, conn, claimed, JobStatus.COMPLETED)
+    assert (await waiter).status is JobStatus.COMPLETED
+
+
+async def test_a_deduplicated_job_adds_no_follow_up(app: jobbus.App, dsn: str) -> None:
+    first = await app.schedule("t", unique_key="k", then=jobbus.JobRequest("next", {"from": "first"}))
+    assert await app.schedule("t", unique_key="k", then=jobbus.JobRequest("next", {"from": "second"})) == first
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        (claimed,) = claim(app, conn)
+        assert write(app, conn, claimed, JobStatus.COMPLETED)
+    assert [job.configuration_data for job in await app.list_jobs(type="next")] == [{"from": "first"}]
