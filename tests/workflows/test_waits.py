@@ -135,14 +135,21 @@ async def test_sync_handlers_wait_too(app: jobbus.App) -> None:
     @app.job("sync-wait")
     def sync_wait(job: jobbus.SyncJobExecution) -> Any:
         job.sleep("nap", 0.2)
-        return job.wait_for_event("go")
+        child = job.spawn("sync-child", {"n": 5})
+        (done,) = job.wait_for_children()
+        assert done.id == child and done.parent_id == job.id
+        return [job.wait_for_event("go"), done.result]
+
+    @app.job("sync-child")
+    def sync_child(job: jobbus.SyncJobExecution) -> int:
+        return int(job.configuration["n"]) * 2
 
     job_id = await app.schedule("sync-wait")
     async with running(app):
         await asyncio.sleep(0.5)
         await app.emit_event("go", [1, 2])
         job = await app.wait(job_id, timeout=20)
-    assert (job.status, job.result) == (JobStatus.COMPLETED, [1, 2])
+    assert (job.status, job.result, job.attempts) == (JobStatus.COMPLETED, [[1, 2], 10], 1)
 
 
 def test_events_emitted_before_during_and_after_the_waits_of_two_worker_processes(
