@@ -14,7 +14,7 @@ import pytest
 import jobbus
 from jobbus import JobRequest, JobStatus
 from jobbus.store import run_sync
-from tests.processes import query, start_worker
+from tests.processes import query, start_worker, workers
 from tests.storehelpers import claim, write
 from tests.workflow_apps import prepare
 
@@ -155,3 +155,37 @@ def test_follow_ups_are_written_once_by_worker_processes_killed_mid_flight(dsn: 
     ((again,),) = query(dsn, "SELECT count(*) FROM jobbus.job WHERE type = 'wf.chained' AND attempts > 1")
     assert again >= 5  # the five that killed their worker, and any job in flight beside them
     assert len(ids) == count
+
+
+def test_follow_ups_are_written_once_while_every_backend_is_terminated_repeatedly(
+    dsn: str, sync_app: jobbus.App
+) -> None:
+    """300 chained jobs on two worker processes while every other backend of the database is terminated
+    every 0.3 s: outcome writes are cut off mid-flight and sent again (fenced). Each job completes with
+    exactly one follow-up."""
+    prepare(dsn)
+    count = 300
+    sync_app.sync.schedule_many(
+        [JobRequest("wf.chained", {"n": n}, then=JobRequest("wf.noop", {"value": n})) for n in range(count)]
+    )
+    sync_app.sync.close()
+    args = ("--app", "tests.workflow_apps:app", "--concurrency", "10", "--log-level", "WARNING")
+    env = {"JOBBUS_LEASE_SECONDS": "3", "JOBBUS_HEARTBEAT_INTERVAL_SECONDS": "0.5"}
+    with psycopg.connect(dsn, autocommit=True) as killer, workers(dsn, 2, *args, env=env) as procs:
+        deadline = time.monotonic() + 120
+        terminated = 0
+        while (
+            len(_jobs(dsn, "wf.noop")) < count
+            or query(dsn, "SELECT count(*) FROM jobbus.job WHERE status <> 'completed'")[0][0]
+        ):
+            assert time.monotonic() < deadline, "the chains did not finish"
+            if time.monotonic() < deadline - 110:  # ten seconds of terminations, then let it finish
+                rows = killer.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                ).fetchall()
+                terminated += len(rows)
+            time.sleep(0.3)
+        assert all(proc.poll() is None for proc in procs), "a worker exited"
+    assert terminated > 0
+    assert sorted(row[2]["value"] for row in _jobs(dsn, "wf.noop")) == list(range(count))
