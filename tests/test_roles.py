@@ -130,3 +130,26 @@ async def test_hostile_queue_and_type_names_are_data_not_sql(app: jobbus.App) ->
     assert await app.run_worker(stop_when_empty=True, install_signal_handlers=False) == 0
     job = await app.find(job_id)
     assert job is not None and (job.queue, job.result, job.status) == (evil, evil, jobbus.JobStatus.COMPLETED)
+
+
+async def test_workflows_run_under_the_worker_role_and_producers_chain_group_and_emit(roles: dict[str, str]) -> None:
+    producer = _app(roles["producer"])
+    async with producer:
+        first = await producer.schedule("t", then=jobbus.JobRequest("t", {"chained": True}))
+        await producer.schedule_group([("t", {})], then=jobbus.JobRequest("t", {"callback": True}))
+        assert await producer.emit_event("paid", {"ok": True})
+    worker = _app(roles["worker"])
+
+    @worker.job("w")
+    async def waits(job: jobbus.JobExecution) -> object:
+        await job.step("s", lambda: 1)
+        return await job.wait_for_event("paid")
+
+    async with worker:
+        waiting = await worker.schedule("w")
+        await worker.run_worker(stop_when_empty=True, install_signal_handlers=False, worker_id="w")
+        assert (await worker.find(first)).status is jobbus.JobStatus.COMPLETED  # type: ignore[union-attr]
+        assert len(await worker.list_jobs(type="t", status="completed")) == 4
+    async with producer:
+        job = await producer.wait(waiting, timeout=5)
+    assert job.result == {"ok": True} and job.steps["s"] == 1

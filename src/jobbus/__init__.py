@@ -21,7 +21,7 @@ from jobbus.events import (
     JobScheduled,
     JobStarted,
 )
-from jobbus.execution import JobExecution, SyncJobExecution
+from jobbus.execution import JobExecution, JobParked, SyncJobExecution
 from jobbus.limits import QueueSettings, RateLimit
 from jobbus.models import GroupProgress, Job, JobStatus
 from jobbus.periodic import Periodic
@@ -43,6 +43,7 @@ __all__ = [
     "JobEvent",
     "JobExecution",
     "JobFailed",
+    "JobParked",
     "JobRequest",
     "JobRetried",
     "JobScheduled",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import threading
 import time
@@ -20,6 +21,7 @@ from jobbus import schema as schema_module
 from jobbus.batching import InsertBatcher
 from jobbus.errors import DatabaseUnavailableError, InvalidJobError, InvalidStateError, JobbusError
 from jobbus.events import EventHub, JobCancelled, JobEvent, JobScheduled
+from jobbus.execution import check_event_key
 from jobbus.limits import KEEP, Keep, QueueSettings, RateLimit, check_count, check_rate
 from jobbus.models import GroupProgress, Job, JobSpec, JobStatus
 from jobbus.periodic import Periodic, PeriodicSpec
@@ -28,9 +30,11 @@ from jobbus.requests import (
     JobDefaults,
     JobRequest,
     build_spec,
+    json_text,
     new_job_id,
     resolve_available_at,
     seconds_or_none,
+    spec_json,
     specs_sharing,
     validate_text,
 )
@@ -39,7 +43,8 @@ from jobbus.settings import Settings
 from jobbus.store import CancelResult, Copy, JobStore, Statement, run_async, run_sync
 from jobbus.store.periodic import PeriodicStore
 from jobbus.store.queues import QueueStore
-from jobbus.store.statements import configure_async, configure_connection
+from jobbus.store.statements import channel_name, configure_async, configure_connection
+from jobbus.waiting import FinishedJobs, SyncFinishedJobs, timeout_message
 
 if TYPE_CHECKING:
     from jobbus.worker.options import WorkerOptions
@@ -58,6 +63,10 @@ DEDUPE_ROUNDS = 10
 BATCHES_IN_FLIGHT = 4
 #: At most this many jobs of concurrent callers go in one shared statement.
 BATCH_JOBS = 500
+#: What reading a job raises on a schema without migration 0010's tables and columns.
+_BEFORE_WORKFLOWS = (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn)
+#: The longest chain of `then=` follow-ups one request may carry.
+MAX_CHAIN = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +105,7 @@ class App:
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
         self._pool_users = 0
         self._batcher: InsertBatcher | None = None
+        self._finished: FinishedJobs | None = None
         self.sync = SyncApp(self)
 
     # -- registry ----------------------------------------------------------------------------------
@@ -229,6 +239,9 @@ class App:
         self._pool_users = max(0, self._pool_users - 1)
         if self._pool_users == 0 and self._pool is not None:
             pool, self._pool, self._batcher = self._pool, None, None
+            finished, self._finished = self._finished, None
+            if finished is not None:
+                await finished.close()
             await pool.close()
 
     async def __aenter__(self) -> App:
@@ -283,9 +296,14 @@ class App:
         priority: int | None = None,
         timeout: float | timedelta | None = None,
         concurrency_key: str | None = None,
+        then: JobRequest | None = None,
         connection: psycopg.AsyncConnection[Any] | None = None,
     ) -> uuid.UUID:
-        """Enqueue one job and return its id, or the id of the active job holding `unique_key`."""
+        """Enqueue one job and return its id, or the id of the active job holding `unique_key`.
+
+        `then`: a follow-up job, scheduled exactly once in the transaction that records this job
+        `completed` (never on failure or cancellation).
+        """
         request = JobRequest(
             type,
             configuration,
@@ -298,6 +316,7 @@ class App:
             priority,
             timeout,
             concurrency_key,
+            then,
         )
         (job_id,) = await self.schedule_many([request], connection=connection)
         return job_id
@@ -365,7 +384,12 @@ class App:
     ) -> tuple[list[JobSpec], list[int]]:
         settings_default = self.settings.default_max_attempts
         limit = self.settings.max_payload_bytes
-        if isinstance(jobs, str) and configurations is not None and common.get("unique_key") is None:
+        if (
+            isinstance(jobs, str)
+            and configurations is not None
+            and common.get("unique_key") is None
+            and common.get("then") is None  # every job needs a follow-up of its own
+        ):
             # One type, shared options: validate the options once, then only each configuration.
             template = build_spec(_request({**common, "type": jobs}), self.job_defaults(jobs), settings_default, limit)
             shared = specs_sharing(template, configurations, limit)
@@ -375,7 +399,7 @@ class App:
         order: list[int] = []
         first_by_key: dict[tuple[str, str], int] = {}
         for request in requests:
-            spec = build_spec(request, self.job_defaults(request.type), settings_default, limit)
+            spec = self.build_job_spec(request)
             if spec.unique_key is not None:
                 key = (spec.type, spec.unique_key)
                 if key in first_by_key:  # a repeat within the batch folds onto the first
@@ -386,10 +410,117 @@ class App:
             specs.append(spec)
         return specs, order
 
+    def build_job_spec(self, request: JobRequest, depth: int = 0) -> JobSpec:
+        """Validate a request and its chain of follow-ups (each gets its id now, so it is written once)."""
+        settings = self.settings
+        spec = build_spec(
+            request, self.job_defaults(request.type), settings.default_max_attempts, settings.max_payload_bytes
+        )
+        if request.then is None:
+            return spec
+        if not isinstance(request.then, JobRequest):
+            raise InvalidJobError(f"then must be a jobbus.JobRequest, got {request.then!r:.80}")
+        if depth >= MAX_CHAIN:
+            raise InvalidJobError(f"a chain of then= may hold at most {MAX_CHAIN} follow-ups")
+        return dataclasses.replace(spec, then=spec_json(self.build_job_spec(request.then, depth + 1)))
+
+    async def schedule_group(
+        self,
+        requests: Iterable[JobItem],
+        *,
+        group_id: uuid.UUID | None = None,
+        then: JobRequest | None = None,
+        connection: psycopg.AsyncConnection[Any] | None = None,
+    ) -> tuple[uuid.UUID, list[uuid.UUID]]:
+        """Schedule jobs as one group in one round trip; returns (group id, ids in input order).
+
+        `then` is scheduled exactly once, in the transaction that makes the last member terminal,
+        whatever the members' outcomes (a group has at most one callback).
+        """
+        group, specs, order, callback = self._group(requests, group_id, then)
+        found = await self._run(self.store.insert_jobs(specs, callback=callback), connection)
+        if _missing(specs, found):
+            found.update(await self._insert(_missing(specs, found), connection))
+        if self.events:
+            for spec in _inserted(specs, found):
+                await self.events.emit(JobScheduled(spec.id, spec.type, spec.queue))
+        return group, _resolve_ids(specs, order, found)
+
+    def _group(
+        self, requests: Iterable[JobItem], group_id: uuid.UUID | None, then: JobRequest | None
+    ) -> tuple[uuid.UUID, list[JobSpec], list[int], tuple[uuid.UUID, str] | None]:
+        group = new_job_id() if group_id is None else _uuid(group_id)
+        specs, order = self._specs(requests, None, {"group_id": group})
+        if not specs:
+            raise InvalidJobError("schedule_group needs at least one job")
+        if any(spec.group_id != group for spec in specs):
+            raise InvalidJobError("schedule_group: a job of the group names another group_id")
+        callback = None
+        if then is not None:
+            if not isinstance(then, JobRequest):
+                raise InvalidJobError(f"then must be a jobbus.JobRequest, got {then!r:.80}")
+            if any(spec.unique_key is not None for spec in specs):
+                raise InvalidJobError("schedule_group with then=: members cannot have a unique_key")
+            callback = (group, spec_json(self.build_job_spec(then)))
+        return group, specs, order, callback
+
     # -- reads and admin ---------------------------------------------------------------------------
 
     async def find(self, job_id: uuid.UUID) -> Job | None:
-        return await self._run(self.store.find_job(_uuid(job_id)))
+        try:
+            return await self._run(self.store.find_job(_uuid(job_id)))
+        except _BEFORE_WORKFLOWS:  # the schema is a migration behind (rolling deploy): read without steps
+            return await self._run(self.store.find_job(_uuid(job_id), legacy=True))
+
+    async def wait(self, job_id: uuid.UUID, timeout: float | timedelta | None = None) -> Job:
+        """The job once it is terminal (with its result, error and steps); `TimeoutError` after `timeout`.
+
+        Woken by the notification of the transaction that finished the job, through one listening
+        connection per App however many callers wait; an unknown id raises `InvalidStateError`.
+        """
+        job_id = _uuid(job_id)
+        seconds = seconds_or_none("timeout", timeout)
+        loop = asyncio.get_running_loop()
+        deadline = None if seconds is None else loop.time() + seconds
+        finished = self._finished_jobs()
+        await finished.started(self.settings.database_wait_seconds)
+        while True:
+            woken = finished.register(job_id)
+            try:
+                job = await self.find(job_id)
+                if job is None:
+                    raise InvalidStateError(f"job {job_id} does not exist")
+                if job.status.is_terminal:
+                    return job
+                left = None if deadline is None else deadline - loop.time()
+                if left is not None and left <= 0:
+                    raise TimeoutError(timeout_message(job_id, job.status.value, seconds or 0.0))
+                if finished.polling:
+                    poll = self.settings.poll_interval_seconds
+                    left = poll if left is None else min(left, poll)
+                try:
+                    await asyncio.wait_for(woken, left)
+                except TimeoutError:
+                    if not finished.polling:
+                        raise TimeoutError(timeout_message(job_id, job.status.value, seconds or 0.0)) from None
+            finally:
+                finished.unregister(job_id, woken)
+
+    def _finished_jobs(self) -> FinishedJobs:
+        self.pool  # noqa: B018 - raises: the App is not open
+        if self._finished is None:
+            settings = self.settings
+            self._finished = FinishedJobs(
+                settings.notification_dsn, channel_name(settings.schema, "_done"), settings.connection_kwargs
+            )
+        return self._finished
+
+    async def emit_event(self, key: str, payload: Any = None) -> bool:
+        """Emit an event for `job.wait_for_event(key)`: the first emit of a key wins and is kept (later
+        ones change nothing); jobs waiting for it are due at once. Returns whether this was the first."""
+        check_event_key(key)
+        text = json_text("the event's payload", payload, self.settings.max_payload_bytes)
+        return await self._run(self.store.emit_event(key, text))
 
     async def list_jobs(
         self,
@@ -402,7 +533,11 @@ class App:
         limit: int = 100,
     ) -> list[Job]:
         """Jobs in creation order, filtered; pass the last id seen as `after` for the next page."""
-        return await self._run(self.store.list_jobs(**_list_filters(status, queue, type, group_id, after, limit)))
+        filters = _list_filters(status, queue, type, group_id, after, limit)
+        try:
+            return await self._run(self.store.list_jobs(**filters))
+        except _BEFORE_WORKFLOWS:
+            return await self._run(self.store.list_jobs(**filters, legacy=True))
 
     async def group_progress(self, group_id: uuid.UUID) -> GroupProgress:
         return await self._run(self.store.group_progress(_uuid(group_id)))
@@ -567,6 +702,7 @@ class SyncApp:
         self._app = app
         self._pool: ConnectionPool[psycopg.Connection[Any]] | None = None
         self._lock = threading.Lock()
+        self._finished: SyncFinishedJobs | None = None
 
     def _pool_or_open(self) -> ConnectionPool[psycopg.Connection[Any]]:
         with self._lock:
@@ -587,6 +723,9 @@ class SyncApp:
     def close(self) -> None:
         with self._lock:
             pool, self._pool = self._pool, None
+            finished, self._finished = self._finished, None
+        if finished is not None:
+            finished.close()
         if pool is not None:
             pool.close()
 
@@ -631,6 +770,7 @@ class SyncApp:
         priority: int | None = None,
         timeout: float | timedelta | None = None,
         concurrency_key: str | None = None,
+        then: JobRequest | None = None,
         connection: psycopg.Connection[Any] | None = None,
     ) -> uuid.UUID:
         request = JobRequest(
@@ -645,6 +785,7 @@ class SyncApp:
             priority,
             timeout,
             concurrency_key,
+            then,
         )
         (job_id,) = self.schedule_many([request], connection=connection)
         return job_id
@@ -682,7 +823,67 @@ class SyncApp:
         return _resolve_ids(specs, range(len(specs)), found)
 
     def find(self, job_id: uuid.UUID) -> Job | None:
-        return self._run(self._app.store.find_job(_uuid(job_id)))
+        try:
+            return self._run(self._app.store.find_job(_uuid(job_id)))
+        except _BEFORE_WORKFLOWS:
+            return self._run(self._app.store.find_job(_uuid(job_id), legacy=True))
+
+    def wait(self, job_id: uuid.UUID, timeout: float | timedelta | None = None) -> Job:
+        job_id = _uuid(job_id)
+        settings = self._app.settings
+        seconds = seconds_or_none("timeout", timeout)
+        deadline = None if seconds is None else time.monotonic() + seconds
+        self._pool_or_open()
+        with self._lock:
+            if self._finished is None:
+                self._finished = SyncFinishedJobs(
+                    settings.notification_dsn, channel_name(settings.schema, "_done"), settings.connection_kwargs
+                )
+            finished = self._finished
+        finished.started(settings.database_wait_seconds)
+        while True:
+            woken = finished.register(job_id)
+            try:
+                job = self.find(job_id)
+                if job is None:
+                    raise InvalidStateError(f"job {job_id} does not exist")
+                if job.status.is_terminal:
+                    return job
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(timeout_message(job_id, job.status.value, seconds or 0.0))
+                if finished.polling:
+                    poll = settings.poll_interval_seconds
+                    left = poll if left is None else min(left, poll)
+                if not woken.wait(left) and not finished.polling:
+                    raise TimeoutError(timeout_message(job_id, job.status.value, seconds or 0.0))
+            finally:
+                finished.unregister(job_id, woken)
+
+    def emit_event(self, key: str, payload: Any = None) -> bool:
+        check_event_key(key)
+        text = json_text("the event's payload", payload, self._app.settings.max_payload_bytes)
+        return self._run(self._app.store.emit_event(key, text))
+
+    def schedule_group(
+        self,
+        requests: Iterable[JobItem],
+        *,
+        group_id: uuid.UUID | None = None,
+        then: JobRequest | None = None,
+        connection: psycopg.Connection[Any] | None = None,
+    ) -> tuple[uuid.UUID, list[uuid.UUID]]:
+        app = self._app
+        group, specs, order, callback = app._group(requests, group_id, then)
+        found = self._run(app.store.insert_jobs(specs, callback=callback), connection)
+        if _missing(specs, found):
+            again = app.store.insert_jobs(_missing(specs, found))
+            more: dict[tuple[str, str], uuid.UUID] = self._run(again, connection)
+            found.update(more)
+        if app.events:
+            for spec in _inserted(specs, found):
+                app.events.emit_sync(JobScheduled(spec.id, spec.type, spec.queue))
+        return group, _resolve_ids(specs, order, found)
 
     def list_jobs(
         self,
@@ -694,7 +895,11 @@ class SyncApp:
         after: uuid.UUID | None = None,
         limit: int = 100,
     ) -> list[Job]:
-        return self._run(self._app.store.list_jobs(**_list_filters(status, queue, type, group_id, after, limit)))
+        filters = _list_filters(status, queue, type, group_id, after, limit)
+        try:
+            return self._run(self._app.store.list_jobs(**filters))
+        except _BEFORE_WORKFLOWS:
+            return self._run(self._app.store.list_jobs(**filters, legacy=True))
 
     def group_progress(self, group_id: uuid.UUID) -> GroupProgress:
         return self._run(self._app.store.group_progress(_uuid(group_id)))

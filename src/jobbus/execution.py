@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import hashlib
+import inspect
+import json
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from jobbus.errors import LeaseLostError
-from jobbus.models import ClaimedJob
-from jobbus.requests import json_text
+from jobbus.models import ClaimedJob, Job, JobSpec
+from jobbus.requests import JobRequest, json_text, spec_json
 from jobbus.store import Statement
 
 if TYPE_CHECKING:
@@ -103,6 +106,14 @@ class AttemptSignals:
         return self._closed
 
 
+class JobParked(BaseException):
+    """Raised by a durable wait that parked the job (lease given back, queued until its wake-up).
+
+    A `BaseException`, so that a handler's ``except Exception`` does not swallow it: the handler must
+    let it through; the worker then writes nothing more for the attempt, which does not count.
+    """
+
+
 class JobExecution:
     """One attempt of one job, as its async handler sees it."""
 
@@ -114,8 +125,10 @@ class JobExecution:
         lease_seconds: float,
         max_payload_bytes: int,
         signals: AttemptSignals | None = None,
+        build: Callable[[JobRequest], JobSpec] | None = None,
     ) -> None:
         self._claimed = claimed
+        self._build = build
         self._max_payload_bytes = max_payload_bytes
         self._store = store
         self._run = run
@@ -124,6 +137,10 @@ class JobExecution:
         self._configuration = MappingProxyType(dict(claimed.configuration_data or {}))
         self._signals = signals if signals is not None else AttemptSignals(cancelled=claimed.cancellation_requested)
         self.scope: Any = None
+        #: Stored step results, read at the first `step` of the attempt.
+        self._steps: dict[str, Any] | None = None
+        #: `spawn` calls so far in this run of the handler, per spawned (type, configuration).
+        self._spawned: dict[str, int] = {}
 
     # -- identity ----------------------------------------------------------------------------------
     @property
@@ -228,6 +245,121 @@ class JobExecution:
         statement = self._store.heartbeat_job(self.id, self.lease_token, self._lease_seconds)
         await self._fenced(statement, "heartbeat")
 
+    # -- durable steps -----------------------------------------------------------------------------
+
+    async def step(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run `fn(*args)` (async, or sync in a thread) once and keep its JSON result under `name`.
+
+        A later attempt of the job gets the stored result back without calling `fn`. The result is
+        stored only while this attempt holds the lease (else `LeaseLostError`); a worker that dies
+        after `fn` ran but before its result was stored runs it again in the next attempt
+        (at-least-once, like the job itself).
+        """
+        found, result = await self.stored_step(check_step_name(name, user=True))
+        if found:
+            return result
+        if inspect.iscoroutinefunction(fn):
+            value = await fn(*args)
+        else:
+            value = await asyncio.to_thread(fn, *args)
+            if inspect.isawaitable(value):
+                value = await value
+        return await self.store_step(name, value)
+
+    async def stored_step(self, name: str) -> tuple[bool, Any]:
+        """(True, result) if a step of this name is stored (by any attempt), else (False, None)."""
+        check_step_name(name)
+        if self._steps is None:
+            self._steps = await self._run(self._store.job_steps(self.id))
+        if name in self._steps:
+            return True, self._steps[name]
+        return False, None
+
+    # -- durable waits ------------------------------------------------------------------------------
+
+    def _parked(self, what: str) -> JobParked:
+        self._signals.close()
+        return JobParked(f"job {self.id} waits for {what}")
+
+    async def sleep(self, name: str, delay: float | timedelta) -> None:
+        """Sleep durably: the first call stores the wake-up time (database clock) under `name` and
+        parks the job (its slot and lease given back, the attempt not counted); the handler runs again
+        from the top once it is due, and then this returns at once."""
+        check_step_name(name, user=True)
+        seconds = wait_seconds("delay", delay)
+        state = await self._run(self._store.sleep_job(self.id, self.lease_token, f"sleep:{name}", seconds))
+        self._after_wait(state, f"sleep {name!r}")
+
+    async def wait_for_event(self, key: str, timeout: float | timedelta | None = None) -> Any:
+        """The payload of the first `app.emit_event(key, ...)`, emitted before or after this call; parks
+        the job until then (or until `timeout`, counted from the first call, then `TimeoutError`)."""
+        check_event_key(key)
+        step = f"event:{key}"
+        found, stored = await self.stored_step(step)
+        if not found or not isinstance(stored, dict) or not ({"payload", "timed_out"} & stored.keys()):
+            timeout_seconds = None if timeout is None else wait_seconds("timeout", timeout)
+            statement = self._store.wait_for_event(self.id, self.lease_token, key, step, timeout_seconds)
+            state, stored = await self._run(statement)
+            self._after_wait(state, f"event {key!r}")
+            assert self._steps is not None
+            self._steps[step] = stored
+        if "timed_out" in stored:
+            raise TimeoutError(f"job {self.id}: no event {key!r} before the wait's timeout")
+        return stored["payload"]
+
+    async def spawn(self, type: str, configuration: Mapping[str, Any] | None = None, **options: Any) -> uuid.UUID:
+        """Schedule a child job (its `parent_id` is this job's id) once; returns its id. The k-th spawn
+        of one (type, configuration) in a run of the handler is the same child in every run."""
+        if self._build is None:
+            raise RuntimeError("spawn needs the App's handlers: run the job in a jobbus worker")
+        if options.get("unique_key") is not None:
+            raise ValueError("spawn: a child cannot have a unique_key (it would not be scheduled if taken)")
+        spec = self._build(JobRequest(type, configuration, **options))
+        # Keyed by what is spawned, not by position: a deploy that adds or removes other spawns does not
+        # hand this call another call's child. The k-th identical spawn of a run is the k-th child.
+        what = hashlib.sha256(f"{spec.type}\x00{spec.configuration}".encode()).hexdigest()[:16]
+        self._spawned[what] = count = self._spawned.get(what, 0) + 1
+        step = f"spawn:{spec.type[:200]}:{what}:{count}"
+        found, stored = await self.stored_step(step)
+        if found:
+            return uuid.UUID(str(stored))
+        state, child = await self._run(self._store.spawn_child(self.id, self.lease_token, step, spec_json(spec)))
+        self._after_wait(state, "spawn")
+        assert child is not None and self._steps is not None
+        self._steps[step] = str(child)
+        return uuid.UUID(str(child))
+
+    async def wait_for_children(self) -> list[Job]:
+        """The terminal `Job`s of every child once none is queued or running; parks the job until then."""
+        state = await self._run(self._store.wait_for_children(self.id, self.lease_token))
+        self._after_wait(state, "its children")
+        children: list[Job] = await self._run(self._store.list_children(self.id))
+        return children
+
+    def _after_wait(self, state: str, what: str) -> None:
+        if state == "lost":
+            self._signals.request(StopReason.LEASE_LOST)
+            raise self._refuse(what)
+        if state == "parked":
+            raise self._parked(what)
+
+    async def store_step(self, name: str, value: Any) -> Any:
+        """Store a step's result, fenced by the lease; returns the result as later attempts will see it."""
+        text = json_text(f"the result of step {name!r}", value, self._max_payload_bytes)
+        if self._signals.lease_lost or self._signals.closed:
+            raise self._refuse(f"step {name!r}")
+        held, stored = await self._run(self._store.record_step(self.id, self.lease_token, name, text))
+        if not held:
+            self._signals.request(StopReason.LEASE_LOST)
+            raise self._refuse(f"step {name!r}")
+        if not stored:  # stored meanwhile by this same attempt (two calls of one name at once): keep that
+            self._steps = await self._run(self._store.job_steps(self.id))
+            return self._steps.get(name)
+        result = json.loads(text)
+        assert self._steps is not None
+        self._steps[name] = result
+        return result
+
 
 class SyncJobExecution:
     """The same attempt for a sync handler running in a worker thread: the methods block."""
@@ -303,6 +435,63 @@ class SyncJobExecution:
 
     def heartbeat(self) -> None:
         self._wait(self._execution.heartbeat())
+
+    def step(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """The blocking twin of `JobExecution.step`: `fn` runs in this thread, once."""
+        found, result = self._wait(self._execution.stored_step(check_step_name(name, user=True)))
+        if found:
+            return result
+        return self._wait(self._execution.store_step(name, fn(*args)))
+
+    def sleep(self, name: str, delay: float | timedelta) -> None:
+        self._wait(self._execution.sleep(name, delay))
+
+    def wait_for_event(self, key: str, timeout: float | timedelta | None = None) -> Any:
+        return self._wait(self._execution.wait_for_event(key, timeout))
+
+    def spawn(self, type: str, configuration: Mapping[str, Any] | None = None, **options: Any) -> uuid.UUID:
+        return self._wait(self._execution.spawn(type, configuration, **options))
+
+    def wait_for_children(self) -> list[Job]:
+        return self._wait(self._execution.wait_for_children())
+
+
+#: Step names (and sleep names) are text of 1 to 200 characters: stored with a prefix for sleeps, events
+#: and spawns, they stay within the 255 of the table's CHECK.
+MAX_STEP_NAME = 200
+#: Names that sleeps, event waits and spawns store their state under: not for `step`.
+RESERVED_PREFIXES = ("sleep:", "event:", "spawn:")
+
+
+#: The longest durable wait: a hundred years (a wake-up time must stay a date Python can read back).
+MAX_WAIT_SECONDS = 100 * 365 * 86400.0
+
+
+def wait_seconds(what: str, value: float | timedelta) -> float:
+    """Seconds of a durable wait: a non-negative number or timedelta."""
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 <= seconds <= MAX_WAIT_SECONDS:
+        raise ValueError(f"{what} must be seconds (or a timedelta) from 0 to a hundred years, got {value!r}")
+    return float(seconds)
+
+
+#: Event keys are text of 1 to 200 characters (a wait stores its outcome under `event:<key>`).
+MAX_EVENT_KEY = 200
+
+
+def check_event_key(key: str) -> None:
+    if not isinstance(key, str) or not 1 <= len(key) <= MAX_EVENT_KEY or "\x00" in key:
+        raise ValueError(f"an event key must be text of 1 to {MAX_EVENT_KEY} characters, got {key!r:.80}")
+
+
+def check_step_name(name: str, *, user: bool = False) -> str:
+    """`name` if it can name a step; `user`: a name a handler chose (not one of the reserved prefixes)."""
+    limit = MAX_STEP_NAME if user else 255
+    if not isinstance(name, str) or not 1 <= len(name) <= limit or "\x00" in name:
+        raise ValueError(f"a step name must be text of 1 to {limit} characters, got {name!r:.80}")
+    if user and name.startswith(RESERVED_PREFIXES):
+        raise ValueError(f"step name {name!r:.80}: names starting with {', '.join(RESERVED_PREFIXES)} are reserved")
+    return name
 
 
 async def _as_coroutine(awaitable: Awaitable[T]) -> T:

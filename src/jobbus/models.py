@@ -59,9 +59,14 @@ class Job:
     #: How each attempt ended, oldest first: dicts with `attempt`, `outcome`, `at`, `worker_id`, and
     #: `error` or `delay_seconds` where they apply.
     history: list[dict[str, Any]] = field(default_factory=list)
+    #: The job whose handler spawned this one (`job.spawn`); not a column of the job table.
+    parent_id: uuid.UUID | None = None
+    #: Results of the job's durable steps (`job.step`) by step name; not a column of the job table.
+    steps: dict[str, Any] = field(default_factory=dict)
 
 
-JOB_COLUMNS: tuple[str, ...] = tuple(Job.__dataclass_fields__)
+#: The columns of the job table, in `Job`'s order (reads add `parent_id` and `steps` after them).
+JOB_COLUMNS: tuple[str, ...] = tuple(name for name in Job.__dataclass_fields__ if name not in ("parent_id", "steps"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +106,8 @@ class JobSpec:
     delay_seconds: float  # relative to the database clock
     timeout_seconds: float | None = None
     concurrency_key: str | None = None
+    #: The follow-up to schedule when this job completes, as `jobbus.requests.spec_json` writes it.
+    then: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,6 +55,9 @@ class JobRequest:
     timeout: float | timedelta | None = None
     #: What per-key limits of the queue count this job by (`App.set_queue`).
     concurrency_key: str | None = None
+    #: A follow-up, scheduled exactly once in the transaction that records this job `completed`
+    #: (never on failure or cancellation); it may have a `then` of its own.
+    then: JobRequest | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +121,31 @@ def build_spec(
         timeout_seconds=seconds_or_none("timeout", request.timeout),
         concurrency_key=concurrency_key,
     )
+
+
+def spec_json(spec: JobSpec) -> str:
+    """A validated job as the JSON object the database schedules later (a follow-up, a group's callback):
+    the keys `schedule_spec` of migration 0010 reads. A relative start counts from when it is scheduled."""
+    values: dict[str, Any] = {
+        "id": str(spec.id),
+        "type": spec.type,
+        "queue": spec.queue,
+        "name": spec.name,
+        "group_id": None if spec.group_id is None else str(spec.group_id),
+        "unique_key": spec.unique_key,
+        "priority": spec.priority,
+        "max_attempts": spec.max_attempts,
+        "available_at": None if spec.available_at is None else spec.available_at.isoformat(),
+        "delay": float(spec.delay_seconds),
+        "timeout": spec.timeout_seconds,
+        "concurrency_key": spec.concurrency_key,
+    }
+    text = dumps(values)
+    # configuration and then are JSON text already: spliced in, not decoded and encoded again.
+    text = f'{text[:-1]},"configuration":{spec.configuration}'
+    if spec.then is not None:
+        text += f',"then":{spec.then}'
+    return text + "}"
 
 
 def specs_sharing(

@@ -183,6 +183,7 @@ def _job_detail(job: Job) -> Group:
         ("attempts", f"{job.attempts} of {job.max_attempts}"),
         ("priority", str(job.priority)),
         ("group", str(job.group_id) if job.group_id else "-"),
+        ("parent", str(job.parent_id) if job.parent_id else "-"),
         ("unique key", shown(job.unique_key or "-")),
         ("concurrency key", shown(job.concurrency_key or "-")),
         ("timeout", f"{job.timeout_seconds:g} s" if job.timeout_seconds is not None else "-"),
@@ -201,6 +202,14 @@ def _job_detail(job: Job) -> Group:
     for field, value in rows:
         table.add_row(field, value)
     parts: list[Table | Text] = [table]
+    if job.steps:
+        parts.append(Text("steps:", style="bold"))
+        steps = Table(box=None, pad_edge=False)
+        steps.add_column("step", no_wrap=True)
+        steps.add_column("result")
+        for name, result in job.steps.items():
+            steps.add_row(shown(name), shown(one_line(json.dumps(result, ensure_ascii=False, default=str), 100)))
+        parts.append(steps)
     if job.history:
         parts.append(Text("history:", style="bold"))
         parts.append(_history_table(job))

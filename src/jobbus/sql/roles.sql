@@ -27,6 +27,13 @@ GRANT EXECUTE ON FUNCTION {schema}.take_limited(text, text[], integer, uuid[]),
     TO {worker}, {operator};
 -- Periodic jobs: workers store the ones their code declares and the leader enqueues their ticks.
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.periodic TO {worker}, {operator};
+-- Workflows: whatever finishes a job (an outcome, a recovery, a cancel) schedules its follow-up and its
+-- group's callback; handlers store steps, park on events and children. Events are emitted through the
+-- function emit_event, which runs as the schema owner.
+GRANT SELECT, INSERT ON {schema}.job_follow_up, {schema}.job_child TO {worker}, {operator};
+GRANT SELECT, INSERT, UPDATE ON {schema}.job_group, {schema}.job_step, {schema}.job_parent TO {worker}, {operator};
+GRANT SELECT ON {schema}.event TO {worker}, {operator};
+GRANT SELECT, INSERT, DELETE ON {schema}.event_wait TO {worker}, {operator};
 
 -- Operators (the CLI): in addition, control commands, pruning, and forgetting old registry rows.
 GRANT DELETE ON {schema}.job, {schema}.worker TO {operator};

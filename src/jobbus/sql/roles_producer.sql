@@ -2,3 +2,6 @@
 -- existing job, so a producer needs neither UPDATE nor DELETE.
 GRANT USAGE ON SCHEMA {schema} TO {producer};
 GRANT SELECT, INSERT ON {schema}.job TO {producer};
+-- With a job, its follow-up (`then=`) and its group's callback; reads show its parent and steps.
+GRANT INSERT ON {schema}.job_follow_up, {schema}.job_group TO {producer};
+GRANT SELECT ON {schema}.job_step, {schema}.job_child TO {producer};

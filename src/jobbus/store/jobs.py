@@ -7,6 +7,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from psycopg.types.json import Jsonb
 
@@ -67,14 +68,18 @@ class JobStore:
     # -- producers ---------------------------------------------------------------------------------
 
     def insert_jobs(
-        self, specs: Sequence[JobSpec]
+        self, specs: Sequence[JobSpec], *, callback: tuple[uuid.UUID, str] | None = None
     ) -> Statement[dict[tuple[str, str], uuid.UUID]] | Copy[dict[tuple[str, str], uuid.UUID]]:
         """Insert jobs in one round trip; returns, per unique (type, key), the id of the active job.
 
         Specs must not repeat a (type, unique_key); the caller folds repeats onto the first. A keyed
         spec missing from the result met an active job committed after the statement's snapshot: ask
-        again. Safe to repeat after a lost connection (ids are the client's; no row is doubled).
+        again. Safe to repeat after a lost connection (ids are the client's; no row is doubled, and
+        neither is a follow-up or a group callback). `callback` is (group id, `spec_json`) of a
+        group's callback, written with its members.
         """
+        if callback is not None or any(s.then is not None for s in specs):
+            return self._insert_jobs(specs, callback)
         if len(specs) == 1:
             (spec,) = specs
             one = {
@@ -100,7 +105,9 @@ class JobStore:
                 return copied
         return self._insert_jobs(specs)
 
-    def _insert_jobs(self, specs: Sequence[JobSpec]) -> Statement[dict[tuple[str, str], uuid.UUID]]:
+    def _insert_jobs(
+        self, specs: Sequence[JobSpec], callback: tuple[uuid.UUID, str] | None = None
+    ) -> Statement[dict[tuple[str, str], uuid.UUID]]:
         # Keyed rows in (type, unique_key) order: concurrent batches with overlapping keys then take
         # the unique index's insertion locks in one order and cannot deadlock.
         specs = sorted(specs, key=lambda s: (s.unique_key is not None, s.type, s.unique_key or ""))
@@ -120,8 +127,13 @@ class JobStore:
             "concurrency_keys": [s.concurrency_key for s in specs],
             "channel": self.channel,
         }
-
-        return Statement(self._q["insert_jobs"], params, _decode_inserted, prepare=False)
+        query = "insert_jobs"
+        if callback is not None or any(s.then is not None for s in specs):
+            query = "insert_jobs_chained"
+            params["thens"] = [s.then for s in specs]
+            params["callback_group"] = callback[0] if callback else None
+            params["callback_spec"] = callback[1] if callback else None
+        return Statement(self._q[query], params, _decode_inserted, prepare=False)
 
     def _copy_jobs(self, specs: Sequence[JobSpec]) -> Copy[dict[tuple[str, str], uuid.UUID]] | None:
         """A large batch without unique keys, streamed by binary COPY (no arrays built and unnested).
@@ -129,8 +141,8 @@ class JobStore:
         Only when every job starts now or every job has an absolute start: a delay is counted from the
         database's clock, which COPY cannot read, so mixed or delayed batches take the statement.
         """
-        if any(s.unique_key is not None for s in specs):
-            return None
+        if any(s.unique_key is not None or s.then is not None for s in specs):
+            return None  # keys need ON CONFLICT; follow-ups are written beside their jobs by insert_jobs
         if all(s.available_at is None and not s.delay_seconds for s in specs):
             query, starts = "copy_jobs", False
         elif all(s.available_at is not None for s in specs):
@@ -217,6 +229,47 @@ class JobStore:
         params = {"id": job_id, "token": token, "lease_seconds": lease_seconds}
         return Statement(self._q["heartbeat_job"], params, _flag)
 
+    def job_steps(self, job_id: uuid.UUID) -> Statement[dict[str, Any]]:
+        return Statement(self._q["job_steps"], {"id": job_id}, lambda rows, _: {name: result for name, result in rows})
+
+    def record_step(
+        self, job_id: uuid.UUID, token: uuid.UUID, name: str, result_json: str
+    ) -> Statement[tuple[bool, bool]]:
+        """Store a step's result, fenced by the lease; returns (lease held, stored by this call)."""
+        params = {"id": job_id, "token": token, "name": name, "result": result_json}
+        return Statement(self._q["record_step"], params, lambda rows, _: (bool(rows[0][0]), bool(rows[0][1])))
+
+    # -- durable waits (functions of migration 0010; each fenced by the lease, each parks the job itself) --
+
+    def sleep_job(self, job_id: uuid.UUID, token: uuid.UUID, step: str, seconds: float) -> Statement[str]:
+        """'ready' once the stored wake-up time has passed, 'parked' (lease given back) or 'lost'."""
+        params = {"id": job_id, "token": token, "step": step, "seconds": seconds}
+        return Statement(self._q["sleep_job"], params, lambda rows, _: str(rows[0][0]))
+
+    def wait_for_event(
+        self, job_id: uuid.UUID, token: uuid.UUID, key: str, step: str, timeout: float | None
+    ) -> Statement[tuple[str, Any]]:
+        """('ready', {"payload": ...}), ('timeout', ...), ('parked', ...) or ('lost', None)."""
+        params = {"id": job_id, "token": token, "key": key, "step": step, "timeout": timeout}
+        return Statement(self._q["wait_for_event"], params, lambda rows, _: (str(rows[0][0]), rows[0][1]))
+
+    def emit_event(self, key: str, payload_json: str) -> Statement[bool]:
+        params = {"key": key, "payload": payload_json, "channel": self.channel}
+        return Statement(self._q["emit_event"], params, lambda rows, _: bool(rows[0][0]))
+
+    def spawn_child(
+        self, job_id: uuid.UUID, token: uuid.UUID, step: str, spec_json: str
+    ) -> Statement[tuple[str, uuid.UUID | None]]:
+        params = {"id": job_id, "token": token, "step": step, "spec": spec_json, "channel": self.channel}
+        return Statement(self._q["spawn_child"], params, lambda rows, _: (str(rows[0][0]), rows[0][1]))
+
+    def wait_for_children(self, job_id: uuid.UUID, token: uuid.UUID) -> Statement[str]:
+        params = {"id": job_id, "token": token}
+        return Statement(self._q["wait_for_children"], params, lambda rows, _: str(rows[0][0]))
+
+    def list_children(self, job_id: uuid.UUID) -> Statement[list[Job]]:
+        return Statement(self._q["list_children"], {"id": job_id}, lambda rows, _: [_job(r) for r in rows])
+
     def record_outcomes(self, outcomes: Sequence[Outcome]) -> Statement[set[uuid.UUID]]:
         """Fenced outcome writes for many jobs; returns the ids whose write applied.
 
@@ -263,8 +316,10 @@ class JobStore:
 
         return Statement(self._q["retry_job"], params, decode)
 
-    def find_job(self, job_id: uuid.UUID) -> Statement[Job | None]:
-        return Statement(self._q["find_job"], {"id": job_id}, lambda rows, _: _job(rows[0]) if rows else None)
+    def find_job(self, job_id: uuid.UUID, *, legacy: bool = False) -> Statement[Job | None]:
+        """One job with its steps; `legacy`: on a schema before migration 0010 (no steps, no parent)."""
+        query = self._q["find_job_legacy" if legacy else "find_job"]
+        return Statement(query, {"id": job_id}, lambda rows, _: _job(rows[0]) if rows else None)
 
     def list_jobs(
         self,
@@ -275,6 +330,7 @@ class JobStore:
         group_id: uuid.UUID | None = None,
         after: uuid.UUID | None = None,
         limit: int = 100,
+        legacy: bool = False,
     ) -> Statement[list[Job]]:
         params = {
             "statuses": list(statuses) if statuses else None,
@@ -284,7 +340,8 @@ class JobStore:
             "after": after,
             "limit": limit,
         }
-        return Statement(self._q["list_jobs"], params, lambda rows, _: [_job(r) for r in rows], prepare=False)
+        query = self._q["list_jobs_legacy" if legacy else "list_jobs"]
+        return Statement(query, params, lambda rows, _: [_job(r) for r in rows], prepare=False)
 
     def group_progress(self, group_id: uuid.UUID) -> Statement[GroupProgress]:
         def decode(rows: list[Row], _: int) -> GroupProgress:
@@ -339,6 +396,8 @@ def _flag(rows: list[Row], _: int) -> bool | None:
 
 
 def _job(row: Row) -> Job:
-    values = dict(zip(JOB_COLUMNS, row, strict=True))
+    values = dict(zip(JOB_COLUMNS, row[:-2], strict=True))
     values["status"] = JobStatus(values["status"])
+    values["parent_id"] = row[-2]
+    values["steps"] = row[-1] or {}
     return Job(**values)

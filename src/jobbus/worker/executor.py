@@ -76,6 +76,8 @@ class Executor:
             attempt.phase = Phase.WRITING
             self._on_slot_free(attempt)  # the next claim may use the slot while the outcome is written
             status, event = await self._write(attempt, decision)
+            if decision.kind == "waiting":
+                kind = "waiting"
             if status is not None:
                 kind = (
                     "failed"

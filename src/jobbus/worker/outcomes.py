@@ -22,7 +22,7 @@ from typing import Any
 
 from jobbus.errors import InvalidJobError, LeaseLostError, NonRetryableError, Snooze
 from jobbus.events import JobCancelled, JobCompleted, JobEvent, JobFailed, JobRetried
-from jobbus.execution import StopReason
+from jobbus.execution import JobParked, StopReason
 from jobbus.models import JobStatus
 from jobbus.requests import json_text, seconds_or_none
 from jobbus.retry import backoff_seconds
@@ -37,7 +37,7 @@ MAX_ERROR_LENGTH = 4000
 
 
 #: How an attempt ended, as metrics count it (`jobbus_jobs_finished_total{outcome}`).
-OUTCOME_KINDS = ("completed", "retried", "failed", "cancelled", "released", "snoozed", "timed_out")
+OUTCOME_KINDS = ("completed", "retried", "failed", "cancelled", "released", "snoozed", "timed_out", "waiting")
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +94,8 @@ class OutcomePolicy:
         return self._completed(attempt, result)
 
     def after_error(self, attempt: Attempt, exc: BaseException, *, cancelled_by_worker: bool = False) -> Decision:
+        if isinstance(exc, JobParked):  # a durable wait parked the job and gave its lease back itself
+            return Decision(None, kind="waiting")
         signals = attempt.signals
         if StopReason.LEASE_LOST in signals or isinstance(exc, LeaseLostError):
             return self._lease_lost(attempt, exc)

@@ -597,6 +597,7 @@ class Worker:
                 self.settings.lease_seconds,
                 self.settings.max_payload_bytes,
                 signals,
+                self.app.build_job_spec,
             )
             attempt = Attempt(claimed, handler, signals, execution, sent + self.settings.lease_seconds)
             attempt.timeout = claimed.timeout_seconds or handler.timeout

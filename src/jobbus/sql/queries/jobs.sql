@@ -42,6 +42,54 @@ UNION ALL
 SELECT NULL, NULL, NULL, NULL, pg_notify(%(channel)b, json_build_array(queue, type)::text)
 FROM (SELECT DISTINCT queue, type FROM inserted) AS q;
 
+-- name: insert_jobs_chained
+-- insert_jobs for jobs with follow-ups (`then=`) or a group callback: the same, plus those rows. The
+-- tables are those of migration 0010; plain inserts do not name them, so producers of this code keep
+-- working on the previous schema during a rolling deploy.
+WITH input AS (
+    SELECT *
+    FROM unnest(
+        %(ids)b::uuid[], %(types)b::text[], %(queues)b::text[], %(names)b::text[], %(group_ids)b::uuid[],
+        %(unique_keys)b::text[], %(priorities)b::int[], %(configurations)b::text[], %(max_attempts)b::int[],
+        %(available_ats)b::timestamptz[], %(delays)b::float8[], %(timeouts)b::float8[], %(concurrency_keys)b::text[],
+        %(thens)b::text[]
+    ) AS t(id, type, queue, name, group_id, unique_key, priority, configuration, max_attempts,
+           available_at, delay, timeout_seconds, concurrency_key, then_spec)
+), inserted AS (
+    INSERT INTO {schema}.job AS j (id, type, queue, name, group_id, unique_key, priority,
+                                  configuration_data, max_attempts, available_at, timeout_seconds, concurrency_key)
+    SELECT id, type, queue, name, group_id, unique_key, priority, configuration::jsonb, max_attempts,
+           coalesce(available_at, now() + make_interval(secs => delay)), timeout_seconds, concurrency_key
+    FROM input
+    ON CONFLICT DO NOTHING
+    RETURNING j.id, j.type, j.unique_key, j.queue
+), chained AS (
+    -- Follow-ups (`then=`) of the rows this statement inserted: a repeat of the statement inserts no
+    -- job again, so no follow-up either.
+    INSERT INTO {schema}.job_follow_up (job_id, spec)
+    SELECT input.id, input.then_spec::jsonb FROM input JOIN inserted ON inserted.id = input.id
+    WHERE input.then_spec IS NOT NULL
+    ON CONFLICT DO NOTHING
+), grouped AS (
+    -- A group's callback (`schedule_group(..., then=)`), with its members (all of them in this statement);
+    -- one per group. A repeat of the statement inserts no member and keeps the first count.
+    INSERT INTO {schema}.job_group (group_id, spec, remaining)
+    SELECT %(callback_group)b::uuid, %(callback_spec)b::text::jsonb, (SELECT count(*) FROM inserted)
+    WHERE %(callback_spec)b::text IS NOT NULL
+    ON CONFLICT DO NOTHING
+)
+SELECT id, type, unique_key, true, NULL::void FROM inserted WHERE unique_key IS NOT NULL
+UNION ALL
+SELECT existing.id, existing.type, existing.unique_key, false, NULL::void
+FROM input
+JOIN {schema}.job AS existing
+  ON existing.type = input.type AND existing.unique_key = input.unique_key
+ AND existing.status IN ('queued', 'running')
+WHERE input.unique_key IS NOT NULL
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, pg_notify(%(channel)b, json_build_array(queue, type)::text)
+FROM (SELECT DISTINCT queue, type FROM inserted) AS q;
+
 -- name: insert_job
 -- The same for exactly one job, without arrays: 1.7x the rate of insert_jobs for a single row
 -- (2,750 vs 1,630 calls/s, one connection, fsync on), which is what one-call-per-job producers hit.
@@ -224,15 +272,36 @@ SELECT old.status, (SELECT count(*) FROM updated) = 1,
 FROM old;
 
 -- name: find_job
-SELECT {columns} FROM {schema}.job WHERE id = %(id)s;
+-- Reads add the job's parent (`Job.parent_id`) and durable steps (`Job.steps`) after its columns.
+SELECT {columns}, (SELECT c.parent_id FROM {schema}.job_child AS c WHERE c.child_id = j.id),
+       (SELECT jsonb_object_agg(s.name, s.result) FROM {schema}.job_step AS s WHERE s.job_id = j.id)
+FROM {schema}.job AS j WHERE id = %(id)s;
+
+-- name: find_job_legacy
+-- find_job on a schema before migration 0010 (a rolling deploy): no parent, no steps.
+SELECT {columns}, NULL::uuid, NULL::jsonb FROM {schema}.job AS j WHERE id = %(id)s;
 
 -- name: group_progress
 SELECT status, count(*) FROM {schema}.job WHERE group_id = %(group_id)s GROUP BY status;
 
 -- name: list_jobs
 -- Keyset pagination on id (UUIDv7, so creation order): pass the last id seen as %(after)s.
-SELECT {columns}
-FROM {schema}.job
+SELECT {columns}, (SELECT c.parent_id FROM {schema}.job_child AS c WHERE c.child_id = j.id),
+       (SELECT jsonb_object_agg(s.name, s.result) FROM {schema}.job_step AS s WHERE s.job_id = j.id)
+FROM {schema}.job AS j
+WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+  AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+  AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
+  AND (%(group_id)s::uuid IS NULL OR group_id = %(group_id)s::uuid)
+  AND (%(after)s::uuid IS NULL OR id > %(after)s::uuid)
+ORDER BY id
+LIMIT %(limit)s;
+
+-- name: list_jobs_legacy
+-- list_jobs on a schema before migration 0010.
+-- Keyset pagination on id (UUIDv7, so creation order): pass the last id seen as %(after)s.
+SELECT {columns}, NULL::uuid, NULL::jsonb
+FROM {schema}.job AS j
 WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
   AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
   AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
@@ -252,3 +321,45 @@ WHERE id IN (
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 );
+
+-- name: job_steps
+-- The stored results of a job's durable steps, read once per attempt at its first `step`.
+SELECT name, result FROM {schema}.job_step WHERE job_id = %(id)s;
+
+-- name: record_step
+-- Store a step's result, fenced like every write of an attempt: only while the caller holds the job's
+-- current, unexpired lease. The job row is read FOR SHARE, so a lease recovery (an UPDATE) cannot slip
+-- between the check and the commit. Returns (lease held, stored): a step some attempt stored first is
+-- kept, never overwritten.
+WITH holder AS (
+    SELECT id, attempts FROM {schema}.job
+    WHERE id = %(id)s AND lease_token = %(token)s AND status = 'running' AND lease_expires_at > now()
+    FOR SHARE
+), stored AS (
+    INSERT INTO {schema}.job_step (job_id, name, result, attempt)
+    SELECT id, %(name)s, %(result)s::jsonb, attempts FROM holder
+    ON CONFLICT (job_id, name) DO NOTHING
+    RETURNING job_id
+)
+SELECT EXISTS (SELECT 1 FROM holder), EXISTS (SELECT 1 FROM stored);
+
+-- name: sleep_job
+SELECT {schema}.sleep_job(%(id)s, %(token)s, %(step)s, %(seconds)s::float8);
+
+-- name: wait_for_event
+SELECT state, step FROM {schema}.wait_for_event(%(id)s, %(token)s, %(key)s, %(step)s, %(timeout)s::float8);
+
+-- name: emit_event
+SELECT {schema}.emit_event(%(key)s, %(payload)s::jsonb, %(channel)s);
+
+-- name: spawn_child
+SELECT state, child FROM {schema}.spawn_child(%(id)s, %(token)s, %(step)s, %(spec)s::jsonb, %(channel)s);
+
+-- name: wait_for_children
+SELECT {schema}.wait_for_children(%(id)s, %(token)s);
+
+-- name: list_children
+SELECT {columns}, (SELECT c.parent_id FROM {schema}.job_child AS c WHERE c.child_id = j.id),
+       (SELECT jsonb_object_agg(s.name, s.result) FROM {schema}.job_step AS s WHERE s.job_id = j.id)
+FROM {schema}.job_child AS child JOIN {schema}.job AS j ON j.id = child.child_id
+WHERE child.parent_id = %(id)s ORDER BY j.id;

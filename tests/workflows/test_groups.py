@@ -1,0 +1,151 @@
+"""Group callbacks: `then` is written exactly once, in the transaction that makes the last member terminal."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import threading
+import uuid
+
+import psycopg
+import pytest
+
+import jobbus
+from jobbus import JobRequest, JobStatus
+from jobbus.models import ClaimedJob
+from jobbus.store import Outcome, run_sync
+from tests.processes import query, wait_until, workers
+from tests.storehelpers import claim, write
+
+
+def _drain(proc: subprocess.Popen[str], into: list[str]) -> None:
+    """Read a worker's output as it comes, so that a full pipe never blocks its logging."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        into.append(line)
+
+
+def _callbacks(dsn: str) -> list[str]:
+    return [row[0] for row in query(dsn, "SELECT configuration_data->>'group' FROM jobbus.job WHERE type = 'merge'")]
+
+
+async def test_callback_follows_the_last_member_whatever_the_outcomes(app: jobbus.App, dsn: str) -> None:
+    group_id, ids = await app.schedule_group(
+        [JobRequest("t", {"i": i}) for i in range(3)], then=JobRequest("merge", {"group": "g"})
+    )
+    assert len(ids) == 3
+    assert {job.group_id for job in await app.list_jobs(type="t")} == {group_id}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        first, second = claim(app, conn, limit=2)
+        assert write(app, conn, first, JobStatus.FAILED, error="no")
+        assert await app.cancel(ids[2]) is JobStatus.CANCELLED
+        assert _callbacks(dsn) == []
+        assert write(app, conn, second, JobStatus.COMPLETED)
+        assert not write(app, conn, second, JobStatus.COMPLETED)
+    assert _callbacks(dsn) == ["g"]
+    # a failed member retried and finished again does not schedule the callback a second time
+    await app.retry(first.id)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        (again,) = claim(app, conn)
+        assert write(app, conn, again, JobStatus.COMPLETED)
+    assert _callbacks(dsn) == ["g"]
+
+
+async def test_a_group_without_callback_and_bad_input(app: jobbus.App) -> None:
+    group_id = uuid.uuid4()
+    assert (await app.schedule_group([("t", {})], group_id=group_id))[0] == group_id
+    with pytest.raises(jobbus.InvalidJobError):
+        await app.schedule_group([])
+    with pytest.raises(jobbus.InvalidJobError):
+        await app.schedule_group([JobRequest("t", group_id=uuid.uuid4())], group_id=group_id)
+
+
+def test_sync_schedule_group(sync_app: jobbus.App, dsn: str) -> None:
+    group_id, ids = sync_app.sync.schedule_group([("t", {}), ("t", {})], then=JobRequest("merge", {"group": "s"}))
+    for job_id in ids:
+        sync_app.sync.cancel(job_id)
+    assert _callbacks(dsn) == ["s"]
+    assert sync_app.sync.group_progress(group_id).cancelled == 2
+
+
+async def test_thousands_of_groups_completing_concurrently_get_one_callback_each(app: jobbus.App, dsn: str) -> None:
+    """2,000 groups of two members (one completes, one fails) run by two worker processes, 16 jobs at a
+    time each: members of a group finish concurrently in different outcome batches."""
+    groups = 2000
+    requests = [
+        app.schedule_group(
+            [JobRequest("wf.noop", {"value": g}), JobRequest("wf.fail", {"value": g})],
+            then=JobRequest("merge", {"group": str(g)}),
+        )
+        for g in range(groups)
+    ]
+    for start in range(0, groups, 200):
+        await asyncio.gather(*requests[start : start + 200])
+    with workers(dsn, 2, "--app", "tests.workflow_apps:app", "--concurrency", "16") as procs:
+        output: list[str] = []
+        readers = [threading.Thread(target=_drain, args=(proc, output), daemon=True) for proc in procs]
+        for reader in readers:
+            reader.start()
+        wait_until(
+            lambda: (
+                query(dsn, "SELECT count(*) FROM jobbus.job WHERE type LIKE 'wf.%%' AND status = 'queued'")[0][0] == 0
+                and query(dsn, "SELECT count(*) FROM jobbus.job WHERE status = 'running'")[0][0] == 0
+            ),
+            timeout=240,
+            what="every member finished",
+        )
+        for proc in procs:
+            assert proc.poll() is None
+    assert not [line for line in output if "deadlock" in line.lower()]
+    callbacks = _callbacks(dsn)
+    assert len(callbacks) == groups
+    assert sorted(map(int, callbacks)) == list(range(groups))
+    assert query(dsn, "SELECT count(*) FROM jobbus.job_group WHERE scheduled_at IS NULL") == [(0,)]
+
+
+def test_last_two_members_finished_at_the_same_instant_schedule_one_callback(sync_app: jobbus.App, dsn: str) -> None:
+    """Both last members of a group written by two connections at once, 100 times (with and without a
+    second group in each batch, in opposite orders, which would deadlock a lock taken row by row)."""
+    app = sync_app
+    rounds = 100
+    for r in range(rounds):
+        app.sync.schedule_group([("t", {}), ("t", {})], then=JobRequest("merge", {"group": str(r)}))
+    with psycopg.connect(dsn, autocommit=True) as a, psycopg.connect(dsn, autocommit=True) as b:
+        for _ in range(rounds // 2):
+            g1m1, g1m2, g2m1, g2m2 = claim(app, a, limit=4)
+            barrier = threading.Barrier(2)
+
+            def finish(
+                conn: psycopg.Connection[object], outcomes: list[Outcome], barrier: threading.Barrier = barrier
+            ) -> None:
+                barrier.wait()
+                run_sync(conn, app.store.record_outcomes(outcomes))
+
+            threads = [
+                threading.Thread(target=finish, args=(a, [_done(g1m1), _done(g2m2, JobStatus.FAILED)])),
+                threading.Thread(target=finish, args=(b, [_done(g1m2, JobStatus.FAILED), _done(g2m1)])),
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+    assert sorted(map(int, _callbacks(dsn))) == list(range(rounds))
+
+
+def _done(job: ClaimedJob, status: JobStatus = JobStatus.COMPLETED) -> Outcome:
+    return Outcome(job.id, job.lease_token, status, error=None if status is JobStatus.COMPLETED else "no")
+
+
+async def test_a_failed_member_retried_before_the_others_finish_is_waited_for(app: jobbus.App, dsn: str) -> None:
+    await app.schedule_group([("t", {}), ("t", {})], then=JobRequest("merge", {"group": "r"}))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        first, second = claim(app, conn, limit=2)
+        assert write(app, conn, first, JobStatus.FAILED, error="no")
+        await app.retry(first.id)  # the group has two active members again
+        assert write(app, conn, second, JobStatus.COMPLETED)
+        assert _callbacks(dsn) == []
+        (again,) = claim(app, conn)
+        assert write(app, conn, again, JobStatus.COMPLETED)
+    assert _callbacks(dsn) == ["r"]
+    with pytest.raises(jobbus.InvalidJobError, match="unique_key"):
+        await app.schedule_group([JobRequest("t", unique_key="k")], then=JobRequest("merge"))

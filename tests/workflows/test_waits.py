@@ -1,0 +1,246 @@
+"""Durable waits: a wait parks the job (slot and lease given back, the attempt not counted); the handler
+runs again from the top when the job is due, and completed steps, sleeps and waits return at once."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import threading
+import time
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+import jobbus
+from jobbus import JobStatus
+from jobbus.worker.runtime import Worker
+from tests.processes import eventually, query, wait_until, workers
+from tests.workflow_apps import prepare
+
+
+@contextlib.asynccontextmanager
+async def running(app: jobbus.App, concurrency: int = 4) -> AsyncIterator[Worker]:
+    worker = Worker(app, concurrency=concurrency, install_signal_handlers=False)
+    task = asyncio.create_task(worker.run())
+    try:
+        yield worker
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(task, 30)
+
+
+async def _parked(app: jobbus.App, job_id: Any) -> jobbus.Job | None:
+    job = await app.find(job_id)
+    if job and job.status is JobStatus.QUEUED and job.history and job.history[-1]["outcome"] == "waiting":
+        return job
+    return None
+
+
+async def test_sleep_parks_the_job_and_resumes_after_its_delay_without_counting_an_attempt(app: jobbus.App) -> None:
+    runs: list[int] = []
+    effects: list[str] = []
+
+    @app.job("cool")
+    async def cool(job: jobbus.JobExecution) -> str:
+        runs.append(job.attempt)
+        await job.step("charge", lambda: effects.append("charge"))
+        await job.sleep("cool-off", timedelta(seconds=1))
+        await job.sleep("zero", 0)
+        return "done"
+
+    job_id = await app.schedule("cool")
+    async with running(app):
+        parked = await eventually(lambda: _parked(app, job_id), what="the job parked")
+        assert parked.attempts == 0 and parked.lease_token is None
+        job = await app.wait(job_id, timeout=20)
+    assert (job.status, job.result, job.attempts) == (JobStatus.COMPLETED, "done", 1)
+    assert runs == [1, 1] and effects == ["charge"]
+    assert set(job.steps) == {"charge", "sleep:cool-off", "sleep:zero"}
+    assert [entry["outcome"] for entry in job.history] == ["waiting", "completed"]
+
+
+@pytest.mark.parametrize("emitted_first", [False, True])
+async def test_wait_for_event_gets_the_first_payload_emitted_before_or_after(
+    app: jobbus.App, emitted_first: bool
+) -> None:
+    @app.job("pay")
+    async def pay(job: jobbus.JobExecution) -> Any:
+        return await job.wait_for_event(f"order:{job.configuration['order']}:paid", timeout=60)
+
+    if emitted_first:
+        assert await app.emit_event("order:7:paid", {"amount": 10})
+    job_id = await app.schedule("pay", {"order": 7})
+    async with running(app):
+        if not emitted_first:
+            await eventually(lambda: _parked(app, job_id), what="the job parked")
+            assert await app.emit_event("order:7:paid", {"amount": 10})
+        job = await app.wait(job_id, timeout=20)
+    assert not await app.emit_event("order:7:paid", {"amount": 99})  # the first emit is kept
+    assert (job.status, job.result, job.attempts) == (JobStatus.COMPLETED, {"amount": 10}, 1)
+    assert job.steps["event:order:7:paid"] == {"payload": {"amount": 10}}
+    assert [entry["outcome"] for entry in job.history] == (["completed"] if emitted_first else ["waiting", "completed"])
+
+
+async def test_wait_for_event_times_out_inside_the_handler(app: jobbus.App) -> None:
+    @app.job("late")
+    async def late(job: jobbus.JobExecution) -> str:
+        try:
+            await job.wait_for_event("never", timeout=timedelta(seconds=0.5))
+        except TimeoutError:
+            return "gave up"
+        return "paid"
+
+    job_id = await app.schedule("late")
+    async with running(app):
+        job = await app.wait(job_id, timeout=20)
+    assert (job.status, job.result, job.attempts) == (JobStatus.COMPLETED, "gave up", 1)
+    assert job.steps["event:never"] == {"timed_out": True}
+    assert await app.emit_event("never")  # an emit after the timeout changes nothing
+    assert (await app.find(job_id)).result == "gave up"  # type: ignore[union-attr]
+
+
+async def test_spawned_children_are_scheduled_once_and_their_parent_waits_for_all(app: jobbus.App) -> None:
+    runs: list[str] = []
+
+    @app.job("parent")
+    async def parent(job: jobbus.JobExecution) -> list[Any]:
+        runs.append("parent")
+        ids = [await job.spawn("child", {"n": n}) for n in range(3)]
+        children = await job.wait_for_children()
+        assert [c.id for c in children] == sorted(ids)
+        return sorted([c.status.value, c.result] for c in children)
+
+    @app.job("child", max_attempts=1)
+    async def child(job: jobbus.JobExecution) -> int:
+        await asyncio.sleep(0.3)
+        if job.configuration["n"] == 2:
+            raise RuntimeError("child 2 fails")
+        return int(job.configuration["n"])
+
+    job_id = await app.schedule("parent")
+    async with running(app):
+        job = await app.wait(job_id, timeout=30)
+    assert job.status is JobStatus.COMPLETED and job.attempts == 1
+    assert job.result == [["completed", 0], ["completed", 1], ["failed", None]]
+    children = await app.list_jobs(type="child")
+    assert len(children) == 3 and {c.parent_id for c in children} == {job_id}
+    assert runs == ["parent", "parent"]
+
+
+async def test_sync_handlers_wait_too(app: jobbus.App) -> None:
+    @app.job("sync-wait")
+    def sync_wait(job: jobbus.SyncJobExecution) -> Any:
+        job.sleep("nap", 0.2)
+        child = job.spawn("sync-child", {"n": 5})
+        (done,) = job.wait_for_children()
+        assert done.id == child and done.parent_id == job.id
+        return [job.wait_for_event("go"), done.result]
+
+    @app.job("sync-child")
+    def sync_child(job: jobbus.SyncJobExecution) -> int:
+        return int(job.configuration["n"]) * 2
+
+    job_id = await app.schedule("sync-wait")
+    async with running(app):
+        await asyncio.sleep(0.5)
+        await app.emit_event("go", [1, 2])
+        job = await app.wait(job_id, timeout=20)
+    assert (job.status, job.result, job.attempts) == (JobStatus.COMPLETED, [[1, 2], 10], 1)
+
+
+def test_events_emitted_before_during_and_after_the_waits_of_two_worker_processes(
+    dsn: str, sync_app: jobbus.App
+) -> None:
+    """300 jobs wait for their own event; a third of the events are emitted before the jobs exist, the rest
+    while two worker processes claim, wait and park them. Every job gets its payload: no wake-up is lost."""
+    app = sync_app
+    count = 300
+    for n in range(0, count, 3):
+        assert app.sync.emit_event(f"pay:{n}", {"n": n})
+    ids = app.sync.schedule_many("wf.pay", [{"n": n} for n in range(count)])
+    with workers(dsn, 2, "--app", "tests.workflow_apps:app", "--concurrency", "20", "--log-level", "WARNING") as procs:
+        for n in range(count):
+            if n % 3:
+                app.sync.emit_event(f"pay:{n}", {"n": n})
+            if n % 50 == 0:
+                time.sleep(0.05)
+        done = [app.sync.wait(job_id, timeout=120) for job_id in ids]
+        assert all(proc.poll() is None for proc in procs)
+    assert [job.result for job in done] == [{"n": n} for n in range(count)]
+    assert {job.status for job in done} == {JobStatus.COMPLETED}
+    assert {job.attempts for job in done} == {1}
+
+
+async def test_event_keys_and_payloads_are_checked(app: jobbus.App) -> None:
+    with pytest.raises(ValueError, match="event key"):
+        await app.emit_event("k" * 201)
+    with pytest.raises(jobbus.InvalidJobError, match="payload"):
+        await app.emit_event("k", {"bad": float("nan")})
+    assert await app.emit_event("k") and not await app.emit_event("k", 1)
+
+
+def test_a_sleeping_workflow_outlives_its_worker_and_its_children_run_on_two_processes(
+    dsn: str, sync_app: jobbus.App
+) -> None:
+    """The worker that parked the job in its sleep is SIGKILLed; two fresh worker processes resume it, run
+    its 20 children and finish it: the step ran once, each child was spawned once, one attempt counted."""
+    prepare(dsn)
+    job_id = sync_app.sync.schedule("wf.fanout", {"sleep": 2, "children": 20})
+    args = ("--app", "tests.workflow_apps:app", "--log-level", "WARNING")
+    with workers(dsn, 1, *args) as (first,):
+        wait_until(lambda: _effect_names(dsn, job_id) == ["charge"], what="the charge step")
+        wait_until(lambda: query(dsn, "SELECT status FROM jobbus.job WHERE id = %s", (job_id,)) == [("queued",)])
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    with workers(dsn, 2, *args, "--concurrency", "5"):
+        job = sync_app.sync.wait(job_id, timeout=60)
+    assert (job.status, job.result, job.attempts) == (JobStatus.COMPLETED, sum(range(20)), 1)
+    assert _effect_names(dsn, job_id) == ["charge", "finish"]
+    assert query(dsn, "SELECT count(*) FROM jobbus.job WHERE type = 'wf.noop'") == [(20,)]
+    assert [entry["outcome"] for entry in job.history] == ["waiting", "waiting", "completed"]
+
+
+def _effect_names(dsn: str, job_id: Any) -> list[str]:
+    return [name for (name,) in query(dsn, "SELECT name FROM public.effects WHERE job_id = %s ORDER BY at", (job_id,))]
+
+
+def test_a_parent_parking_as_its_last_child_ends_is_never_left_asleep(sync_app: jobbus.App, dsn: str) -> None:
+    """50 rounds: a parent's wait_for_children and its only child's outcome sent at the same instant by two
+    connections. Whichever goes first, the parent either goes on at once or is parked and woken."""
+    from jobbus.requests import JobRequest, spec_json
+    from jobbus.store import Outcome, run_sync
+    from tests.storehelpers import claim
+
+    app = sync_app
+    for _ in range(50):
+        app.sync.schedule("parent")
+        with psycopg.connect(dsn, autocommit=True) as a, psycopg.connect(dsn, autocommit=True) as b:
+            (parent,) = claim(app, a, types=("parent",))
+            spec = spec_json(app.build_job_spec(JobRequest("child")))
+            assert run_sync(a, app.store.spawn_child(parent.id, parent.lease_token, "spawn:1", spec))[0] == "ready"
+            (child,) = claim(app, a, types=("child",))
+            barrier = threading.Barrier(2)
+            states: list[str] = []
+
+            def park(barrier: threading.Barrier = barrier, parent: Any = parent, states: list[str] = states) -> None:
+                barrier.wait()
+                states.append(run_sync(b, app.store.wait_for_children(parent.id, parent.lease_token)))
+
+            thread = threading.Thread(target=park)
+            thread.start()
+            barrier.wait()
+            run_sync(a, app.store.record_outcomes([Outcome(child.id, child.lease_token, JobStatus.COMPLETED)]))
+            thread.join()
+            (status, due) = query(
+                dsn, "SELECT status, available_at <= now() FROM jobbus.job WHERE id = %s", (parent.id,)
+            )[0]
+            if states == ["parked"]:
+                assert (status, due) == ("queued", True), "the parent was left asleep"
+            else:
+                assert states == ["ready"] and status == "running"
+                run_sync(a, app.store.record_outcomes([Outcome(parent.id, parent.lease_token, JobStatus.COMPLETED)]))
+            a.execute("DELETE FROM jobbus.job")
