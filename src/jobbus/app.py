@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import threading
 import time
@@ -101,6 +102,28 @@ class App:
         self._pool_users = 0
         self._batcher: InsertBatcher | None = None
         self.sync = SyncApp(self)
+
+    def reconfigure(self, **changes: Any) -> Settings:
+        """Change some settings of this App while it is closed; returns the settings it had before.
+
+        For tests that point a project's own App at an isolated database or schema (`jobbus.testing`
+        does): ``previous = app.reconfigure(schema="test_1")`` ... ``app.reconfigure(**previous.as_dict())``.
+        Handlers, tasks, periodic jobs and listeners stay; the blocking pool is closed and reopens on
+        the new settings. Values are validated as in `App(...)`.
+        """
+        if self._pool is not None:
+            raise RuntimeError("reconfigure() needs a closed App: leave its `async with app:` first")
+        unknown = sorted(set(changes) - set(Settings.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"unknown setting(s): {', '.join(unknown)}")
+        previous = self.settings
+        settings = dataclasses.replace(previous, **changes)
+        self.sync.close()
+        self.settings = settings
+        self.store = JobStore(settings.schema)
+        self.periodic_store = PeriodicStore(settings.schema, self.store.channel)
+        self.queue_store = QueueStore(settings.schema)
+        return previous
 
     # -- registry ----------------------------------------------------------------------------------
 
