@@ -13,7 +13,7 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
-LINTED := src tests $(wildcard bench) conftest.py
+LINTED := src tests $(wildcard bench) examples conftest.py
 
 lint: venv
 	$(VENV)/bin/ruff check $(LINTED)
