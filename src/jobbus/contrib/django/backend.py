@@ -28,7 +28,7 @@ from django.utils.module_loading import import_string
 
 from jobbus.app import App
 from jobbus.contrib.django import tasks_api as api
-from jobbus.contrib.django.conf import connection, get_app
+from jobbus.contrib.django.conf import connection, get_app, joins_django_transactions
 from jobbus.execution import SyncJobExecution
 from jobbus.models import Job, JobStatus
 
@@ -81,7 +81,7 @@ class JobbusBackend(api.BaseTaskBackend):
             priority=task.priority,
             available_at=task.run_after,
             max_attempts=self.max_attempts,
-            connection=connection(),
+            connection=connection() if joins_django_transactions() else None,
         )
         result = api.TaskResult(
             task=task,

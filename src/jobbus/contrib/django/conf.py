@@ -44,8 +44,9 @@ def database_dsn(using: str | None = None) -> str:
 def get_app() -> App:
     """The project's App: `JOBBUS["app"]` or a new one, with `JOBBUS`'s settings, on Django's database.
 
-    One per process. Its `dsn` follows the Django database unless `JOBBUS` (or ``JOBBUS_DSN``) names
-    one: under Django's test runner that is the test database. Django tasks' handler is registered on it.
+    One per process. Its `dsn` is the Django database's (under Django's test runner, the test
+    database) unless `JOBBUS` names one; then enqueues cannot join Django's transactions and go
+    through the App's own pool. Django tasks' handler is registered on it.
     """
     with _lock:
         own = config()
@@ -61,9 +62,14 @@ def get_app() -> App:
             _apps[target] = app
         if "dsn" not in own and app._pool is None:
             dsn = database_dsn()
-            if app.settings.dsn != dsn and not _from_environment(app):
+            if app.settings.dsn != dsn:
                 app.reconfigure(dsn=dsn)
         return app
+
+
+def joins_django_transactions() -> bool:
+    """Whether jobs go through Django's connection: unless `JOBBUS` names a database of its own."""
+    return "dsn" not in config()
 
 
 def worker_app() -> App:
@@ -88,12 +94,6 @@ def connection(using: str | None = None) -> psycopg.Connection[Any]:
 
 def _settings(own: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in own.items() if key not in OWN_KEYS}
-
-
-def _from_environment(app: App) -> bool:
-    import os
-
-    return bool(os.environ.get("JOBBUS_DSN")) and app.settings.dsn == os.environ["JOBBUS_DSN"]
 
 
 def _load(target: str) -> App:

@@ -8,7 +8,9 @@ project's App (``--app`` defaults to it), so ``manage.py jobbus worker --queue m
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -34,26 +36,37 @@ class Command(BaseCommand):
         """``manage.py jobbus ...``: jobbus's own exit code, output and errors, unchanged."""
         from jobbus.cli import main
 
-        main(command_line(argv[2:]))
+        with project_environment():
+            main(command_line(argv[2:]))
 
     def handle(self, *args: Any, **options: Any) -> None:
         """``call_command("jobbus", "status")``: a non-zero exit becomes a `CommandError`."""
         from jobbus.cli import main
 
         try:
-            main(command_line([*args, *options.get("jobbus_args", [])]))
+            with project_environment():
+                main(command_line([*args, *options.get("jobbus_args", [])]))
         except SystemExit as exc:
             if exc.code not in (0, None):
                 raise CommandError(f"jobbus exited with {exc.code}", returncode=int(exc.code or 1)) from None
 
 
 def command_line(args: list[str]) -> list[str]:
-    """`args` for jobbus's CLI, with the project's settings in its environment and its App for ``worker``."""
-    app = get_app()
-    for name, value in app.settings.as_dict().items():
-        variable = f"JOBBUS_{name.upper()}"
-        if value is not None and variable not in os.environ:
-            os.environ[variable] = str(value)
+    """`args` for jobbus's CLI: ``worker`` runs the project's App unless ``--app`` says otherwise."""
     if args[:1] == ["worker"] and not any(arg == "--app" or arg.startswith("--app=") for arg in args):
         return ["worker", "--app", WORKER_APP, *args[1:]]
     return args
+
+
+@contextlib.contextmanager
+def project_environment() -> Iterator[None]:
+    """The project's settings as ``JOBBUS_*`` variables (the CLI's commands read them) while it runs."""
+    saved = dict(os.environ)
+    for name, value in get_app().settings.as_dict().items():
+        if value is not None:
+            os.environ[f"JOBBUS_{name.upper()}"] = str(value)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
