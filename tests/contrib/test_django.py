@@ -84,6 +84,8 @@ def _drain() -> dict[str, int]:
 
 
 def test_the_configured_backend_is_jobbus_with_every_capability(django_db: str) -> None:
+    uses_djangos_own = api.FRAMEWORK == "django.tasks"
+    assert uses_djangos_own is (django.VERSION >= (6,))
     backend = task_backends["default"]
     assert isinstance(backend, JobbusBackend)
     assert default_task_backend.alias == "default"
