@@ -26,7 +26,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 PROJECT = Path(__file__).resolve().parents[2] / "examples" / "django_shop"
 sys.path.insert(0, str(PROJECT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "shop_project.settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "storefront_site.settings")
 django.setup()
 
 from django.core.management import call_command  # noqa: E402
@@ -296,7 +296,7 @@ def test_the_django_migration_creates_and_drops_jobbus_schema(django_db: str) ->
 
 def _manage(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {key: value for key, value in os.environ.items() if not key.startswith("JOBBUS_")}
-    env.update(DATABASE_URL=dsn, DJANGO_SETTINGS_MODULE="shop_project.settings")
+    env.update(DATABASE_URL=dsn, DJANGO_SETTINGS_MODULE="storefront_site.settings")
     env["PYTHONPATH"] = os.pathsep.join([str(PROJECT), str(PROJECT.parents[1])])
     return subprocess.run(
         [sys.executable, "manage.py", *args], cwd=PROJECT, env=env, capture_output=True, text=True, timeout=120
@@ -307,8 +307,8 @@ def test_manage_py_jobbus_runs_the_cli_and_a_worker_in_real_processes(empty_dsn:
     migrated = _manage(empty_dsn, "migrate", "-v", "0")
     assert migrated.returncode == 0, migrated.stderr
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        conn.execute("INSERT INTO shop_order (email, sku, receipt_sent) VALUES ('a@example.com', 'mug', false)")
-    enqueue = "from shop.tasks import send_receipt; print(send_receipt.enqueue(1).id)"
+        conn.execute("INSERT INTO storefront_order (email, sku, receipt_sent) VALUES ('a@example.com', 'mug', false)")
+    enqueue = "from storefront.tasks import send_receipt; print(send_receipt.enqueue(1).id)"
     shell = _manage(empty_dsn, "shell", "-c", enqueue)
     assert shell.returncode == 0, shell.stderr
     result_id = shell.stdout.strip().splitlines()[-1]
@@ -320,7 +320,7 @@ def test_manage_py_jobbus_runs_the_cli_and_a_worker_in_real_processes(empty_dsn:
     worker = _manage(empty_dsn, "jobbus", "worker", "--stop-when-empty", "--queue", "mail")
     assert worker.returncode == 0, worker.stderr
     with psycopg.connect(empty_dsn) as conn:
-        assert conn.execute("SELECT receipt_sent FROM shop_order").fetchall() == [(True,)]
+        assert conn.execute("SELECT receipt_sent FROM storefront_order").fetchall() == [(True,)]
         row = conn.execute("SELECT status, result FROM jobbus.job").fetchone()
     assert row == ("completed", "receipt for order 1 sent to a@example.com")
 
@@ -329,7 +329,7 @@ def test_manage_py_jobbus_runs_the_cli_and_a_worker_in_real_processes(empty_dsn:
 
 
 def test_the_example_view_enqueues_in_its_transaction(django_db: str) -> None:
-    from shop.models import Order, Stock
+    from storefront.models import Order, Stock
 
     Stock.objects.create(sku="mug", quantity=2)
     client = Client()

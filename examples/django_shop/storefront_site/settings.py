@@ -11,12 +11,12 @@ SECRET_KEY = "example-only-not-secret"
 DEBUG = False
 ALLOWED_HOSTS = ["*"]
 USE_TZ = True
-ROOT_URLCONF = "shop_project.urls"
+ROOT_URLCONF = "storefront_site.urls"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 INSTALLED_APPS = [
     "jobbus.contrib.django",  # manage.py jobbus ..., and jobbus's schema as a migration
-    "shop",
+    "storefront",
 ]
 if importlib.util.find_spec("django.tasks") is None:  # Django 5.2: the backport of django.tasks
     INSTALLED_APPS.append("django_tasks")
@@ -24,7 +24,7 @@ if importlib.util.find_spec("django.tasks") is None:  # Django 5.2: the backport
 DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.postgresql",
-        "NAME": _database.get("dbname", "shop"),
+        "NAME": _database.get("dbname", "storefront"),
         "USER": _database.get("user", ""),
         "PASSWORD": _database.get("password", ""),
         "HOST": _database.get("host", ""),
@@ -32,8 +32,8 @@ DATABASES = {
     }
 }
 
-# jobbus: the App of shop/jobs.py (its typed tasks), on the default database.
-JOBBUS = {"app": "shop.jobs:app", "database": "default"}
+# jobbus: the App of storefront/jobs.py (its typed tasks), on the default database.
+JOBBUS = {"app": "storefront.jobs:app", "database": "default"}
 
 # Django's tasks framework, run by jobbus workers (manage.py jobbus worker).
 TASKS = {

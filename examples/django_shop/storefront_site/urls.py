@@ -1,4 +1,4 @@
 from django.urls import path
-from shop import views
+from storefront import views
 
 urlpatterns = [path("orders", views.place_order)]

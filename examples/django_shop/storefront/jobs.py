@@ -1,4 +1,4 @@
-"""The project's jobbus App (``JOBBUS = {"app": "shop.jobs:app"}``) and a typed task of its own.
+"""The project's jobbus App (``JOBBUS = {"app": "storefront.jobs:app"}``) and a typed task of its own.
 
 Its database is Django's (`jobbus.contrib.django` sets the dsn); `manage.py jobbus worker` runs it.
 """

@@ -5,7 +5,7 @@ try:
 except ImportError:
     from django_tasks import task  # Django 5.2 and the backport
 
-from shop.models import Order
+from storefront.models import Order
 
 
 @task(queue_name="mail")

@@ -8,9 +8,9 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from jobbus.contrib.django import connection
-from shop.jobs import restock_alert
-from shop.models import Order, Stock
-from shop.tasks import send_receipt
+from storefront.jobs import restock_alert
+from storefront.models import Order, Stock
+from storefront.tasks import send_receipt
 
 
 class OutOfStock(Exception):
