@@ -192,11 +192,38 @@ class TaskOptions(Generic[P, R]):
     values: Mapping[str, Any] = field(default_factory=dict)
     connection: Any = None
 
-    def options(self, **changes: Any) -> TaskOptions[P, R]:
-        """These options with some changed (the keywords of `Task.options`)."""
-        updated = self.task.options(**changes)
-        connection = updated.connection if "connection" in changes else self.connection
-        return replace(self, values={**self.values, **updated.values}, connection=connection)
+    def options(
+        self,
+        *,
+        name: str | None = None,
+        group_id: uuid.UUID | None = None,
+        unique_key: str | None = None,
+        max_attempts: int | None = None,
+        available_at: datetime | timedelta | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        timeout: float | timedelta | None = None,
+        concurrency_key: str | None = None,
+        connection: Any = None,
+    ) -> TaskOptions[P, R]:
+        """These options with those given here changed (the keywords of `Task.options`)."""
+        changed = self.task.options(
+            name=name,
+            group_id=group_id,
+            unique_key=unique_key,
+            max_attempts=max_attempts,
+            available_at=available_at,
+            queue=queue,
+            priority=priority,
+            timeout=timeout,
+            concurrency_key=concurrency_key,
+            connection=connection,
+        )
+        return replace(
+            self,
+            values={**self.values, **changed.values},
+            connection=connection if connection is not None else self.connection,
+        )
 
     async def defer(self, *args: P.args, **kwargs: P.kwargs) -> uuid.UUID:
         configuration = self.task.configuration(*args, **kwargs)

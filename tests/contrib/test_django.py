@@ -31,7 +31,7 @@ django.setup()
 
 from django.core.management import call_command  # noqa: E402
 from django.db import connections, transaction  # noqa: E402
-from django.test import Client  # noqa: E402
+from django.test import Client, override_settings  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from jobbus.contrib.django import JobbusBackend, get_app  # noqa: E402
@@ -146,6 +146,21 @@ def test_a_failing_task_is_failed_with_its_exception(django_db: str) -> None:
     assert "raise ValueError(message)" in error.traceback
     with pytest.raises(ValueError, match="failed"):
         result.return_value  # noqa: B018
+
+
+def test_with_max_attempts_in_options_a_failing_task_is_retried_and_ready_between_attempts(django_db: str) -> None:
+    tasks = {
+        "default": {"BACKEND": "jobbus.contrib.django.JobbusBackend", "QUEUES": ["default", "mail"]},
+        "retrying": {"BACKEND": "jobbus.contrib.django.JobbusBackend", "QUEUES": [], "OPTIONS": {"max_attempts": 3}},
+    }
+    with override_settings(TASKS=tasks):
+        result = fns.failing.using(backend="retrying", queue_name="anything").enqueue("once")
+        assert _drain() == {"retried": 1}  # the next attempt waits out the backoff
+        result.refresh()
+        assert (result.status, result.attempts, result.backend) == (Status.READY, 1, "retrying")
+        assert [error.exception_class for error in result.errors] == [ValueError]
+        with psycopg.connect(django_db) as conn:
+            assert conn.execute("SELECT max_attempts, queue FROM jobbus.job").fetchone() == (3, "anything")
 
 
 def test_a_task_taking_context_sees_its_result_and_attempt(django_db: str) -> None:
