@@ -59,6 +59,7 @@ class Task(Generic[P, R]):
         self.type = type
         self.is_async = inspect.iscoroutinefunction(func)
         self._signature = inspect.signature(func)
+        self._resolved: dict[str, _Parameter] | None = None
         functools.update_wrapper(self, func)
 
     def __repr__(self) -> str:
@@ -181,7 +182,9 @@ class Task(Generic[P, R]):
 
     def _parameters(self) -> dict[str, _Parameter]:
         """Resolved on first use, not at decoration: annotations may name classes defined later."""
-        return _parameters(self.func, self._signature)
+        if self._resolved is None:
+            self._resolved = _parameters(self.func, self._signature)
+        return self._resolved
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,7 +242,6 @@ def _result(value: Any) -> Any:
     return None if value is None else encoding.to_json(value, what="the task's return value")
 
 
-@functools.cache
 def _hints(func: Callable[..., Any]) -> dict[str, Any]:
     try:
         return typing.get_type_hints(func, include_extras=True)
