@@ -195,6 +195,8 @@ async def test_defer_in_the_callers_transaction_commits_or_rolls_back_with_it(ap
     with psycopg.connect(dsn) as sync_conn, pytest.raises(ZeroDivisionError), sync_conn.transaction():
         tasks.invoice.options(connection=sync_conn).defer_sync(1, [])
         raise ZeroDivisionError
+    with psycopg.connect(dsn) as sync_conn, pytest.raises(TypeError, match="use defer_sync"):
+        await tasks.invoice.options(connection=sync_conn).defer(1, [])
     assert [job.id for job in await app.list_jobs()] == [kept]
 
 
@@ -208,7 +210,7 @@ def test_defer_sync_from_blocking_code(sync_app: jobbus.App) -> None:
 
 
 async def test_a_task_is_still_a_plain_function(app: jobbus.App) -> None:
-    @app.task("add")
+    @app.task(name="add")
     def add(a: int, b: int = 1) -> int:
         return a + b
 

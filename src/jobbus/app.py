@@ -165,7 +165,6 @@ class App:
     def task(
         self,
         name: str | None = None,
-        /,
         *,
         queue: str = "default",
         max_attempts: int | None = None,
@@ -177,7 +176,6 @@ class App:
     def task(
         self,
         name: str | Callable[..., Any] | None = None,
-        /,
         *,
         queue: str = "default",
         max_attempts: int | None = None,

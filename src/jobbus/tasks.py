@@ -23,6 +23,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
+import psycopg
+
 from jobbus import encoding
 from jobbus.encoding import EncodingError
 from jobbus.errors import NonRetryableError
@@ -33,6 +35,8 @@ if TYPE_CHECKING:
 
 P = ParamSpec("P")
 R = TypeVar("R")
+#: The caller's connection for ``options(connection=...)``: async for `defer`, sync for `defer_sync`.
+Connection = psycopg.AsyncConnection[Any] | psycopg.Connection[Any]
 
 _KINDS = inspect.Parameter
 
@@ -83,7 +87,7 @@ class Task(Generic[P, R]):
         priority: int | None = None,
         timeout: float | timedelta | None = None,
         concurrency_key: str | None = None,
-        connection: Any = None,
+        connection: Connection | None = None,
     ) -> TaskOptions[P, R]:
         """This task with per-job options (those of `App.schedule`); chain `.defer(...)` on it.
 
@@ -193,7 +197,7 @@ class TaskOptions(Generic[P, R]):
 
     task: Task[P, R]
     values: Mapping[str, Any] = field(default_factory=dict)
-    connection: Any = None
+    connection: Connection | None = None
 
     def options(
         self,
@@ -207,7 +211,7 @@ class TaskOptions(Generic[P, R]):
         priority: int | None = None,
         timeout: float | timedelta | None = None,
         concurrency_key: str | None = None,
-        connection: Any = None,
+        connection: Connection | None = None,
     ) -> TaskOptions[P, R]:
         """These options with those given here changed (the keywords of `Task.options`)."""
         changed = self.task.options(
@@ -230,11 +234,17 @@ class TaskOptions(Generic[P, R]):
 
     async def defer(self, *args: P.args, **kwargs: P.kwargs) -> uuid.UUID:
         configuration = self.task.configuration(*args, **kwargs)
-        return await self.task.app.schedule(self.task.type, configuration, connection=self.connection, **self.values)
+        connection = self.connection
+        if connection is not None and not isinstance(connection, psycopg.AsyncConnection):
+            raise TypeError("defer() needs an async psycopg connection; with a sync one, use defer_sync()")
+        return await self.task.app.schedule(self.task.type, configuration, connection=connection, **self.values)
 
     def defer_sync(self, *args: P.args, **kwargs: P.kwargs) -> uuid.UUID:
         configuration = self.task.configuration(*args, **kwargs)
-        return self.task.app.sync.schedule(self.task.type, configuration, connection=self.connection, **self.values)
+        connection = self.connection
+        if connection is not None and not isinstance(connection, psycopg.Connection):
+            raise TypeError("defer_sync() needs a sync psycopg connection; with an async one, use await defer()")
+        return self.task.app.sync.schedule(self.task.type, configuration, connection=connection, **self.values)
 
 
 def _result(value: Any) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,11 +13,14 @@ import psycopg
 import pytest
 from examples import fastapi_app
 from fastapi import FastAPI
-from fastapi.testclient import TestClient
 
 import jobbus
 from jobbus.contrib.asgi import lifespan
 from tests.conftest import FAST
+
+with warnings.catch_warnings():  # this Starlette asks for httpx2 while FastAPI's test client is built on httpx
+    warnings.filterwarnings("ignore", message=r".*install `httpx2`")
+    from fastapi.testclient import TestClient
 
 
 @pytest.fixture
