@@ -94,6 +94,15 @@ def test_the_configured_backend_is_jobbus_with_every_capability(django_db: str) 
     assert backend.queues == {"default", "mail"}
 
 
+def test_system_checks_pass_and_name_a_missing_app_or_database(django_db: str) -> None:
+    from django.core import checks
+
+    assert [message for message in checks.run_checks() if message.id.startswith("jobbus.")] == []
+    with override_settings(INSTALLED_APPS=["storefront"], JOBBUS={"database": "elsewhere"}):
+        found = {message.id for message in task_backends["default"].check()}
+    assert found == {"jobbus.E001", "jobbus.E002"}
+
+
 @pytest.mark.smoke
 def test_enqueue_returns_a_ready_result_and_writes_one_job(django_db: str) -> None:
     result = fns.calculate.enqueue(6, b=7)

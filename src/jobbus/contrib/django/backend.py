@@ -28,7 +28,7 @@ from django.utils.module_loading import import_string
 
 from jobbus.app import App
 from jobbus.contrib.django import tasks_api as api
-from jobbus.contrib.django.conf import connection, get_app, joins_django_transactions
+from jobbus.contrib.django.conf import connection, database_alias, get_app, joins_django_transactions
 from jobbus.execution import SyncJobExecution
 from jobbus.models import Job, JobStatus
 
@@ -64,6 +64,33 @@ class JobbusBackend(api.BaseTaskBackend):
     @property
     def app(self) -> App:
         return get_app()
+
+    def check(self, **kwargs: Any) -> list[Any]:
+        """Django's system checks: the app is installed (its migration creates the schema) and the
+        database is PostgreSQL."""
+        from django.apps import apps
+        from django.core import checks
+        from django.db import connections
+
+        found: list[Any] = []
+        if not apps.is_installed("jobbus.contrib.django"):
+            found.append(
+                checks.Error(
+                    f"the task backend {self.alias!r} is jobbus, but jobbus.contrib.django is not installed",
+                    hint='add "jobbus.contrib.django" to INSTALLED_APPS (its migration creates jobbus\'s schema)',
+                    id="jobbus.E001",
+                )
+            )
+        alias = database_alias()
+        if alias not in connections.settings or connections[alias].vendor != "postgresql":
+            found.append(
+                checks.Error(
+                    f"jobbus needs PostgreSQL: JOBBUS['database'] = {alias!r} is not a PostgreSQL database",
+                    hint="point JOBBUS['database'] at a database whose ENGINE is django.db.backends.postgresql",
+                    id="jobbus.E002",
+                )
+            )
+        return found
 
     def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
         self.validate_task(task)
