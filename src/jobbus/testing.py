@@ -22,13 +22,12 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import psycopg
 import pytest
-from psycopg import sql
 
-from jobbus import schema as schema_module
-from jobbus.app import App
+if TYPE_CHECKING:  # imported by the fixtures, so that every pytest run that never uses them stays light
+    from jobbus.app import App
 
 __all__ = ["jobbus_app", "jobbus_dsn", "jobbus_schema", "load_app"]
 
@@ -60,6 +59,11 @@ def jobbus_dsn(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def jobbus_schema(jobbus_dsn: str) -> Iterator[str]:
     """A migrated schema for this test alone, dropped after it."""
+    import psycopg
+    from psycopg import sql
+
+    from jobbus import schema as schema_module
+
     name = f"jobbus_test_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(jobbus_dsn, autocommit=True) as conn:
         schema_module.migrate(conn, name)
@@ -73,6 +77,8 @@ def jobbus_schema(jobbus_dsn: str) -> Iterator[str]:
 @pytest.fixture
 def jobbus_app(request: pytest.FixtureRequest, jobbus_dsn: str, jobbus_schema: str) -> Iterator[App]:
     """The project's App (ini option ``jobbus_app``) or a new one, on this test's own schema."""
+    from jobbus.app import App
+
     target = str(request.config.getini("jobbus_app"))
     if not target:
         app = App(dsn=jobbus_dsn, schema=jobbus_schema)
@@ -92,6 +98,8 @@ def jobbus_app(request: pytest.FixtureRequest, jobbus_dsn: str, jobbus_schema: s
 
 def load_app(target: str) -> App:
     """The App at ``module:attribute``."""
+    from jobbus.app import App
+
     module_name, _, attribute = target.partition(":")
     if not module_name or not attribute:
         raise pytest.UsageError(f"jobbus_app = {target!r}: write it as module:attribute, e.g. myproject.jobs:app")
