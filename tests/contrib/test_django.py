@@ -352,6 +352,13 @@ def test_manage_py_jobbus_runs_the_cli_and_a_worker_in_real_processes(empty_dsn:
     assert bad.returncode != 0 and "error" in bad.stderr.lower()
 
 
+def test_the_projects_own_tests_run_under_djangos_test_runner(empty_dsn: str) -> None:
+    run = _manage(empty_dsn, "test", "storefront", "-v", "2", "--noinput")
+    assert run.returncode == 0, run.stderr
+    assert "Applying jobbus.0001_schema... OK" in run.stdout + run.stderr
+    assert "Ran 2 tests" in run.stderr and "OK" in run.stderr
+
+
 def test_the_example_view_enqueues_in_its_transaction(django_db: str) -> None:
     from storefront.models import Order, Stock
 
