@@ -4,9 +4,13 @@ an endpoint enqueues inside its database transaction, the worker in the server's
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import time
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -17,6 +21,8 @@ from fastapi import FastAPI
 import jobbus
 from jobbus.contrib.asgi import lifespan
 from tests.conftest import FAST
+
+ROOT = Path(__file__).resolve().parents[2]
 
 with warnings.catch_warnings():  # this Starlette asks for httpx2 while FastAPI's test client is built on httpx
     warnings.filterwarnings("ignore", message=r".*install `httpx2`")
@@ -65,6 +71,28 @@ def test_endpoint_enqueues_in_its_transaction_and_the_lifespan_worker_runs_the_j
     assert _rows(dsn, "SELECT email FROM orders") == [("a@example.com",)]
     assert _rows(dsn, "SELECT type, status FROM jobbus.job") == [("shop.send_receipt", "completed")]
     assert fastapi_app.app._pool is None  # shutdown closed the App
+
+
+def test_without_the_in_process_worker_a_jobbus_worker_process_runs_the_job(shop: FastAPI, dsn: str) -> None:
+    web_only = FastAPI(lifespan=lifespan(fastapi_app.app), routes=shop.routes)  # production: web and workers apart
+    with TestClient(web_only) as client:
+        placed = client.post("/orders", json={"email": "a@example.com", "sku": "mug", "total": "12.50"})
+        assert placed.status_code == 200, placed.text
+        assert client.get(f"/jobs/{placed.json()['job_id']}").json()["status"] == "queued"
+
+    env = {key: value for key, value in os.environ.items() if not key.startswith("JOBBUS_")}
+    env["JOBBUS_DSN"] = dsn
+    worker = subprocess.run(
+        [sys.executable, "-m", "jobbus", "worker", "--app", "examples.fastapi_app:app", "--stop-when-empty"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert worker.returncode == 0, worker.stderr
+    assert _rows(dsn, "SELECT status, result->>'sent_to' FROM jobbus.job") == [("completed", "a@example.com")]
 
 
 async def test_lifespan_without_a_worker_only_opens_and_closes_the_app(dsn: str) -> None:
