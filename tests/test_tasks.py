@@ -299,3 +299,12 @@ def test_mypy_rejects_a_wrongly_typed_defer() -> None:
     assert 'wrong_defer.py:22: error: Unexpected keyword argument "urgent" for "defer_sync" of "Task"' in out
     assert 'wrong_defer.py:23: error: Missing positional argument "order_id" in call to "defer" of "TaskOptions"' in out
     assert "Found 3 errors in 1 file" in out, out
+
+
+async def test_task_arguments_and_bus_messages_share_one_encoding(app: jobbus.App) -> None:
+    tasks = Recorder(app)
+    configuration = tasks.confirm.configuration(ORDER, Customer(email="h@example.com"))
+    codec = jobbus.JsonCodec()
+    assert configuration["order"] == codec.encode(ORDER)
+    assert configuration["customer"] == codec.encode(Customer(email="h@example.com"))
+    assert codec.decode(Order, configuration["order"]) == ORDER
