@@ -215,6 +215,8 @@ async def test_a_task_is_still_a_plain_function(app: jobbus.App) -> None:
         return a + b
 
     assert add(2, b=3) == 5
+    with pytest.raises(TypeError, match="must be a string"):
+        app.task(42)  # type: ignore[call-overload]
     assert add.__name__ == "add"  # type: ignore[attr-defined]
     assert repr(add) == "<jobbus.Task add>"
 

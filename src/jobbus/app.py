@@ -203,6 +203,8 @@ class App:
 
         if callable(name):
             return register(name)
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"@app.task(name): the job type must be a string, got {name!r}")
         return register
 
     def periodic(
