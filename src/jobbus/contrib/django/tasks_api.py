@@ -9,6 +9,11 @@ from typing import Any
 
 #: Where the framework lives in this environment.
 FRAMEWORK = "django.tasks" if importlib.util.find_spec("django.tasks") is not None else "django_tasks"
+if importlib.util.find_spec(FRAMEWORK) is None:
+    raise ImportError(
+        "JobbusBackend needs Django's tasks framework: Django 6, or on Django 5.2 its backport "
+        "(pip install django-tasks, and add 'django_tasks' to INSTALLED_APPS)"
+    )
 
 _base = importlib.import_module(f"{FRAMEWORK}.base")
 _backends = importlib.import_module(f"{FRAMEWORK}.backends.base")
