@@ -3,7 +3,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 PYTEST_ARGS ?= -n 2
 
-.PHONY: venv test test-smoke faults lint demo bench clean
+.PHONY: venv test test-smoke test-django6 faults lint demo bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -13,7 +13,7 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
-LINTED := src tests $(wildcard bench) conftest.py
+LINTED := src tests $(wildcard bench) examples conftest.py
 
 lint: venv
 	$(VENV)/bin/ruff check $(LINTED)
@@ -22,6 +22,21 @@ lint: venv
 
 test: lint
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# Django 6 needs Python 3.12: its own venv runs the Django tests with Django 6's django.tasks (`make test`
+# runs them on Django 5.2 with the django-tasks backport). pyenv's 3.12 when there is one.
+PYTHON312 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) python3.12)
+VENV_DJANGO6 ?= .venv-django6
+
+$(VENV_DJANGO6)/.installed: pyproject.toml
+	$(PYTHON312) -m venv $(VENV_DJANGO6)
+	$(VENV_DJANGO6)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV_DJANGO6)/bin/python -m pip install --quiet -e '.[django]' 'django>=6,<7' pydantic \
+		pytest pytest-asyncio pytest-xdist pytest-timeout hypothesis sybil
+	touch $@
+
+test-django6: $(VENV_DJANGO6)/.installed
+	$(VENV_DJANGO6)/bin/pytest $(PYTEST_ARGS) tests/contrib/test_django.py
 
 # The smoke subset, meant for the embedded server (JOBBUS_TEST_DSN unset).
 test-smoke: venv
@@ -38,4 +53,4 @@ bench: venv
 	$(PY) bench/run.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VENV_DJANGO6) .pytest_cache .mypy_cache .ruff_cache

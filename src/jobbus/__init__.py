@@ -21,12 +21,13 @@ from jobbus.events import (
     JobScheduled,
     JobStarted,
 )
-from jobbus.execution import JobExecution, JobParked, SyncJobExecution
+from jobbus.execution import JobExecution, JobParked, SyncJobExecution, current_job, current_sync_job
 from jobbus.limits import QueueSettings, RateLimit
 from jobbus.models import GroupProgress, Job, JobStatus
 from jobbus.periodic import Periodic
 from jobbus.requests import JobRequest
 from jobbus.settings import Settings
+from jobbus.tasks import Task, TaskOptions
 from jobbus.worker import Worker, WorkerOptions
 
 __all__ = [
@@ -62,6 +63,10 @@ __all__ = [
     "Snooze",
     "SyncApp",
     "SyncJobExecution",
+    "Task",
+    "TaskOptions",
     "Worker",
     "WorkerOptions",
+    "current_job",
+    "current_sync_job",
 ]

@@ -9,10 +9,11 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
@@ -23,7 +24,7 @@ from jobbus.errors import DatabaseUnavailableError, InvalidJobError, InvalidStat
 from jobbus.events import EventHub, JobCancelled, JobEvent, JobScheduled
 from jobbus.execution import check_event_key
 from jobbus.limits import KEEP, Keep, QueueSettings, RateLimit, check_count, check_rate
-from jobbus.models import GroupProgress, Job, JobSpec, JobStatus
+from jobbus.models import ClaimedJob, GroupProgress, Job, JobSpec, JobStatus
 from jobbus.periodic import Periodic, PeriodicSpec
 from jobbus.requests import (
     MAX_TYPE_BYTES,
@@ -47,10 +48,13 @@ from jobbus.store.statements import channel_name, configure_async, configure_con
 from jobbus.waiting import FinishedJobs, SyncFinishedJobs, timeout_message
 
 if TYPE_CHECKING:
+    from jobbus.tasks import Task
     from jobbus.worker.options import WorkerOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
+P = ParamSpec("P")
+R = TypeVar("R")
 JobScope = Callable[[Any], AbstractAsyncContextManager[Any]]
 #: A handler's own retry policy: (the failed attempt's number, its exception) → delay.
 BackoffPolicy = Callable[[int, BaseException], "float | timedelta"]
@@ -108,6 +112,28 @@ class App:
         self._finished: FinishedJobs | None = None
         self.sync = SyncApp(self)
 
+    def reconfigure(self, **changes: Any) -> Settings:
+        """Change some settings of this App while it is closed; returns the settings it had before.
+
+        For tests that point a project's own App at an isolated database or schema (`jobbus.testing`
+        does): ``previous = app.reconfigure(schema="test_1")`` ... ``app.reconfigure(**previous.as_dict())``.
+        Handlers, tasks, periodic jobs and listeners stay; the blocking pool is closed and reopens on
+        the new settings. Values are validated as in `App(...)`.
+        """
+        if self._pool is not None:
+            raise RuntimeError("reconfigure() needs a closed App: leave its `async with app:` first")
+        unknown = sorted(set(changes) - set(Settings.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"unknown setting(s): {', '.join(unknown)}")
+        previous = self.settings
+        settings = dataclasses.replace(previous, **changes)
+        self.sync.close()
+        self.settings = settings
+        self.store = JobStore(settings.schema)
+        self.periodic_store = PeriodicStore(settings.schema, self.store.channel)
+        self.queue_store = QueueStore(settings.schema)
+        return previous
+
     # -- registry ----------------------------------------------------------------------------------
 
     def job(
@@ -139,6 +165,55 @@ class App:
             self.handlers[type] = Handler(type, func, is_async, defaults, timeout_seconds, backoff)
             return func
 
+        return register
+
+    @overload
+    def task(self, name: Callable[P, R], /) -> Task[P, R]: ...
+
+    @overload
+    def task(
+        self,
+        name: str | None = None,
+        *,
+        queue: str = "default",
+        max_attempts: int | None = None,
+        priority: int = 0,
+        timeout: float | timedelta | None = None,
+        backoff: BackoffPolicy | None = None,
+    ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
+
+    def task(
+        self,
+        name: str | Callable[..., Any] | None = None,
+        *,
+        queue: str = "default",
+        max_attempts: int | None = None,
+        priority: int = 0,
+        timeout: float | timedelta | None = None,
+        backoff: BackoffPolicy | None = None,
+    ) -> Any:
+        """Register a function as a typed task: its parameters are the job's input (see `jobbus.Task`).
+
+        ``@app.task`` or ``@app.task("mail.send", queue="mail", ...)``; the job type defaults to the
+        function's ``module.qualname``. The options are those of `job`. Sync functions run in a worker
+        thread, async ones in the event loop; `jobbus.current_job()` gives the running job inside.
+        """
+        from jobbus.tasks import Task, default_type
+
+        def register(func: Callable[P, R]) -> Task[P, R]:
+            if not callable(func) or isinstance(func, type):
+                raise TypeError(f"@app.task decorates a function, got {func!r}")
+            job_type = name if isinstance(name, str) else default_type(func)
+            task = Task(self, func, job_type)
+            self.job(
+                job_type, queue=queue, max_attempts=max_attempts, priority=priority, timeout=timeout, backoff=backoff
+            )(task.handler())
+            return task
+
+        if callable(name):
+            return register(name)
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"@app.task(name): the job type must be a string, got {name!r}")
         return register
 
     def periodic(
@@ -691,6 +766,37 @@ class App:
 
         return await Worker(self, options, **kwargs).run()
 
+    async def drain(
+        self,
+        *,
+        queues: Sequence[str] | None = None,
+        types: Sequence[str] | None = None,
+        max_jobs: int | None = None,
+        concurrency: int = 1,
+    ) -> dict[str, int]:
+        """Run every available job in this process until none is left; returns counts per outcome.
+
+        For tests and scripts: a worker runs in this event loop (one job at a time unless
+        `concurrency` says otherwise), claiming from `queues` and `types` (default: all this App
+        handles), at most `max_jobs` jobs, and stops when no job is available. A job retried without
+        delay runs again in the same drain; one retried later, or scheduled for later, is left.
+        The counts are those of the attempts, by outcome: ``{"completed": 2, "retried": 1}``
+        (also ``failed``, ``cancelled``, ``snoozed``, ``timed_out``, ``released``, ``lost``).
+        """
+        from jobbus.worker.options import WorkerOptions
+        from jobbus.worker.runtime import EXIT_OK, Worker
+
+        if not self.handlers:
+            return {}
+        counts = _OutcomeCounts()
+        options = WorkerOptions(
+            queues=queues, types=types, limit=max_jobs, concurrency=concurrency, stop_when_empty=True
+        )
+        code = await Worker(self, options, observers=[counts]).run()
+        if code != EXIT_OK:
+            raise JobbusError(f"drain: the worker stopped with exit code {code} before every job had run")
+        return dict(counts.outcomes)
+
 
 class SyncApp:
     """The blocking twin of `App`'s producer and admin methods, over its own sync pool.
@@ -1000,6 +1106,28 @@ class SyncApp:
             raise InvalidStateError(f"no periodic job is named {name!r}")
         return job_id
 
+    def drain(
+        self,
+        *,
+        queues: Sequence[str] | None = None,
+        types: Sequence[str] | None = None,
+        max_jobs: int | None = None,
+        concurrency: int = 1,
+    ) -> dict[str, int]:
+        """`App.drain` for blocking code: runs it in an event loop of its own, on a thread of its own."""
+        if self._app._pool is not None:
+            raise RuntimeError("app.sync.drain() runs its own event loop: where the App is open, use await app.drain()")
+        drained: list[dict[str, int]] = []
+
+        def run() -> None:
+            drained.append(
+                asyncio.run(self._app.drain(queues=queues, types=types, max_jobs=max_jobs, concurrency=concurrency))
+            )
+
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="jobbus-drain") as thread:
+            thread.submit(run).result()
+        return drained[0]
+
     def migrate(self) -> list[schema_module.Migration]:
         with psycopg.connect(self._app.dsn, **self._app.settings.connection_kwargs) as conn:
             return schema_module.migrate(conn, self._app.settings.schema)
@@ -1014,6 +1142,19 @@ class SyncApp:
 
 
 # -- helpers shared by both front-ends --------------------------------------------------------------
+
+
+class _OutcomeCounts:
+    """A worker observer counting attempts by outcome, for `drain`."""
+
+    def __init__(self) -> None:
+        self.outcomes: dict[str, int] = {}
+
+    def job_claimed(self, job: ClaimedJob, waited_seconds: float) -> None:
+        pass
+
+    def job_finished(self, job: ClaimedJob, outcome: str, seconds: float) -> None:
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
 
 
 class _Waiting:

@@ -10,6 +10,7 @@ on it, the handler reads them through `cancellation_requested` and `lease_lost`.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import enum
 import hashlib
 import inspect
@@ -500,3 +501,43 @@ async def _as_coroutine(awaitable: Awaitable[T]) -> T:
 
 def _opt_float(value: float | None) -> float | None:
     return None if value is None else float(value)
+
+
+# -- the running job ------------------------------------------------------------------------------
+
+#: The attempt whose handler is running in this context: each job runs in its own asyncio task (async
+#: handlers) or has its thread's context set for the call (sync handlers), so concurrent jobs never see
+#: each other's.
+_CURRENT: contextvars.ContextVar[JobExecution | SyncJobExecution] = contextvars.ContextVar("jobbus_current_job")
+
+
+def current_job() -> JobExecution:
+    """The `JobExecution` of the async handler (or typed task) running now, from any code it calls.
+
+    Raises `RuntimeError` outside a job, and in a sync handler, which has `current_sync_job()`.
+    """
+    job = _CURRENT.get(None)
+    if isinstance(job, JobExecution):
+        return job
+    if job is None:
+        raise RuntimeError("current_job() is called outside a job: only code run by a worker's handler has one")
+    raise RuntimeError("current_job() is called in a sync handler: use jobbus.current_sync_job(), its blocking twin")
+
+
+def current_sync_job() -> SyncJobExecution:
+    """The `SyncJobExecution` of the sync handler (or typed task) running now; see `current_job()`."""
+    job = _CURRENT.get(None)
+    if isinstance(job, SyncJobExecution):
+        return job
+    if job is None:
+        raise RuntimeError("current_sync_job() is called outside a job: only code run by a worker's handler has one")
+    raise RuntimeError("current_sync_job() is called in an async handler: use jobbus.current_job()")
+
+
+def enter_job(job: JobExecution | SyncJobExecution) -> contextvars.Token[JobExecution | SyncJobExecution]:
+    """Make `job` the current one in this context (the worker's executor, and `drain`)."""
+    return _CURRENT.set(job)
+
+
+def leave_job(token: contextvars.Token[JobExecution | SyncJobExecution]) -> None:
+    _CURRENT.reset(token)

@@ -192,6 +192,10 @@ class Settings:
         )
         return f"Settings({values})"
 
+    def as_dict(self) -> dict[str, Any]:
+        """Every setting by name: ``App(**settings.as_dict())`` builds an App with the same settings."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
     @property
     def connection_kwargs(self) -> dict[str, Any]:
         """psycopg connection options: autocommit always; server-side prepared statements unless pooled."""

@@ -20,7 +20,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
 from jobbus.events import JobEvent, JobFailed, JobStarted
-from jobbus.execution import StopReason, SyncJobExecution
+from jobbus.execution import StopReason, SyncJobExecution, enter_job, leave_job
 from jobbus.models import JobStatus
 from jobbus.store.statements import UndecodableJson
 from jobbus.worker.attempt import Attempt, Phase
@@ -161,6 +161,7 @@ class Executor:
     async def _call_async(self, attempt: Attempt) -> tuple[Decision, BaseException | None]:
         task = asyncio.current_task()
         attempt.in_handler = True
+        token = enter_job(attempt.execution)  # this job's own task: no other job sees it
         try:
             result = await attempt.handler.func(attempt.execution)
         except asyncio.CancelledError as exc:
@@ -179,6 +180,8 @@ class Executor:
             if attempt.cancelled_for is not None and task is not None:
                 task.uncancel()
             return self.policy.after_error(attempt, exc), exc
+        finally:
+            leave_job(token)
         attempt.in_handler = False
         self._returned(attempt)
         if attempt.cancelled_for is not None and task is not None:
@@ -248,9 +251,12 @@ class _Raised(Exception):
 
 
 def _in_thread(func: Callable[[SyncJobExecution], Any], execution: SyncJobExecution) -> Any:
+    token = enter_job(execution)  # the pool thread's context: reset before the thread runs another job
     try:
         return func(execution)
     except Exception:
         raise
     except BaseException as exc:
         raise _Raised(exc) from None
+    finally:
+        leave_job(token)

@@ -1,0 +1,1 @@
+"""Runnable examples, executed by the test suite (tests/test_examples.py, tests/contrib/)."""

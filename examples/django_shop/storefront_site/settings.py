@@ -1,0 +1,44 @@
+"""Settings of the example Django project: jobbus as an installed app and as the tasks backend."""
+
+import importlib.util
+import os
+
+from psycopg.conninfo import conninfo_to_dict
+
+_database = conninfo_to_dict(os.environ.get("DATABASE_URL", "dbname=shop"))
+
+SECRET_KEY = "example-only-not-secret"
+DEBUG = False
+ALLOWED_HOSTS = ["*"]
+USE_TZ = True
+ROOT_URLCONF = "storefront_site.urls"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+INSTALLED_APPS = [
+    "jobbus.contrib.django",  # manage.py jobbus ..., and jobbus's schema as a migration
+    "storefront",
+]
+if importlib.util.find_spec("django.tasks") is None:  # Django 5.2: the backport of django.tasks
+    INSTALLED_APPS.append("django_tasks")
+
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": _database.get("dbname", "storefront"),
+        "USER": _database.get("user", ""),
+        "PASSWORD": _database.get("password", ""),
+        "HOST": _database.get("host", ""),
+        "PORT": _database.get("port", ""),
+    }
+}
+
+# jobbus: the App of storefront/jobs.py (its typed tasks), on the default database.
+JOBBUS = {"app": "storefront.jobs:app", "database": "default"}
+
+# Django's tasks framework, run by jobbus workers (manage.py jobbus worker).
+TASKS = {
+    "default": {
+        "BACKEND": "jobbus.contrib.django.JobbusBackend",
+        "QUEUES": ["default", "mail"],
+    }
+}
