@@ -155,3 +155,22 @@ def test_metrics_port_in_use_is_a_usage_error(dsn: str) -> None:
 
 
 pytestmark = pytest.mark.timeout(120)
+
+
+def test_the_grafana_dashboard_uses_only_metrics_that_exist() -> None:
+    import json
+    import re
+
+    from tests.processes import ROOT
+
+    dashboard = json.loads((ROOT / "docs" / "grafana-dashboard.json").read_text())
+    names = set()
+    for family in PrometheusMetrics().registry.collect():
+        names.update(sample_name for sample_name in (family.name, f"{family.name}_total", f"{family.name}_bucket"))
+    used = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"\bjobbus_[a-z_]+", target["expr"])
+    }
+    assert used and used <= names, used - names
