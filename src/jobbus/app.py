@@ -17,6 +17,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from jobbus import schema as schema_module
+from jobbus import tracing
 from jobbus.batching import InsertBatcher
 from jobbus.errors import DatabaseUnavailableError, InvalidJobError, InvalidStateError, JobbusError
 from jobbus.events import EventHub, JobCancelled, JobEvent, JobScheduled
@@ -330,14 +331,15 @@ class App:
         """
         if not specs:
             return []
-        found = await self._insert(specs, connection)
-        for _ in range(DEDUPE_ROUNDS):
-            missing = _missing(specs, found)
-            if not missing:
-                break
-            found.update(await self._insert(missing, connection))
-        else:
-            raise _dedupe_contention(specs, found)
+        with tracing.producing(specs) as specs:
+            found = await self._insert(specs, connection)
+            for _ in range(DEDUPE_ROUNDS):
+                missing = _missing(specs, found)
+                if not missing:
+                    break
+                found.update(await self._insert(missing, connection))
+            else:
+                raise _dedupe_contention(specs, found)
         if self.events:
             for spec in _inserted(specs, found):
                 await self.events.emit(JobScheduled(spec.id, spec.type, spec.queue))
@@ -667,15 +669,16 @@ class SyncApp:
         app = self._app
         if not specs:
             return []
-        found = self._run(app.store.insert_jobs(specs), connection)
-        for _ in range(DEDUPE_ROUNDS):
-            missing = _missing(specs, found)
-            if not missing:
-                break
-            more: dict[tuple[str, str], uuid.UUID] = self._run(app.store.insert_jobs(missing), connection)
-            found.update(more)
-        else:
-            raise _dedupe_contention(specs, found)
+        with tracing.producing(specs) as specs:
+            found = self._run(app.store.insert_jobs(specs), connection)
+            for _ in range(DEDUPE_ROUNDS):
+                missing = _missing(specs, found)
+                if not missing:
+                    break
+                more: dict[tuple[str, str], uuid.UUID] = self._run(app.store.insert_jobs(missing), connection)
+                found.update(more)
+            else:
+                raise _dedupe_contention(specs, found)
         if app.events:
             for spec in _inserted(specs, found):
                 app.events.emit_sync(JobScheduled(spec.id, spec.type, spec.queue))

@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+#: The key of `execution_data` that carries the producer's trace context (jobbus/tracing.py).
+TRACE_KEY = "_trace"
+
 
 class JobStatus(enum.StrEnum):
     QUEUED = "queued"
@@ -101,6 +104,8 @@ class JobSpec:
     delay_seconds: float  # relative to the database clock
     timeout_seconds: float | None = None
     concurrency_key: str | None = None
+    #: JSON text of the job's first `execution_data` (the producer's trace context), or None for `{}`.
+    execution: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,3 +129,5 @@ class ClaimedJob:
     timeout_seconds: float | None = None
     #: Set when the stored configuration is larger than the worker accepts: it was not loaded (None).
     oversized_bytes: int | None = None
+    #: The producer's trace context (W3C `traceparent`/`tracestate`), taken out of `execution_data`.
+    trace_context: dict[str, str] | None = None

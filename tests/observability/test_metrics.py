@@ -164,7 +164,7 @@ def test_the_grafana_dashboard_uses_only_metrics_that_exist() -> None:
     from tests.processes import ROOT
 
     dashboard = json.loads((ROOT / "docs" / "grafana-dashboard.json").read_text())
-    names = set()
+    names: set[str] = set()
     for family in PrometheusMetrics().registry.collect():
         names.update(sample_name for sample_name in (family.name, f"{family.name}_total", f"{family.name}_bucket"))
     used = {

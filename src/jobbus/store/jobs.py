@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from psycopg.types.json import Jsonb
 
-from jobbus.models import JOB_COLUMNS, ClaimedJob, GroupProgress, Job, JobSpec, JobStatus
+from jobbus.models import JOB_COLUMNS, TRACE_KEY, ClaimedJob, GroupProgress, Job, JobSpec, JobStatus
 from jobbus.schema import VERSION_QUERY, render
 from jobbus.store.statements import Copy, Row, Statement, channel_name, queries
 
@@ -91,6 +91,7 @@ class JobStore:
                 "delay": float(spec.delay_seconds),
                 "timeout": spec.timeout_seconds,
                 "concurrency_key": spec.concurrency_key,
+                "execution": spec.execution,
                 "channel": self.channel,
             }
             return Statement(self._q["insert_job"], one, _decode_inserted)
@@ -118,6 +119,7 @@ class JobStore:
             "delays": [float(s.delay_seconds) for s in specs],
             "timeouts": [s.timeout_seconds for s in specs],
             "concurrency_keys": [s.concurrency_key for s in specs],
+            "executions": [s.execution for s in specs],
             "channel": self.channel,
         }
 
@@ -129,8 +131,8 @@ class JobStore:
         Only when every job starts now or every job has an absolute start: a delay is counted from the
         database's clock, which COPY cannot read, so mixed or delayed batches take the statement.
         """
-        if any(s.unique_key is not None for s in specs):
-            return None
+        if any(s.unique_key is not None or s.execution is not None for s in specs):
+            return None  # keyed jobs, or jobs carrying a trace context: the statement writes them
         if all(s.available_at is None and not s.delay_seconds for s in specs):
             query, starts = "copy_jobs", False
         elif all(s.available_at is not None for s in specs):
@@ -184,7 +186,7 @@ class JobStore:
         }
 
         def decode(rows: list[Row], _: int) -> list[ClaimedJob]:
-            return [ClaimedJob(*row) for row in rows]
+            return [_take_trace_context(ClaimedJob(*row)) for row in rows]
 
         return Statement(self._q["claim_jobs"], params, decode)
 
@@ -342,3 +344,13 @@ def _job(row: Row) -> Job:
     values = dict(zip(JOB_COLUMNS, row, strict=True))
     values["status"] = JobStatus(values["status"])
     return Job(**values)
+
+
+def _take_trace_context(job: ClaimedJob) -> ClaimedJob:
+    """The producer's trace context moves out of `execution_data`: the handler never sees the reserved key."""
+    data = job.execution_data
+    if not isinstance(data, dict) or TRACE_KEY not in data:
+        return job
+    carrier = data[TRACE_KEY]
+    rest = {k: v for k, v in data.items() if k != TRACE_KEY}
+    return replace(job, execution_data=rest, trace_context=carrier if isinstance(carrier, dict) else None)

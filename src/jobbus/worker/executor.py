@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
+from jobbus import tracing
 from jobbus.events import JobEvent, JobFailed, JobStarted
 from jobbus.execution import StopReason, SyncJobExecution
 from jobbus.models import JobStatus
@@ -28,6 +29,8 @@ from jobbus.worker.completer import Completer
 from jobbus.worker.outcomes import Decision, OutcomePolicy
 
 if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
     from jobbus.app import App
 
 logger = logging.getLogger("jobbus.worker")
@@ -59,11 +62,16 @@ class Executor:
         attempt.task = asyncio.create_task(self.run(attempt), name=f"jobbus-job-{attempt.id}")
 
     async def run(self, attempt: Attempt) -> None:
+        """The attempt inside its `process {queue}` span (when a tracer provider is configured)."""
+        with tracing.processing(attempt.claimed) as span:
+            await self._run_attempt(attempt, span)
+
+    async def _run_attempt(self, attempt: Attempt, span: Span | None) -> None:
         status: JobStatus | None = None
         kind = "lost"
+        error: BaseException | None = None
         try:
             scope: AbstractAsyncContextManager[Any] | None = None
-            error: BaseException | None = None
             events = self.app.events
             if events:
                 claimed = attempt.claimed
@@ -93,6 +101,7 @@ class Executor:
             if attempt.timer is not None:
                 attempt.timer.cancel()
             attempt.signals.close()
+            tracing.attempt_ended(span, kind, error)
             self._on_finished(attempt, status, kind)
 
     # -- steps --------------------------------------------------------------------------------------
