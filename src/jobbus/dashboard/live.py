@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 from jobbus.worker.listener import Listener
@@ -94,7 +94,7 @@ class LiveUpdates:
                         queue.put_nowait(self._version)
             await asyncio.sleep(self._interval / 2)  # at most two pushes per interval, however busy
 
-    async def events(self, disconnected: Callable[[], Awaitable[bool]]) -> AsyncIterator[str]:
+    async def events(self, disconnected: Callable[[], Awaitable[bool]]) -> AsyncGenerator[str, None]:
         """The event stream of one tab: `data: <version>` on each change, comments to keep it open."""
         self._start()
         queue: asyncio.Queue[int] = asyncio.Queue(maxsize=1)

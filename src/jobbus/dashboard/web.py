@@ -129,6 +129,7 @@ def create_starlette(
                     target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
                     return RedirectResponse(f"{base}/login?{urlencode({'next': target})}", status_code=303)
                 return PlainTextResponse("authentication required", status_code=401)
+            await dash.ensure_open()
             response = await handler(request)
             _set_csrf_cookie(request, response)
             response.headers.setdefault("cache-control", "no-store")

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from jobbus.store.statements import Row, Statement, queries
@@ -198,7 +199,7 @@ class DashboardStore:
             params["at"] = params["priority"] = params["id"] = None
 
         def decode(rows: list[Row], _: int) -> JobPage:
-            jobs = [JobSummary(*row[1:2], *row[3:]) for row in rows if row[0] == "job"]
+            jobs = sorted((JobSummary(*row[1:2], *row[3:]) for row in rows if row[0] == "job"), key=_ORDER[name])
             end = next(row for row in rows if row[0] == "end")
             scanned = int(end[3])
             next_cursor: Cursor | None = None
@@ -262,6 +263,29 @@ class DashboardStore:
 
     def pulse(self) -> Statement[tuple[Any, ...]]:
         return Statement(self._q["dashboard_pulse"], {}, lambda rows, _: tuple(rows[0]))
+
+
+_EPOCH = datetime.fromtimestamp(0, UTC)
+#: The order of each list (the join back to the rows does not keep the window's order).
+_ORDER: dict[str, Callable[[JobSummary], Any]] = {
+    "dashboard_jobs_all": lambda j: _Desc(j.id.bytes),
+    "dashboard_jobs_in_group": lambda j: _Desc(j.id.bytes),
+    "dashboard_jobs_finished": lambda j: _Desc(((j.finished_at or _EPOCH).timestamp(), j.id.bytes)),
+    "dashboard_jobs_running": lambda j: _Desc(((j.started_at or _EPOCH).timestamp(), j.id.bytes)),
+    "dashboard_jobs_queued": lambda j: (-j.priority, j.available_at, j.id.bytes),
+}
+
+
+class _Desc:
+    """Reverses the order of a sort key."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: Any) -> None:
+        self.key = key
+
+    def __lt__(self, other: _Desc) -> bool:
+        return bool(self.key > other.key)
 
 
 def _cursor_of(name: str, job: JobSummary) -> Cursor:
