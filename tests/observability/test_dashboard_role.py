@@ -65,7 +65,7 @@ async def test_the_dashboard_role_serves_pages_and_actions(dsn: str, roles: dict
             assert not re.search(r"permission denied|refused", page), (url, page[-800:])
     await asgi.state.dashboard.close()
     with psycopg.connect(dsn) as conn:
-        statuses = dict(
+        statuses: dict[uuid.UUID, str] = dict(
             conn.execute(
                 "SELECT id, status FROM jobbus.job WHERE id = ANY(%s)", ([data["failed"][0], data["queued"][0]],)
             ).fetchall()
