@@ -351,3 +351,26 @@ async def test_one_listener_and_one_pulse_feed_every_tab(dsn: str) -> None:
             await tab.aclose()
         assert live.subscribers == 0
         await live.close()
+
+
+async def test_job_detail_shows_every_attempt_a_worker_recorded(dsn: str) -> None:
+    app = jobbus.App(dsn=dsn, retry_base_delay_seconds=0, retry_max_delay_seconds=0, poll_interval_seconds=0.2)
+
+    @app.job("flaky")
+    async def flaky(job: jobbus.JobExecution) -> str:
+        if job.attempt == 1:
+            raise ConnectionError("smtp timed out")
+        await job.progress(2, 2)
+        return "sent"
+
+    asgi = create_app(app)
+    async with app:
+        job_id = await app.schedule("flaky", {})
+        assert await app.run_worker(stop_when_empty=True, install_signal_handlers=False) == 0
+        async with client(asgi) as http:
+            html = (await http.get(f"/jobs/{job_id}")).text
+    await asgi.state.dashboard.close()
+    rows = re.findall(r'<tr><td class="num">(\d)</td><td><span class="status (\w+)">', html)
+    assert rows == [("1", "retried"), ("2", "completed")]
+    assert "ConnectionError: smtp timed out" in html and "again in" in html
+    assert "&#34;sent&#34;" in html and "100 %" in html

@@ -174,3 +174,23 @@ def test_the_grafana_dashboard_uses_only_metrics_that_exist() -> None:
         for name in re.findall(r"\bjobbus_[a-z_]+", target["expr"])
     }
     assert used and used <= names, used - names
+
+
+def test_a_queue_that_goes_idle_gets_one_sample_of_zeros(dsn: str) -> None:
+    import psycopg
+
+    from jobbus.store import MaintenanceStore, run_sync
+
+    store = MaintenanceStore("jobbus")
+    app = jobbus.App(dsn=dsn)
+    with app.sync:
+        (job_id,) = app.sync.schedule_many("ok", [{}], queue="idle-soon")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        first = run_sync(conn, store.sample_queues(1.0))
+        assert [(s.queue, s.available) for s in first] == [("idle-soon", 1)]
+        conn.execute("UPDATE jobbus.job SET status = 'cancelled', finished_at = now() WHERE id = %s", (job_id,))
+        second = run_sync(conn, store.sample_queues(1.0))
+        assert [(s.queue, s.available, s.cancelled) for s in second] == [("idle-soon", 0, 1)]
+        third = run_sync(conn, store.sample_queues(1.0))
+        assert [(s.queue, s.available, s.cancelled) for s in third] == [("idle-soon", 0, 0)]
+        assert run_sync(conn, store.sample_queues(1.0)) == []

@@ -242,7 +242,11 @@ def create_starlette(
             "result": dash.redact("result", job.result),
             "last_error": dash.redact("last_error", job.last_error),
         }
-        history = [{**entry, "error": dash.redact("last_error", entry.get("error"))} for entry in job.history]
+        history = [
+            {**entry, "error": dash.redact("last_error", entry.get("error"))}
+            for entry in job.history
+            if isinstance(entry, dict)
+        ]
         return dash.render(
             request,
             "job.html",

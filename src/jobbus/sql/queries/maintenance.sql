@@ -61,7 +61,12 @@ WITH sample AS (
     WHERE j.finished_at > s.since AND j.finished_at <= s.at
     GROUP BY j.queue, s.since, s.at
 ), queues AS (
+    -- A queue of the previous sample gets one more row, of zeros when it went idle: readers of the
+    -- latest sample (metrics, the dashboard) never keep showing the last jobs a queue had.
     SELECT queue FROM queued UNION SELECT queue FROM running UNION SELECT queue FROM finished
+    UNION SELECT st.queue FROM {schema}.queue_stat AS st, sample AS s
+          WHERE st.sampled_at = s.since AND st.available + st.scheduled + st.running + st.completed + st.failed
+                                            + st.cancelled > 0
 )
 INSERT INTO {schema}.queue_stat (sampled_at, queue, available, scheduled, running, completed, failed, cancelled,
                                  oldest_available_seconds)
