@@ -28,8 +28,8 @@ def line_chart(title: str, values: Sequence[float | None], *, unit: str = "", cs
     peak = _fmt(max(points), unit) if points else ""
     polyline = f'<polyline fill="none" points="{" ".join(coords)}"/>' if coords else ""
     if coords:  # the latest value as a dot, so a single sample shows too
-        x, y = coords[-1].split(",")
-        polyline += f'<circle cx="{x}" cy="{y}" r="3"/>'
+        last_x, last_y = coords[-1].split(",")
+        polyline += f'<circle cx="{last_x}" cy="{last_y}" r="3"/>'
     return Markup(
         '<figure class="chart {cls}"><figcaption>{title} <span class="latest">{latest}</span>'
         '<span class="peak">{peak}</span></figcaption>'
