@@ -15,7 +15,11 @@
       .then(function (html) {
         if (html === null) return;
         var doc = new DOMParser().parseFromString(html, "text/html"), fresh = doc.getElementById("main");
-        if (fresh) { main.innerHTML = fresh.innerHTML; main.dispatchEvent(new Event("jobbus:refreshed")); }
+        if (!fresh) return;
+        var flash = main.querySelector("p.flash");  // the outcome of the last action stays in view
+        main.innerHTML = fresh.innerHTML;
+        if (flash && !main.querySelector("p.flash")) main.prepend(flash);
+        main.dispatchEvent(new Event("jobbus:refreshed"));
       })
       .finally(function () { busy = false; });
   }
