@@ -64,6 +64,7 @@ class Dashboard:
         self.templates.filters["ago"] = _ago
         self.templates.filters["seconds"] = _seconds
         self.templates.filters["pretty"] = _pretty
+        self.templates.filters["shortid"] = _short_id
         self._opened = False
         self._open_lock = asyncio.Lock()
         self.live = LiveUpdates(
@@ -555,6 +556,12 @@ def _seconds(value: float | timedelta | None) -> str:
     if seconds < 172800:
         return f"{seconds / 3600:.1f} h"
     return f"{seconds / 86400:.1f} d"
+
+
+def _short_id(value: uuid.UUID) -> str:
+    """A UUIDv7 shortened to what tells jobs apart: its first 8 digits (time) and its last 6 (random)."""
+    text = str(value)
+    return f"{text[:8]}…{text[-6:]}"
 
 
 def _pretty(value: Any) -> str:
