@@ -39,6 +39,14 @@ def seed(dsn: str) -> dict[str, Any]:
         failed = app.sync.schedule_many("broken", [{"report": n} for n in range(4)], queue="reports", max_attempts=1)
         later = app.sync.schedule_many("ok", [{} for _ in range(3)], queue="mail", available_at=timedelta(hours=2))
         app.sync.add_periodic("nightly-report", type="ok", cron="0 3 * * *", queue="mail")
+    with psycopg.connect(dsn, autocommit=True) as conn:  # an hour of history for the charts
+        conn.execute(
+            "INSERT INTO jobbus.queue_stat (sampled_at, queue, available, scheduled, running, completed, failed, "
+            "cancelled, oldest_available_seconds) "
+            "SELECT now() - make_interval(secs => 60 + 10 * s), q, (40 + 30 * sin(s / 40.0))::int, 3, 4, "
+            "(20 + 15 * cos(s / 25.0))::int, (s % 17 = 0)::int * 3, 0, 2 + 8 * abs(sin(s / 30.0)) "
+            "FROM generate_series(0, 350) AS s, unnest(ARRAY['mail', 'reports']) AS q"
+        )
     return {"done": done, "failed": failed, "later": later, "group": group}
 
 

@@ -235,9 +235,14 @@ class DashboardStore:
         params = {"seconds": seconds, "buckets": buckets, "queue": queue}
         return Statement(self._q["dashboard_series"], params, decode)
 
-    def estimated_jobs(self) -> Statement[int]:
+    def estimated_jobs(self) -> Statement[int | None]:
+        """The planner's estimate of the job table's rows; None before the table was first analyzed."""
         params = {"schema_name": self.schema}
-        return Statement(self._q["dashboard_estimates"], params, lambda rows, _: int(rows[0][0]) if rows else 0)
+        return Statement(
+            self._q["dashboard_estimates"],
+            params,
+            lambda rows, _: int(rows[0][0]) if rows and rows[0][0] >= 0 else None,
+        )
 
     def recent_groups(
         self, *, limit: int = 50, window: int = WINDOW, group_window: int = 100_000

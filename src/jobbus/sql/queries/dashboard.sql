@@ -214,7 +214,7 @@ ORDER BY bucket;
 -- name: dashboard_estimates
 -- The planner's estimate of the job table's rows (pg_class.reltuples, kept by autovacuum/ANALYZE): what
 -- the header shows instead of count(*).
-SELECT greatest(c.reltuples, 0)::bigint
+SELECT c.reltuples::bigint  -- -1: never analyzed yet
 FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
 WHERE n.nspname = %(schema_name)s AND c.relname = 'job';
 
