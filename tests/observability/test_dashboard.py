@@ -377,3 +377,41 @@ async def test_job_detail_shows_every_attempt_a_worker_recorded(dsn: str) -> Non
     assert rows == [("1", "retried"), ("2", "completed")]
     assert "ConnectionError: smtp timed out" in html and "again in" in html
     assert "&#34;sent&#34;" in html and "100 %" in html
+
+
+async def test_queued_jobs_page_through_queues_types_and_priorities_in_claim_order(dsn: str) -> None:
+    app = jobbus.App(dsn=dsn)
+    store = DashboardStore("jobbus")
+    async with app:
+        for queue in ("b-queue", "A-queue", "c"):
+            for job_type in ("x", "Y"):
+                for priority in (0, 5, -1):
+                    await app.schedule_many(job_type, [{} for _ in range(4)], queue=queue, priority=priority)
+        async with app.pool.connection() as conn:
+            pages = []
+            cursor: Cursor | None = None
+            while True:
+                page = await run_async(
+                    conn,
+                    store.list_jobs(
+                        status="queued",
+                        queue=None,
+                        type=None,
+                        group_id=None,
+                        text=None,
+                        cursor=cursor,
+                        limit=7,
+                        window=9,
+                    ),
+                )
+                pages.append(page.jobs)
+                if page.next is None:
+                    break
+                cursor = Cursor.decode(page.next.encode())
+            found = await conn.execute(
+                "SELECT id FROM jobbus.job WHERE status = 'queued' ORDER BY queue, type, priority DESC, available_at, id"
+            )
+            expected = await found.fetchall()
+    seen = [job.id for page in pages for job in page]
+    assert seen == [row[0] for row in expected]
+    assert len(seen) == 72

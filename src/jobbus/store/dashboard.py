@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,23 +48,28 @@ class Cursor:
     id: uuid.UUID
     at: datetime | None = None
     priority: int | None = None
+    queue: str | None = None
+    type: str | None = None
 
     def encode(self) -> str:
-        parts = [
-            str(self.id),
-            self.at.isoformat() if self.at else "",
-            "" if self.priority is None else str(self.priority),
-        ]
-        return "~".join(parts)
+        """An opaque, URL-safe token."""
+        fields = [str(self.id), self.at.isoformat() if self.at else None, self.priority, self.queue, self.type]
+        return base64.urlsafe_b64encode(json.dumps(fields).encode()).decode().rstrip("=")
 
     @classmethod
     def decode(cls, text: str) -> Cursor | None:
+        """The cursor of a token; None for anything that is not one (a stale or edited link)."""
         try:
-            job_id, at, priority = text.split("~")
+            raw = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+            job_id, at, priority, queue, type_ = raw
             return cls(
-                uuid.UUID(job_id), datetime.fromisoformat(at) if at else None, int(priority) if priority else None
+                uuid.UUID(job_id),
+                datetime.fromisoformat(at) if at else None,
+                int(priority) if priority is not None else None,
+                str(queue) if queue is not None else None,
+                str(type_) if type_ is not None else None,
             )
-        except ValueError:
+        except (ValueError, TypeError):
             return None
 
 
@@ -187,6 +194,8 @@ class DashboardStore:
             "id": cursor.id if cursor else None,
             "at": cursor.at if cursor else None,
             "priority": cursor.priority if cursor else None,
+            "cursor_queue": cursor.queue if cursor else None,
+            "cursor_type": cursor.type if cursor else None,
             "statuses": statuses,
             "queue": queue,
             "type": type,
@@ -195,8 +204,12 @@ class DashboardStore:
             "limit": limit,
             "window": window,
         }
-        if name == "dashboard_jobs_queued" and cursor is not None and (cursor.at is None or cursor.priority is None):
-            params["at"] = params["priority"] = params["id"] = None
+        if (
+            name == "dashboard_jobs_queued"
+            and cursor is not None
+            and None in (cursor.at, cursor.priority, cursor.queue)
+        ):
+            params["id"] = None  # not a cursor of this list: start from its beginning
 
         def decode(rows: list[Row], _: int) -> JobPage:
             jobs = sorted((JobSummary(*row[1:2], *row[3:]) for row in rows if row[0] == "job"), key=_ORDER[name])
@@ -207,7 +220,7 @@ class DashboardStore:
                 last = jobs[-1]
                 next_cursor = _cursor_of(name, last)
             elif scanned >= window and end[1] is not None:
-                next_cursor = Cursor(end[1], end[2], end[9])
+                next_cursor = Cursor(end[1], end[2], end[9], end[4], end[5])
             return JobPage(jobs, next_cursor, scanned)
 
         return Statement(self._q[name], params, decode, prepare=False)
@@ -277,7 +290,7 @@ _ORDER: dict[str, Callable[[JobSummary], Any]] = {
     "dashboard_jobs_in_group": lambda j: _Desc(j.id.bytes),
     "dashboard_jobs_finished": lambda j: _Desc(((j.finished_at or _EPOCH).timestamp(), j.id.bytes)),
     "dashboard_jobs_running": lambda j: _Desc(((j.started_at or _EPOCH).timestamp(), j.id.bytes)),
-    "dashboard_jobs_queued": lambda j: (-j.priority, j.available_at, j.id.bytes),
+    "dashboard_jobs_queued": lambda j: 0,  # kept in the database's order: its collation sorts the names
 }
 
 
@@ -297,7 +310,7 @@ def _cursor_of(name: str, job: JobSummary) -> Cursor:
     if name == "dashboard_jobs_finished":
         return Cursor(job.id, job.finished_at)
     if name == "dashboard_jobs_queued":
-        return Cursor(job.id, job.available_at, job.priority)
+        return Cursor(job.id, job.available_at, job.priority, job.queue, job.type)
     if name == "dashboard_jobs_running":
         return Cursor(job.id, job.started_at)
     return Cursor(job.id)

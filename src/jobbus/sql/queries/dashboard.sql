@@ -62,36 +62,60 @@ SELECT 'end', (SELECT id FROM last), (SELECT finished_at FROM last), (SELECT cou
        NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
 
 -- name: dashboard_jobs_queued
--- Queued jobs in claim order (what runs next first), along job_claim_idx; keyset on (priority,
--- available_at, id). Scheduled jobs (available later) come after the available ones of their priority.
+-- Queued jobs in the order of job_queue_claim_idx: by queue and type, then claim order (priority, then
+-- available_at). Keyset on (queue, type, priority, available_at, id); the index orders priority
+-- descending and the rest ascending, which one row comparison cannot express, so the page after a
+-- cursor is three index range scans in a row: the rest of the cursor's priority, the lower priorities
+-- of its (queue, type), then the (queue, type) pairs after it.
 WITH scanned AS (
-    SELECT id, priority, available_at, queue, type, name, unique_key, last_error
-    FROM {schema}.job
-    WHERE status = 'queued'
-      AND (%(at)s::timestamptz IS NULL
-           OR priority < %(priority)s::int
-           OR (priority = %(priority)s::int AND (available_at, id) > (%(at)s::timestamptz, %(id)s::uuid)))
-    ORDER BY priority DESC, available_at, id
-    LIMIT %(window)s
+    (SELECT 1 AS part, id, queue, type, priority, available_at, name, unique_key, last_error
+     FROM {schema}.job
+     WHERE status = 'queued' AND %(id)s::uuid IS NOT NULL
+       AND queue = %(cursor_queue)s::text AND type = %(cursor_type)s::text AND priority = %(priority)s::int
+       AND (available_at, id) > (%(at)s::timestamptz, %(id)s::uuid)
+     ORDER BY available_at, id
+     LIMIT %(window)s)
+    UNION ALL
+    (SELECT 2, id, queue, type, priority, available_at, name, unique_key, last_error
+     FROM {schema}.job
+     WHERE status = 'queued' AND %(id)s::uuid IS NOT NULL
+       AND queue = %(cursor_queue)s::text AND type = %(cursor_type)s::text AND priority < %(priority)s::int
+     ORDER BY priority DESC, available_at, id
+     LIMIT %(window)s)
+    UNION ALL
+    (SELECT 3, id, queue, type, priority, available_at, name, unique_key, last_error
+     FROM {schema}.job
+     WHERE status = 'queued'
+       AND (%(id)s::uuid IS NULL OR (queue, type) > (%(cursor_queue)s::text, %(cursor_type)s::text))
+       AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+       AND (%(type)s::text IS NULL OR type = %(type)s::text)
+     ORDER BY queue, type, priority DESC, available_at, id
+     LIMIT %(window)s)
+), windowed AS (
+    SELECT * FROM scanned ORDER BY part, queue, type, priority DESC, available_at, id LIMIT %(window)s
 ), hits AS (
-    SELECT id, priority, available_at FROM scanned
+    SELECT id, part, queue, type, priority, available_at FROM windowed
     WHERE (%(queue)s::text IS NULL OR queue = %(queue)s::text)
       AND (%(type)s::text IS NULL OR type = %(type)s::text)
       AND (%(text)s::text IS NULL OR name ILIKE %(text)s OR unique_key ILIKE %(text)s
            OR last_error ILIKE %(text)s OR id::text ILIKE %(text)s)
-    ORDER BY priority DESC, available_at, id
+    ORDER BY part, queue, type, priority DESC, available_at, id
     LIMIT %(limit)s
 ), last AS (
-    SELECT id, priority, available_at FROM scanned ORDER BY priority, available_at DESC, id DESC LIMIT 1
+    SELECT id, queue, type, priority, available_at FROM windowed
+    ORDER BY part DESC, queue DESC, type DESC, priority, available_at DESC, id DESC
+    LIMIT 1
 )
-SELECT 'job', j.id, j.available_at, j.status, j.queue, j.type, j.name, j.attempts, j.max_attempts, j.priority,
-       j.created_at, j.available_at, j.started_at, j.finished_at, left(j.last_error, 300), j.worker_id,
-       j.progress_current, j.progress_total, j.group_id
-FROM hits AS h JOIN {schema}.job AS j ON j.id = h.id
+-- In the database's order (its collation sorts the queue and type names, not Python's).
+(SELECT 'job', j.id, j.available_at, j.status, j.queue, j.type, j.name, j.attempts, j.max_attempts, j.priority,
+        j.created_at, j.available_at, j.started_at, j.finished_at, left(j.last_error, 300), j.worker_id,
+        j.progress_current, j.progress_total, j.group_id
+ FROM hits AS h JOIN {schema}.job AS j ON j.id = h.id
+ ORDER BY h.part, h.queue, h.type, h.priority DESC, h.available_at, h.id)
 UNION ALL
-SELECT 'end', (SELECT id FROM last), (SELECT available_at FROM last), (SELECT count(*) FROM scanned)::text,
-       NULL, NULL, NULL, NULL, NULL, (SELECT priority FROM last), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL;
+SELECT 'end', (SELECT id FROM last), (SELECT available_at FROM last), (SELECT count(*) FROM windowed)::text,
+       (SELECT queue FROM last), (SELECT type FROM last), NULL, NULL, NULL, (SELECT priority FROM last), NULL, NULL,
+       NULL, NULL, NULL, NULL, NULL, NULL, NULL;
 
 -- name: dashboard_jobs_running
 -- Running jobs: as many as the fleet's concurrency, never millions; the newest attempt first.
