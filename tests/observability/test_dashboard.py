@@ -409,7 +409,8 @@ async def test_queued_jobs_page_through_queues_types_and_priorities_in_claim_ord
                     break
                 cursor = Cursor.decode(page.next.encode())
             found = await conn.execute(
-                "SELECT id FROM jobbus.job WHERE status = 'queued' ORDER BY queue, type, priority DESC, available_at, id"
+                "SELECT id FROM jobbus.job WHERE status = 'queued' "
+                "ORDER BY queue, type, priority DESC, available_at, id"
             )
             expected = await found.fetchall()
     seen = [job.id for page in pages for job in page]
