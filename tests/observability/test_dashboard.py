@@ -416,3 +416,24 @@ async def test_queued_jobs_page_through_queues_types_and_priorities_in_claim_ord
     seen = [job.id for page in pages for job in page]
     assert seen == [row[0] for row in expected]
     assert len(seen) == 72
+
+
+async def test_mounted_under_a_path_its_links_actions_and_cookies_follow(dsn: str) -> None:
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    data = seed(dsn)
+    app = jobbus.App(dsn=dsn)
+    dashboard = create_app(app)
+    host = Starlette(routes=[Mount("/ops/jobs", app=dashboard)])
+    async with client(host) as http:
+        html = (await http.get("/ops/jobs/jobs?status=failed")).text
+        assert 'href="/ops/jobs/static/dashboard.css"' in html and 'data-events="/ops/jobs/events"' in html
+        assert f'href="/ops/jobs/jobs/{data["failed"][0]}"' in html
+        assert (await http.get("/ops/jobs/static/live.js")).status_code == 200
+        response = await http.post(
+            f"/ops/jobs/jobs/{data['failed'][0]}/retry", data={"csrf": csrf_of(html), "next": "/jobs?status=failed"}
+        )
+        assert response.status_code == 303 and response.headers["location"] == "/ops/jobs/jobs?status=failed"
+        assert "Path=/ops/jobs" in response.headers["set-cookie"]
+    await dashboard.state.dashboard.close()
