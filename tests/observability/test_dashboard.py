@@ -353,6 +353,14 @@ async def test_one_listener_and_one_pulse_feed_every_tab(dsn: str) -> None:
         for tab in tabs:
             await tab.aclose()
         assert live.subscribers == 0
+        # A stopping server ends the open streams (uvicorn would wait for them forever).
+        last = live.events(never)
+        await anext(last)
+        pending = asyncio.ensure_future(anext(last))
+        await asyncio.sleep(0.1)
+        live.end_streams()
+        with pytest.raises(StopAsyncIteration):
+            await asyncio.wait_for(pending, 5)
         await live.close()
 
 

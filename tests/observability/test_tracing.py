@@ -138,3 +138,19 @@ async def test_without_a_tracer_provider_nothing_is_written(dsn: str) -> None:
         job_id = await app.schedule("a", {})
         job = await app.find(job_id)
     assert job is not None and job.execution_data == {}
+
+
+async def test_spans_of_a_sync_handler_are_children_of_its_attempt(dsn: str, exporter: InMemorySpanExporter) -> None:
+    app = jobbus.App(dsn=dsn, **FAST)
+
+    @app.job("resize")
+    def resize(job: jobbus.SyncJobExecution) -> None:
+        with trace.get_tracer_provider().get_tracer("app").start_as_current_span("pillow"):
+            pass
+
+    async with app:
+        await app.schedule("resize", {})
+        assert await app.run_worker(stop_when_empty=True, install_signal_handlers=False) == 0
+    (process,) = spans(exporter, "process default")
+    (pillow,) = spans(exporter, "pillow")
+    assert pillow.parent is not None and pillow.parent.span_id == process.context.span_id

@@ -5,11 +5,15 @@ from __future__ import annotations
 import ipaddress
 import logging
 import sys
+from types import FrameType
 
 import click
 
 from jobbus.cli.errors import UsageProblem, probe_database, run
 from jobbus.cli.loading import open_app
+
+#: How long a stopping dashboard waits for open requests (live event streams never finish by themselves).
+SHUTDOWN_SECONDS = 2
 
 
 @click.command("dashboard")
@@ -65,8 +69,23 @@ def dashboard_command(
         async with open_app(app_spec, dsn) as app:
             await probe_database(app.dsn)
             asgi = create_app(app, read_only=read_only, token=token)
-            config = uvicorn.Config(asgi, host=host, port=port, log_level=log_level.lower(), access_log=False)
-            server = uvicorn.Server(config)
+            # Open event streams never end on their own: at shutdown they get SHUTDOWN_SECONDS, then close.
+            config = uvicorn.Config(
+                asgi,
+                host=host,
+                port=port,
+                log_level=log_level.lower(),
+                access_log=False,
+                timeout_graceful_shutdown=SHUTDOWN_SECONDS,
+            )
+            live = asgi.state.dashboard.live
+
+            class Server(uvicorn.Server):
+                def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+                    live.end_streams()  # open tabs reconnect to whatever serves next
+                    super().handle_exit(sig, frame)
+
+            server = Server(config)
             logging.getLogger("jobbus.dashboard").info(
                 "dashboard on http://%s:%d/%s%s",
                 host,

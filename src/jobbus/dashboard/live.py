@@ -23,6 +23,8 @@ logger = logging.getLogger("jobbus.dashboard")
 PULSE_SECONDS = 1.0
 #: A comment line this often keeps proxies from closing an idle event stream.
 KEEPALIVE_SECONDS = 15.0
+#: What a stream's queue receives when the server stops.
+END = -1
 
 
 class LiveUpdates:
@@ -40,6 +42,8 @@ class LiveUpdates:
         self._subscribers: set[asyncio.Queue[int]] = set()
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._event_loop: asyncio.AbstractEventLoop | None = None
+        self._ending = False
         self._version = 0
         self._listener = (
             Listener(
@@ -57,7 +61,19 @@ class LiveUpdates:
     def subscribers(self) -> int:
         return len(self._subscribers)
 
+    def end_streams(self) -> None:
+        """End every open event stream (the server is stopping); callable from a signal handler."""
+        self._ending = True
+        if self._event_loop is not None and not self._event_loop.is_closed():
+            self._event_loop.call_soon_threadsafe(self._wake_streams)
+
+    def _wake_streams(self) -> None:
+        for queue in list(self._subscribers):
+            if queue.empty():
+                queue.put_nowait(END)
+
     def _start(self) -> None:
+        self._event_loop = asyncio.get_running_loop()
         if self._task is None:
             self._task = asyncio.create_task(self._loop(), name="jobbus-dashboard-live")
             if self._listener is not None:
@@ -101,7 +117,7 @@ class LiveUpdates:
         self._subscribers.add(queue)
         try:
             yield "retry: 2000\n\n"
-            while True:
+            while not self._ending:
                 try:
                     version = await asyncio.wait_for(queue.get(), KEEPALIVE_SECONDS)
                 except TimeoutError:
@@ -109,6 +125,8 @@ class LiveUpdates:
                         return
                     yield ": keepalive\n\n"
                     continue
+                if version == END:
+                    return
                 yield f"event: change\ndata: {version}\n\n"
         finally:
             self._subscribers.discard(queue)

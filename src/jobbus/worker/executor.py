@@ -12,6 +12,7 @@ and only while the handler's own code runs.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 from collections.abc import Callable
@@ -198,7 +199,10 @@ class Executor:
         loop = asyncio.get_running_loop()
         execution = SyncJobExecution(attempt.execution, loop)
         try:
-            result = await loop.run_in_executor(self.threads, _in_thread, attempt.handler.func, execution)
+            # In a copy of the task's context, as asyncio.to_thread does: the handler's thread sees the
+            # attempt's context variables (its trace span among them).
+            context = contextvars.copy_context()
+            result = await loop.run_in_executor(self.threads, context.run, _in_thread, attempt.handler.func, execution)
         except asyncio.CancelledError:
             raise  # the worker never cancels a sync attempt's task: this comes from outside
         except BaseException as exc:
