@@ -91,6 +91,8 @@ async def test_every_page_renders_with_data(dsn: str, dashboard: tuple[jobbus.Ap
             response = await http.get(path)
             assert response.status_code == 200, (path, response.text[:500])
             assert response.headers["cache-control"] == "no-store"
+            assert response.headers["x-frame-options"] == "DENY"
+            assert "frame-ancestors 'none'" in response.headers["content-security-policy"]
         overview = (await http.get("/")).text
         assert "<svg" in overview and "Completed per minute" in overview
         assert "job table not analyzed yet" in overview  # an estimate or nothing, never a count(*)
