@@ -9,6 +9,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from playwright.sync_api import expect
 
 import jobbus
 from tests.browser.conftest import Processes, screenshot
@@ -123,7 +124,7 @@ def test_retry_a_failed_job(dsn: str, processes: Processes, page: Any) -> None:
     page.wait_for_selector("p.flash")
     assert "queued again" in page.locator("p.flash").inner_text()
     wait_for_live(page)
-    page.wait_for_function("document.querySelectorAll('table.history tbody tr').length === 2", timeout=30_000)
+    expect(page.locator("table.history tbody tr")).to_have_count(2, timeout=30_000)
     assert page.locator("h1 .status").inner_text() == "failed"
     assert page.errors == []
 
@@ -184,9 +185,8 @@ def test_drain_a_worker_and_see_its_acknowledgement(dsn: str, processes: Process
     assert "drain sent to worker worker-drains" in page.locator("p.flash").inner_text()
     wait_for_live(page)
     command = page.locator("table.commands tbody tr").first
-    page.wait_for_function(
-        "document.querySelector('table.commands tbody tr .acked').textContent.includes('worker-drains')",
-        timeout=30_000,
+    expect(page.locator("table.commands tbody tr").first.locator(".acked")).to_contain_text(
+        "worker-drains", timeout=30_000
     )
     assert re.search(r"drain\s+worker worker-drains", command.inner_text())
     assert draining.wait(timeout=30) == 0
