@@ -137,8 +137,9 @@ def processes(dsn: str) -> Iterator[Processes]:
         running.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    """One Chromium per test module, closed at its end."""
     from playwright.sync_api import sync_playwright
 
     path = chromium_path()
