@@ -29,10 +29,12 @@ if TYPE_CHECKING:
 
 try:
     from opentelemetry import context as otel_context
-    from opentelemetry import propagate, trace
+    from opentelemetry import trace
     from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, SpanKind, Status, StatusCode
 except ImportError:  # pragma: no cover - depends on the installed extras
     trace = None  # type: ignore[assignment]
+# `opentelemetry.propagate` is imported on first use: importing it loads the propagators that the
+# environment names, which an application that never traces should not pay for.
 
 SYSTEM = "jobbus"
 #: Outcomes of an attempt that mark its span as an error.
@@ -57,6 +59,8 @@ def producing(specs: Sequence[JobSpec]) -> Iterator[list[JobSpec]]:
     if tracer is None or not specs:
         yield list(specs)
         return
+    from opentelemetry import propagate
+
     by_queue: dict[str, list[JobSpec]] = {}
     for spec in specs:
         by_queue.setdefault(spec.queue, []).append(spec)
@@ -104,6 +108,8 @@ def processing(job: ClaimedJob) -> Iterator[Span | None]:
     if tracer is None:
         yield None
         return
+    from opentelemetry import propagate
+
     parent = propagate.extract(job.trace_context) if job.trace_context else None
     attributes: dict[str, Any] = {
         "messaging.system": SYSTEM,
