@@ -236,7 +236,7 @@ async def test_queue_worker_and_periodic_actions(dsn: str, dashboard: tuple[jobb
         token = csrf_of((await http.get("/queues")).text)
         for url, fields in [
             ("/queues/reports/pause", {}),
-            ("/queues/reports/limits", {"concurrency": "3"}),
+            ("/queues/reports/limits", {"concurrency": "3", "rate_limit": "100/1m", "rate_limit_per_key": ""}),
             ("/workers/action", {"action": "drain"}),
             ("/periodic/nightly/pause", {}),
             ("/periodic/nightly/run", {}),
@@ -245,10 +245,15 @@ async def test_queue_worker_and_periodic_actions(dsn: str, dashboard: tuple[jobb
             assert response.status_code == 303, (url, response.text)
         queues = (await http.get("/queues")).text
         assert 'data-queue="reports"' in queues and "paused" in queues
+        assert 'name="rate_limit" size="8" placeholder="none" value="100/60s"' in queues
+        response = await http.post("/queues/reports/limits", data={"csrf": token, "rate_limit": "fast", "next": "/"})
+        assert "refused" in (response.cookies.get("jobbus_flash") or "")
         workers = (await http.get("/workers")).text
         assert "drain" in workers and "all workers" in workers
     async with app:
-        assert (await app.get_queue("reports")).concurrency == 3
+        limits = await app.get_queue("reports")
+        assert limits.concurrency == 3 and limits.rate_limit == jobbus.RateLimit(100, timedelta(minutes=1))
+        assert limits.concurrency_per_key is None and limits.rate_limit_per_key is None
         (nightly,) = await app.list_periodic()
         assert not nightly.enabled and nightly.last_job_id is not None
         assert len(await app.list_jobs(type="report.render", status="queued")) == 3 + 1  # the group, run now

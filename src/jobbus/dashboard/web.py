@@ -27,6 +27,7 @@ from jobbus.dashboard.charts import line_chart
 from jobbus.dashboard.live import LiveUpdates
 from jobbus.dashboard.security import CSRF_COOKIE, CSRF_FIELD, SESSION_COOKIE, Guard, Redactor, redact_secrets
 from jobbus.errors import InvalidJobError, InvalidStateError
+from jobbus.limits import RateLimit
 from jobbus.models import TRACE_KEY, JobStatus
 from jobbus.store.dashboard import Cursor, DashboardStore
 from jobbus.store.statements import Statement, run_async
@@ -411,9 +412,24 @@ def create_starlette(
             issued = await control.issue(dash.app, verb, control.Target.of(queue=queue))
             return f"queue {queue}: {verb} (command {issued.generation})"
         if verb == "limits":
-            concurrency = _optional_int(form.get("concurrency"))
-            await dash.app.set_queue(queue, concurrency=concurrency)
-            return f"queue {queue}: concurrency limit {concurrency if concurrency is not None else 'removed'}"
+            limits = await dash.app.set_queue(
+                queue,
+                concurrency=_optional_int(form.get("concurrency")),
+                concurrency_per_key=_optional_int(form.get("concurrency_per_key")),
+                rate_limit=_optional_rate(form.get("rate_limit")),
+                rate_limit_per_key=_optional_rate(form.get("rate_limit_per_key")),
+            )
+            shown = ", ".join(
+                f"{name} {value}"
+                for name, value in (
+                    ("concurrency", limits.concurrency),
+                    ("per key", limits.concurrency_per_key),
+                    ("rate", limits.rate_limit),
+                    ("rate per key", limits.rate_limit_per_key),
+                )
+                if value is not None
+            )
+            return f"queue {queue}: {shown or 'no limits'}"
         raise HTTPException(404)
 
     async def periodic_action(request: Request, form: dict[str, Any]) -> str:
@@ -521,6 +537,12 @@ def _optional_int(value: Any) -> int | None:
         return int(value)
     except (TypeError, ValueError):
         raise ValueError(f"{value!r} is not a whole number") from None
+
+
+def _optional_rate(value: Any) -> RateLimit | None:
+    if value in (None, "") or (isinstance(value, str) and not value.strip()):
+        return None
+    return RateLimit.parse(str(value))
 
 
 def _progress(current: float | None, total: float | None) -> float | None:
