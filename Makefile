@@ -3,7 +3,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 PYTEST_ARGS ?= -n 2
 
-.PHONY: venv test test-smoke test-django6 faults lint demo bench clean
+.PHONY: venv test test-smoke test-django6 faults browser lint demo bench bench-dashboard dashboard clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,11 +46,22 @@ test-smoke: venv
 faults: venv
 	JOBBUS_FULL_FAULTS=1 $(VENV)/bin/pytest tests/faults -n 2
 
+# The full browser sweep (the normal suite runs a slice): Debian's chromium, screenshots in artifacts/screenshots/.
+browser: venv
+	JOBBUS_BROWSER_FULL=1 $(VENV)/bin/pytest tests/browser -m browser $(PYTEST_ARGS)
+
 demo: venv
 	$(VENV)/bin/jobbus demo
 
 bench: venv
 	$(PY) bench/run.py
+
+# p95 of every dashboard page on a large table (BENCH_DASHBOARD_ARGS="--rows 1000000" for a smaller one).
+bench-dashboard: venv
+	$(PY) bench/dashboard.py $(BENCH_DASHBOARD_ARGS)
+
+dashboard: venv
+	$(VENV)/bin/jobbus dashboard
 
 clean:
 	rm -rf $(VENV) $(VENV_DJANGO6) .pytest_cache .mypy_cache .ruff_cache

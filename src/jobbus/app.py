@@ -19,6 +19,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from jobbus import schema as schema_module
+from jobbus import tracing
 from jobbus.batching import InsertBatcher
 from jobbus.errors import DatabaseUnavailableError, InvalidJobError, InvalidStateError, JobbusError
 from jobbus.events import EventHub, JobCancelled, JobEvent, JobScheduled
@@ -48,6 +49,7 @@ from jobbus.store.statements import channel_name, configure_async, configure_con
 from jobbus.waiting import FinishedJobs, SyncFinishedJobs, timeout_message
 
 if TYPE_CHECKING:
+    from jobbus.store.maintenance import QueueSample
     from jobbus.tasks import Task
     from jobbus.worker.options import WorkerOptions
 
@@ -424,14 +426,15 @@ class App:
         """
         if not specs:
             return []
-        found = await self._insert(specs, connection)
-        for _ in range(DEDUPE_ROUNDS):
-            missing = _missing(specs, found)
-            if not missing:
-                break
-            found.update(await self._insert(missing, connection))
-        else:
-            raise _dedupe_contention(specs, found)
+        with tracing.producing(specs) as specs:
+            found = await self._insert(specs, connection)
+            for _ in range(DEDUPE_ROUNDS):
+                missing = _missing(specs, found)
+                if not missing:
+                    break
+                found.update(await self._insert(missing, connection))
+            else:
+                raise _dedupe_contention(specs, found)
         if self.events:
             for spec in _inserted(specs, found):
                 await self.events.emit(JobScheduled(spec.id, spec.type, spec.queue))
@@ -914,15 +917,16 @@ class SyncApp:
         app = self._app
         if not specs:
             return []
-        found = self._run(app.store.insert_jobs(specs), connection)
-        for _ in range(DEDUPE_ROUNDS):
-            missing = _missing(specs, found)
-            if not missing:
-                break
-            more: dict[tuple[str, str], uuid.UUID] = self._run(app.store.insert_jobs(missing), connection)
-            found.update(more)
-        else:
-            raise _dedupe_contention(specs, found)
+        with tracing.producing(specs) as specs:
+            found = self._run(app.store.insert_jobs(specs), connection)
+            for _ in range(DEDUPE_ROUNDS):
+                missing = _missing(specs, found)
+                if not missing:
+                    break
+                more: dict[tuple[str, str], uuid.UUID] = self._run(app.store.insert_jobs(missing), connection)
+                found.update(more)
+            else:
+                raise _dedupe_contention(specs, found)
         if app.events:
             for spec in _inserted(specs, found):
                 app.events.emit_sync(JobScheduled(spec.id, spec.type, spec.queue))
@@ -1155,6 +1159,12 @@ class _OutcomeCounts:
 
     def job_finished(self, job: ClaimedJob, outcome: str, seconds: float) -> None:
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+
+    def queues_sampled(self, samples: Sequence[QueueSample]) -> None:
+        pass
+
+    def leadership_changed(self, is_leader: bool) -> None:
+        pass
 
 
 class _Waiting:

@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+#: The key of `execution_data` that carries the producer's trace context (jobbus/tracing.py).
+TRACE_KEY = "_trace"
+
 
 class JobStatus(enum.StrEnum):
     QUEUED = "queued"
@@ -108,6 +111,8 @@ class JobSpec:
     concurrency_key: str | None = None
     #: The follow-up to schedule when this job completes, as `jobbus.requests.spec_json` writes it.
     then: str | None = None
+    #: JSON text of the job's first `execution_data` (the producer's trace context), or None for `{}`.
+    execution: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,3 +136,5 @@ class ClaimedJob:
     timeout_seconds: float | None = None
     #: Set when the stored configuration is larger than the worker accepts: it was not loaded (None).
     oversized_bytes: int | None = None
+    #: The producer's trace context (W3C `traceparent`/`tracestate`), taken out of `execution_data`.
+    trace_context: dict[str, str] | None = None

@@ -112,14 +112,31 @@ def script(schema: str = "jobbus") -> str:
     return _migration_script(schema, f"version {latest_version()}", migrations())
 
 
-def roles_script(schema: str, *, worker: str, operator: str, observer: str, producer: str | None = None) -> str:
+def roles_script(
+    schema: str,
+    *,
+    worker: str,
+    operator: str,
+    observer: str,
+    producer: str | None = None,
+    dashboard: str | None = None,
+) -> str:
     """GRANTs giving existing roles exactly what workers, operators, observers and (optionally) producers
-    need (docs/security.md). Without `producer`, producers use the worker role."""
+    and the web dashboard need (docs/security.md). Without `producer`, producers use the worker role; a
+    read-only dashboard uses the observer role."""
     sql_dir = resources.files("jobbus").joinpath("sql")
     template = sql_dir.joinpath("roles.sql").read_text(encoding="utf-8")
     if producer is not None:
         template += "\n" + sql_dir.joinpath("roles_producer.sql").read_text(encoding="utf-8")
-    roles = (("worker", worker), ("operator", operator), ("observer", observer), ("producer", producer))
+    if dashboard is not None:
+        template += "\n" + sql_dir.joinpath("roles_dashboard.sql").read_text(encoding="utf-8")
+    roles = (
+        ("worker", worker),
+        ("operator", operator),
+        ("observer", observer),
+        ("producer", producer),
+        ("dashboard", dashboard),
+    )
     for kind, role in roles:
         if role is None:
             continue

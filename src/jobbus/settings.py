@@ -28,7 +28,9 @@ DAY = 86_400.0
 YEAR = 365 * DAY
 
 #: `JOBBUS_*` variables the project reads that are not settings: never reported as unknown.
-NON_SETTING_VARIABLES = frozenset({"JOBBUS_TEST_DSN", "JOBBUS_FULL_FAULTS"})
+NON_SETTING_VARIABLES = frozenset(
+    {"JOBBUS_TEST_DSN", "JOBBUS_FULL_FAULTS", "JOBBUS_DASHBOARD_TOKEN", "JOBBUS_BROWSER_FULL", "JOBBUS_CHROMIUM"}
+)
 #: What an environment variable writes for None in a setting that accepts it.
 _NONE_WORDS = frozenset({"", "none", "null"})
 

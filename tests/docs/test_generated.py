@@ -18,6 +18,6 @@ def test_security_doc_shows_the_grants_roles_script_prints() -> None:
     shown = re.search(r"```sql\n(.*?)```", text, re.DOTALL)
     assert shown is not None, "docs/security.md has no ```sql block"
     generated = schema.roles_script(
-        "jobbus", worker="app_worker", operator="app_ops", observer="app_ro", producer="app_web"
+        "jobbus", worker="app_worker", operator="app_ops", observer="app_ro", producer="app_web", dashboard="app_dash"
     )
     assert _statements(shown[1]) == _statements(generated)

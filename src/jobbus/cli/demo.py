@@ -392,6 +392,7 @@ def _next_steps(embedded: bool, jobbus: str) -> Text:
             "one that bounces: it fails 3 times",
         ),
         (f"{jobbus} status", "queues, oldest waiting job, workers"),
+        (f"{jobbus} dashboard", "the same and more in a browser, live, at http://127.0.0.1:8787 (jobbus[dashboard])"),
         (f"{jobbus} jobs list --status failed", "what failed, and why (the bounce)"),
         (f"{jobbus} pause --queue emails --wait", "stop claiming e-mails during an incident; lasts until resumed"),
         (f"{jobbus} resume --queue emails --wait", "claim them again"),

@@ -9,6 +9,7 @@ import click
 from jobbus.cli import exit_codes
 from jobbus.cli.bench import bench_command
 from jobbus.cli.control import drain_command, pause_command, restart_command, resume_command, stop_command
+from jobbus.cli.dashboard import dashboard_command
 from jobbus.cli.demo import demo_command
 from jobbus.cli.errors import fail, internal_error, usage_error
 from jobbus.cli.jobs import jobs_group
@@ -52,6 +53,7 @@ for command in (
     prune_command,
     demo_command,
     bench_command,
+    dashboard_command,
 ):
     cli.add_command(command)
 

@@ -6,6 +6,7 @@ import logging
 import os
 import sys
 import threading
+from typing import TYPE_CHECKING
 
 import click
 
@@ -16,6 +17,10 @@ from jobbus.requests import INT32_MAX
 from jobbus.settings import BOUNDS, DAY, redact
 from jobbus.worker import Worker, WorkerOptions
 from jobbus.worker.memory import parse_size
+from jobbus.worker.observer import WorkerObserver
+
+if TYPE_CHECKING:
+    from jobbus.metrics import MetricsServer
 
 #: Worker ids name rows of the worker registry and of jobs (`worker_id`): short, like a pod name.
 MAX_WORKER_ID_BYTES = 255
@@ -41,6 +46,13 @@ MAX_CONCURRENCY = 10_000
 @click.option("--shutdown-timeout", type=FiniteFloatRange(min=0, max=DAY), default=30.0, show_default=True, metavar="S")
 @click.option("--dsn", metavar="DSN", help="PostgreSQL DSN (default: the App's own dsn, else JOBBUS_DSN).")
 @click.option("--log-level", default="INFO", show_default=True, type=click.Choice(["DEBUG", "INFO", "WARNING"]))
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    metavar="PORT",
+    help="Serve Prometheus metrics on /metrics (needs jobbus[metrics]; 0 picks a free port).",
+)
+@click.option("--metrics-host", default="127.0.0.1", show_default=True, metavar="HOST", help="Address of /metrics.")
 def worker_command(
     app_spec: str,
     queues: tuple[str, ...],
@@ -55,6 +67,8 @@ def worker_command(
     shutdown_timeout: float,
     dsn: str | None,
     log_level: str,
+    metrics_port: int | None,
+    metrics_host: str,
 ) -> None:
     """Run a worker: claim jobs, run their handlers, write outcomes; stop on SIGTERM/SIGINT.
 
@@ -63,6 +77,7 @@ def worker_command(
       jobbus worker --app myproject.jobs:app
       jobbus worker --app myproject.jobs:app --queue emails --concurrency 20
       jobbus worker --app myproject.jobs:app --memory-limit 512M --worker-id "$HOSTNAME"
+      jobbus worker --app myproject.jobs:app --metrics-port 9464
 
     The database is --dsn when given, else the App's own `dsn`, else JOBBUS_DSN.
 
@@ -93,16 +108,35 @@ def worker_command(
         install_signal_handlers=True,
     )
 
+    observers: list[WorkerObserver] = []
+    server: MetricsServer | None = None
+    if metrics_port is not None:
+        try:
+            from jobbus.metrics import PrometheusMetrics
+        except ImportError as exc:
+            raise UsageProblem(f"--metrics-port: {exc}") from None
+        metrics = PrometheusMetrics()
+        try:
+            server = metrics.serve(metrics_port, metrics_host)
+        except OSError as exc:
+            raise UsageProblem(f"--metrics-port: cannot listen on {metrics_host}:{metrics_port} ({exc})") from None
+        logging.getLogger("jobbus.worker").info("Prometheus metrics on http://%s:%d/metrics", metrics_host, server.port)
+        observers.append(metrics)
+
     async def body() -> int:
         async with open_app(app_spec, dsn) as app:
             await probe_database(app.dsn)
-            worker = Worker(app, WorkerOptions(**options))  # type: ignore[arg-type]
+            worker = Worker(app, WorkerOptions(**options), observers=observers)  # type: ignore[arg-type]
             code = await worker.run()
         if worker.abandoned:
             _exit_now(code)  # handlers that ignore cancellation would keep the event loop from closing
         return code
 
-    code = run(body)
+    try:
+        code = run(body)
+    finally:
+        if server is not None:
+            server.close()
     if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
         _exit_now(code)  # a sync handler's thread still runs: its lease was kept, the process ends it
     sys.exit(code)

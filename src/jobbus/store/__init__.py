@@ -1,7 +1,7 @@
 """The store: the only package that speaks SQL. Every query is a named block in `jobbus/sql/queries/`."""
 
 from jobbus.store.jobs import CancelResult, JobStore, Outcome, RecoveredJob
-from jobbus.store.maintenance import MaintenanceStore
+from jobbus.store.maintenance import MaintenanceStore, QueueSample
 from jobbus.store.statements import Copy, Row, Statement, dumps, queries, run_async, run_sync
 from jobbus.store.workers import ControlState, Registration, WorkerStore
 
@@ -12,6 +12,7 @@ __all__ = [
     "JobStore",
     "MaintenanceStore",
     "Outcome",
+    "QueueSample",
     "RecoveredJob",
     "Registration",
     "Row",

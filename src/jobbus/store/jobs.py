@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from jobbus.models import JOB_COLUMNS, ClaimedJob, GroupProgress, Job, JobSpec, JobStatus
+from jobbus.models import JOB_COLUMNS, TRACE_KEY, ClaimedJob, GroupProgress, Job, JobSpec, JobStatus
 from jobbus.schema import VERSION_QUERY, render
 from jobbus.store.statements import Copy, Row, Statement, channel_name, queries
 
@@ -96,6 +96,7 @@ class JobStore:
                 "delay": float(spec.delay_seconds),
                 "timeout": spec.timeout_seconds,
                 "concurrency_key": spec.concurrency_key,
+                "execution": spec.execution,
                 "channel": self.channel,
             }
             return Statement(self._q["insert_job"], one, _decode_inserted)
@@ -125,6 +126,7 @@ class JobStore:
             "delays": [float(s.delay_seconds) for s in specs],
             "timeouts": [s.timeout_seconds for s in specs],
             "concurrency_keys": [s.concurrency_key for s in specs],
+            "executions": [s.execution for s in specs],
             "channel": self.channel,
         }
         query = "insert_jobs"
@@ -141,8 +143,8 @@ class JobStore:
         Only when every job starts now or every job has an absolute start: a delay is counted from the
         database's clock, which COPY cannot read, so mixed or delayed batches take the statement.
         """
-        if any(s.unique_key is not None or s.then is not None for s in specs):
-            return None  # keys need ON CONFLICT; follow-ups are written beside their jobs by insert_jobs
+        if any(s.unique_key is not None or s.then is not None or s.execution is not None for s in specs):
+            return None  # keys need ON CONFLICT; follow-ups and trace contexts are written by the statement
         if all(s.available_at is None and not s.delay_seconds for s in specs):
             query, starts = "copy_jobs", False
         elif all(s.available_at is not None for s in specs):
@@ -196,7 +198,7 @@ class JobStore:
         }
 
         def decode(rows: list[Row], _: int) -> list[ClaimedJob]:
-            return [ClaimedJob(*row) for row in rows]
+            return [_take_trace_context(ClaimedJob(*row)) for row in rows]
 
         return Statement(self._q["claim_jobs"], params, decode)
 
@@ -401,3 +403,13 @@ def _job(row: Row) -> Job:
     values["parent_id"] = row[-2]
     values["steps"] = row[-1] or {}
     return Job(**values)
+
+
+def _take_trace_context(job: ClaimedJob) -> ClaimedJob:
+    """The producer's trace context moves out of `execution_data`: the handler never sees the reserved key."""
+    data = job.execution_data
+    if not isinstance(data, dict) or TRACE_KEY not in data:
+        return job
+    carrier = data[TRACE_KEY]
+    rest = {k: v for k, v in data.items() if k != TRACE_KEY}
+    return replace(job, execution_data=rest, trace_context=carrier if isinstance(carrier, dict) else None)

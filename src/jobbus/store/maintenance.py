@@ -3,9 +3,24 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from datetime import datetime
 
 from jobbus.store.statements import Row, Statement, queries
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSample:
+    """One queue at one sampling instant: gauges, and the jobs that finished since the previous sample."""
+
+    queue: str
+    available: int
+    scheduled: int
+    running: int
+    completed: int
+    failed: int
+    cancelled: int
+    oldest_available_seconds: float | None
 
 
 class MaintenanceStore:
@@ -39,9 +54,16 @@ class MaintenanceStore:
         """Every (queue, type) that has queued jobs: one index probe per pair."""
         return Statement(self._q["queued_pairs"], {}, lambda rows, _: [(r[0], r[1]) for r in rows])
 
-    def sample_queues(self, interval_seconds: float) -> Statement[int]:
+    def sample_queues(self, interval_seconds: float) -> Statement[list[QueueSample]]:
+        """Write one sample of every queue for the whole fleet; returns the rows written."""
+
+        def decode(rows: list[Row], _: int) -> list[QueueSample]:
+            return [
+                QueueSample(r[0], int(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5]), int(r[6]), r[7]) for r in rows
+            ]
+
         params = {"interval_seconds": interval_seconds}
-        return Statement(self._q["sample_queues"], params, lambda _, rowcount: rowcount)
+        return Statement(self._q["sample_queues"], params, decode)
 
     def prune_queue_stats(self, keep_seconds: float) -> Statement[int]:
         return Statement(self._q["prune_queue_stats"], {"keep_seconds": keep_seconds}, lambda _, rowcount: rowcount)

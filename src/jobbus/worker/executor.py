@@ -12,6 +12,7 @@ and only while the handler's own code runs.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
+from jobbus import tracing
 from jobbus.events import JobEvent, JobFailed, JobStarted
 from jobbus.execution import StopReason, SyncJobExecution, enter_job, leave_job
 from jobbus.models import JobStatus
@@ -28,6 +30,8 @@ from jobbus.worker.completer import Completer
 from jobbus.worker.outcomes import Decision, OutcomePolicy
 
 if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
     from jobbus.app import App
 
 logger = logging.getLogger("jobbus.worker")
@@ -59,11 +63,16 @@ class Executor:
         attempt.task = asyncio.create_task(self.run(attempt), name=f"jobbus-job-{attempt.id}")
 
     async def run(self, attempt: Attempt) -> None:
+        """The attempt inside its `process {queue}` span (when a tracer provider is configured)."""
+        with tracing.processing(attempt.claimed) as span:
+            await self._run_attempt(attempt, span)
+
+    async def _run_attempt(self, attempt: Attempt, span: Span | None) -> None:
         status: JobStatus | None = None
         kind = "lost"
+        error: BaseException | None = None
         try:
             scope: AbstractAsyncContextManager[Any] | None = None
-            error: BaseException | None = None
             events = self.app.events
             if events:
                 claimed = attempt.claimed
@@ -95,6 +104,7 @@ class Executor:
             if attempt.timer is not None:
                 attempt.timer.cancel()
             attempt.signals.close()
+            tracing.attempt_ended(span, kind, error)
             self._on_finished(attempt, status, kind)
 
     # -- steps --------------------------------------------------------------------------------------
@@ -194,7 +204,10 @@ class Executor:
         loop = asyncio.get_running_loop()
         execution = SyncJobExecution(attempt.execution, loop)
         try:
-            result = await loop.run_in_executor(self.threads, _in_thread, attempt.handler.func, execution)
+            # In a copy of the task's context, as asyncio.to_thread does: the handler's thread sees the
+            # attempt's context variables (its trace span among them).
+            context = contextvars.copy_context()
+            result = await loop.run_in_executor(self.threads, context.run, _in_thread, attempt.handler.func, execution)
         except asyncio.CancelledError:
             raise  # the worker never cancels a sync attempt's task: this comes from outside
         except BaseException as exc:

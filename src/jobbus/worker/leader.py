@@ -43,6 +43,7 @@ class Leadership:
         worker_id: str,
         instance_id: uuid.UUID,
         services: Sequence[Service],
+        on_change: Callable[[bool], None] | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -50,6 +51,7 @@ class Leadership:
         self.worker_id = worker_id
         self.instance_id = instance_id
         self.services = list(services)
+        self._on_change = on_change
         self.is_leader = False
         self._held_since: float | None = None  # monotonic send time of the last successful renewal
         self._task: asyncio.Task[None] | None = None
@@ -69,6 +71,8 @@ class Leadership:
         await self._stop_services()
         if self.is_leader:
             self.is_leader = False
+            if self._on_change is not None:
+                self._on_change(False)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._run(self.store.resign_leadership(self.instance_id)), timeout)
             logger.info("worker %s handed leadership back", self.worker_id, extra={"worker_id": self.worker_id})
@@ -110,6 +114,8 @@ class Leadership:
 
     def _become_leader(self) -> None:
         self.is_leader = True
+        if self._on_change is not None:
+            self._on_change(True)
         logger.info(
             "worker %s is the leader: it runs %s",
             self.worker_id,
@@ -123,6 +129,8 @@ class Leadership:
     async def _step_down(self) -> None:
         if self.is_leader:
             logger.warning("worker %s is no longer the leader", self.worker_id, extra={"worker_id": self.worker_id})
+            if self._on_change is not None:
+                self._on_change(False)
         self.is_leader = False
         self._held_since = None
         await self._stop_services()

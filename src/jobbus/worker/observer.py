@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from jobbus.models import ClaimedJob
+from jobbus.store import QueueSample
 
 logger = logging.getLogger("jobbus.worker")
 
@@ -22,6 +23,12 @@ class WorkerObserver(Protocol):
     def job_finished(self, job: ClaimedJob, outcome: str, seconds: float) -> None:
         """An attempt ended: `outcome` is one of `outcomes.OUTCOME_KINDS`, or `lost` (nothing was written);
         its handler ran for `seconds`."""
+
+    def queues_sampled(self, samples: Sequence[QueueSample]) -> None:
+        """This worker leads and has just sampled every queue of the fleet (one statement for all)."""
+
+    def leadership_changed(self, is_leader: bool) -> None:
+        """This worker became the leader, or stopped being it (its queue samples are then stale)."""
 
 
 class Observers:
@@ -45,6 +52,20 @@ class Observers:
         for observer in self._observers:
             try:
                 observer.job_finished(job, outcome, seconds)
+            except Exception:
+                self._log(observer)
+
+    def queues_sampled(self, samples: Sequence[QueueSample]) -> None:
+        for observer in self._observers:
+            try:
+                observer.queues_sampled(samples)
+            except Exception:
+                self._log(observer)
+
+    def leadership_changed(self, is_leader: bool) -> None:
+        for observer in self._observers:
+            try:
+                observer.leadership_changed(is_leader)
             except Exception:
                 self._log(observer)
 

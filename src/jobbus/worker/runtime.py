@@ -196,7 +196,10 @@ class Worker:
                 ),
                 Cleaner(settings=self.settings, maintenance=self.maintenance, run=self._run),
                 QueueSampler(
-                    maintenance=self.maintenance, run=self._run, interval=self.settings.stats_interval_seconds
+                    maintenance=self.maintenance,
+                    run=self._run,
+                    interval=self.settings.stats_interval_seconds,
+                    on_sample=self.observers.queues_sampled,
                 ),
                 PeriodicEnqueuer(
                     store=app.periodic_store,
@@ -205,6 +208,7 @@ class Worker:
                     catch_up_seconds=2 * self.settings.worker_dead_after_seconds,
                 ),
             ],
+            on_change=self.observers.leadership_changed,
         )
         listen_dsn = self.settings.notification_dsn
         self._listener = (

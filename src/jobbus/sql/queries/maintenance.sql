@@ -37,7 +37,8 @@ SELECT queue, type FROM {schema}.queued_pairs();
 -- name: sample_queues
 -- One sample of every queue for the whole fleet: the gauges from the queued and running rows (each
 -- through its own partial index), and the jobs finished since the previous sample (through
--- job_finished_idx). Never a scan of the finished rows.
+-- job_finished_idx). Never a scan of the finished rows. The rows written come back: the leader's metrics
+-- gauges are set from them, so Prometheus never causes a query of its own.
 WITH sample AS (
     SELECT now() AS at,
            coalesce((SELECT max(sampled_at) FROM {schema}.queue_stat), now() - make_interval(secs => %(interval_seconds)s)) AS since
@@ -60,7 +61,12 @@ WITH sample AS (
     WHERE j.finished_at > s.since AND j.finished_at <= s.at
     GROUP BY j.queue, s.since, s.at
 ), queues AS (
+    -- A queue of the previous sample gets one more row, of zeros when it went idle: readers of the
+    -- latest sample (metrics, the dashboard) never keep showing the last jobs a queue had.
     SELECT queue FROM queued UNION SELECT queue FROM running UNION SELECT queue FROM finished
+    UNION SELECT st.queue FROM {schema}.queue_stat AS st, sample AS s
+          WHERE st.sampled_at = s.since AND st.available + st.scheduled + st.running + st.completed + st.failed
+                                            + st.cancelled > 0
 )
 INSERT INTO {schema}.queue_stat (sampled_at, queue, available, scheduled, running, completed, failed, cancelled,
                                  oldest_available_seconds)
@@ -71,7 +77,8 @@ CROSS JOIN sample AS s
 LEFT JOIN queued AS qd ON qd.queue = q.queue
 LEFT JOIN running AS r ON r.queue = q.queue
 LEFT JOIN finished AS f ON f.queue = q.queue
-ON CONFLICT (sampled_at, queue) DO NOTHING;
+ON CONFLICT (sampled_at, queue) DO NOTHING
+RETURNING queue, available, scheduled, running, completed, failed, cancelled, oldest_available_seconds;
 
 -- name: prune_queue_stats
 DELETE FROM {schema}.queue_stat WHERE sampled_at < now() - make_interval(secs => %(keep_seconds)s);

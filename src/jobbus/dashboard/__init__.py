@@ -1,0 +1,46 @@
+"""The web dashboard (extra `dashboard`): an ASGI application over an `App`.
+
+    from jobbus.dashboard import create_app
+    asgi = create_app(app, read_only=False, token="s3cret")   # serve with any ASGI server
+    # or mount it: fastapi_app.mount("/jobs", asgi)
+
+`jobbus dashboard` serves it with uvicorn on 127.0.0.1:8787. Pages: overview, jobs, job detail, failures,
+workers, queues, periodic jobs, groups; live updates over Server-Sent Events. See docs/dashboard.md.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+try:
+    import jinja2  # noqa: F401
+    import starlette  # noqa: F401
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError("jobbus.dashboard needs starlette and jinja2: pip install 'jobbus[dashboard]'") from exc
+
+from jobbus.dashboard.security import MASK, Redactor, redact_secrets
+
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
+
+    from jobbus.app import App
+
+
+def create_app(
+    app: App, *, read_only: bool = False, token: str | None = None, redact: Redactor | None = None
+) -> Starlette:
+    """The dashboard of `app` as an ASGI application.
+
+    `read_only` refuses every action; with `token`, every request must carry it (a bearer header, or the
+    cookie the login form sets); `redact(field, value)` decides what is shown of each job's
+    `configuration`, `execution_data`, `result` and `last_error` (default: `redact_secrets`, which masks
+    values under keys that look like secrets). The App's pool is opened on the first request.
+    """
+    from jobbus.dashboard.web import create_starlette
+
+    if token is not None and not token.strip():
+        raise ValueError("token must not be empty")
+    return create_starlette(app, read_only=read_only, token=token, redact=redact)
+
+
+__all__ = ["MASK", "Redactor", "create_app", "redact_secrets"]

@@ -1,0 +1,41 @@
+// Live updates: one event stream per tab; on each change the page's own HTML is fetched again and
+// swapped in, unless the user is selecting or typing. Confirmation for destructive actions.
+(function () {
+  "use strict";
+  var main = document.getElementById("main"), dot = document.getElementById("live"), busy = false;
+  function idle() {
+    var a = document.activeElement;
+    return !main.querySelector("input[type=checkbox]:checked") && !(a && /INPUT|SELECT|TEXTAREA/.test(a.tagName));
+  }
+  function refresh() {
+    if (busy || !idle()) return;
+    busy = true;
+    fetch(location.href, {headers: {"X-Jobbus-Fragment": "1"}, credentials: "same-origin"})
+      .then(function (r) { return r.ok ? r.text() : null; })
+      .then(function (html) {
+        if (html === null) return;
+        var doc = new DOMParser().parseFromString(html, "text/html"), fresh = doc.getElementById("main");
+        if (!fresh) return;
+        var flash = main.querySelector("p.flash");  // the outcome of the last action stays in view
+        main.innerHTML = fresh.innerHTML;
+        if (flash && !main.querySelector("p.flash")) main.prepend(flash);
+        main.dispatchEvent(new Event("jobbus:refreshed"));
+      })
+      .finally(function () { busy = false; });
+  }
+  if (window.EventSource && document.body.dataset.events) {
+    var source = new EventSource(document.body.dataset.events);
+    source.addEventListener("change", refresh);
+    source.onopen = function () { dot.className = "live on"; };
+    source.onerror = function () { dot.className = "live off"; };
+  }
+  document.addEventListener("submit", function (e) {
+    var message = e.target.getAttribute("data-confirm");
+    if (message && !window.confirm(message)) e.preventDefault();
+  });
+  document.addEventListener("change", function (e) {
+    if (e.target.matches("[data-select-all]")) {
+      main.querySelectorAll("input[name=ids]").forEach(function (box) { box.checked = e.target.checked; });
+    }
+  });
+})();

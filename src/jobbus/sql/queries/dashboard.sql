@@ -1,0 +1,301 @@
+-- Named queries of the web dashboard (jobbus/dashboard). Each block starts with `-- name: <query_name>`;
+-- {schema} is the quoted schema identifier.
+--
+-- Every query here is bounded whatever the size of the job table: lists walk an index in its order and
+-- stop after a window of %(window)s rows (filters such as the text search only look inside the window,
+-- and the next page starts where the window ended); counts come from the leader's samples
+-- (queue_stat) or the planner's estimate, never from count(*) over the job table.
+
+-- name: dashboard_jobs_all
+-- The newest jobs first, by the primary key (UUIDv7: creation order); keyset on id.
+WITH scanned AS (
+    SELECT id, status, queue, type, name, unique_key, last_error
+    FROM {schema}.job
+    WHERE (%(id)s::uuid IS NULL OR id < %(id)s::uuid)
+    ORDER BY id DESC
+    LIMIT %(window)s
+), hits AS (
+    SELECT id FROM scanned
+    WHERE (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+      AND (%(type)s::text IS NULL OR type = %(type)s::text)
+      AND (%(text)s::text IS NULL OR name ILIKE %(text)s OR unique_key ILIKE %(text)s
+           OR last_error ILIKE %(text)s OR id::text ILIKE %(text)s)
+    ORDER BY id DESC
+    LIMIT %(limit)s
+)
+SELECT 'job', j.id, j.created_at, j.status, j.queue, j.type, j.name, j.attempts, j.max_attempts, j.priority,
+       j.created_at, j.available_at, j.started_at, j.finished_at, left(j.last_error, 300), j.worker_id,
+       j.progress_current, j.progress_total, j.group_id
+FROM hits AS h JOIN {schema}.job AS j ON j.id = h.id
+UNION ALL
+SELECT 'end', (SELECT id FROM scanned ORDER BY id LIMIT 1), NULL, (SELECT count(*) FROM scanned)::text,
+       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
+
+-- name: dashboard_jobs_finished
+-- Finished jobs, the most recently finished first, along job_finished_idx; keyset on (finished_at, id).
+WITH scanned AS (
+    SELECT id, finished_at, status, queue, type, name, unique_key, last_error
+    FROM {schema}.job
+    WHERE finished_at IS NOT NULL
+      AND (%(at)s::timestamptz IS NULL
+           OR (finished_at <= %(at)s::timestamptz AND (finished_at, id) < (%(at)s::timestamptz, %(id)s::uuid)))
+    ORDER BY finished_at DESC, id DESC
+    LIMIT %(window)s
+), hits AS (
+    SELECT id, finished_at FROM scanned
+    WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+      AND (%(type)s::text IS NULL OR type = %(type)s::text)
+      AND (%(text)s::text IS NULL OR name ILIKE %(text)s OR unique_key ILIKE %(text)s
+           OR last_error ILIKE %(text)s OR id::text ILIKE %(text)s)
+    ORDER BY finished_at DESC, id DESC
+    LIMIT %(limit)s
+), last AS (
+    SELECT id, finished_at FROM scanned ORDER BY finished_at, id LIMIT 1
+)
+SELECT 'job', j.id, j.finished_at, j.status, j.queue, j.type, j.name, j.attempts, j.max_attempts, j.priority,
+       j.created_at, j.available_at, j.started_at, j.finished_at, left(j.last_error, 300), j.worker_id,
+       j.progress_current, j.progress_total, j.group_id
+FROM hits AS h JOIN {schema}.job AS j ON j.id = h.id
+UNION ALL
+SELECT 'end', (SELECT id FROM last), (SELECT finished_at FROM last), (SELECT count(*) FROM scanned)::text,
+       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
+
+-- name: dashboard_jobs_queued
+-- Queued jobs in the order of job_queue_claim_idx: by queue and type, then claim order (priority, then
+-- available_at). Keyset on (queue, type, priority, available_at, id); the index orders priority
+-- descending and the rest ascending, which one row comparison cannot express, so the page after a
+-- cursor is three index range scans in a row: the rest of the cursor's priority, the lower priorities
+-- of its (queue, type), then the (queue, type) pairs after it.
+WITH scanned AS (
+    (SELECT 1 AS part, id, queue, type, priority, available_at, name, unique_key, last_error
+     FROM {schema}.job
+     WHERE status = 'queued' AND %(id)s::uuid IS NOT NULL
+       AND queue = %(cursor_queue)s::text AND type = %(cursor_type)s::text AND priority = %(priority)s::int
+       AND (available_at, id) > (%(at)s::timestamptz, %(id)s::uuid)
+     ORDER BY available_at, id
+     LIMIT %(window)s)
+    UNION ALL
+    (SELECT 2, id, queue, type, priority, available_at, name, unique_key, last_error
+     FROM {schema}.job
+     WHERE status = 'queued' AND %(id)s::uuid IS NOT NULL
+       AND queue = %(cursor_queue)s::text AND type = %(cursor_type)s::text AND priority < %(priority)s::int
+     ORDER BY priority DESC, available_at, id
+     LIMIT %(window)s)
+    UNION ALL
+    (SELECT 3, id, queue, type, priority, available_at, name, unique_key, last_error
+     FROM {schema}.job
+     WHERE status = 'queued'
+       AND (%(id)s::uuid IS NULL OR (queue, type) > (%(cursor_queue)s::text, %(cursor_type)s::text))
+       AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+       AND (%(type)s::text IS NULL OR type = %(type)s::text)
+     ORDER BY queue, type, priority DESC, available_at, id
+     LIMIT %(window)s)
+), windowed AS (
+    SELECT * FROM scanned ORDER BY part, queue, type, priority DESC, available_at, id LIMIT %(window)s
+), hits AS (
+    SELECT id, part, queue, type, priority, available_at FROM windowed
+    WHERE (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+      AND (%(type)s::text IS NULL OR type = %(type)s::text)
+      AND (%(text)s::text IS NULL OR name ILIKE %(text)s OR unique_key ILIKE %(text)s
+           OR last_error ILIKE %(text)s OR id::text ILIKE %(text)s)
+    ORDER BY part, queue, type, priority DESC, available_at, id
+    LIMIT %(limit)s
+), last AS (
+    SELECT id, queue, type, priority, available_at FROM windowed
+    ORDER BY part DESC, queue DESC, type DESC, priority, available_at DESC, id DESC
+    LIMIT 1
+)
+-- In the database's order (its collation sorts the queue and type names, not Python's).
+(SELECT 'job', j.id, j.available_at, j.status, j.queue, j.type, j.name, j.attempts, j.max_attempts, j.priority,
+        j.created_at, j.available_at, j.started_at, j.finished_at, left(j.last_error, 300), j.worker_id,
+        j.progress_current, j.progress_total, j.group_id
+ FROM hits AS h JOIN {schema}.job AS j ON j.id = h.id
+ ORDER BY h.part, h.queue, h.type, h.priority DESC, h.available_at, h.id)
+UNION ALL
+SELECT 'end', (SELECT id FROM last), (SELECT available_at FROM last), (SELECT count(*) FROM windowed)::text,
+       (SELECT queue FROM last), (SELECT type FROM last), NULL, NULL, NULL, (SELECT priority FROM last), NULL, NULL,
+       NULL, NULL, NULL, NULL, NULL, NULL, NULL;
+
+-- name: dashboard_jobs_running
+-- Running jobs: as many as the fleet's concurrency, never millions; the newest attempt first.
+WITH scanned AS (
+    SELECT id, started_at, queue, type, name, unique_key, last_error
+    FROM {schema}.job
+    WHERE status = 'running'
+      AND (%(at)s::timestamptz IS NULL OR (started_at, id) < (%(at)s::timestamptz, %(id)s::uuid))
+    ORDER BY started_at DESC, id DESC
+    LIMIT %(window)s
+), hits AS (
+    SELECT id, started_at FROM scanned
+    WHERE (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+      AND (%(type)s::text IS NULL OR type = %(type)s::text)
+      AND (%(text)s::text IS NULL OR name ILIKE %(text)s OR unique_key ILIKE %(text)s
+           OR last_error ILIKE %(text)s OR id::text ILIKE %(text)s)
+    ORDER BY started_at DESC, id DESC
+    LIMIT %(limit)s
+), last AS (
+    SELECT id, started_at FROM scanned ORDER BY started_at, id LIMIT 1
+)
+SELECT 'job', j.id, j.started_at, j.status, j.queue, j.type, j.name, j.attempts, j.max_attempts, j.priority,
+       j.created_at, j.available_at, j.started_at, j.finished_at, left(j.last_error, 300), j.worker_id,
+       j.progress_current, j.progress_total, j.group_id
+FROM hits AS h JOIN {schema}.job AS j ON j.id = h.id
+UNION ALL
+SELECT 'end', (SELECT id FROM last), (SELECT started_at FROM last), (SELECT count(*) FROM scanned)::text,
+       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
+
+-- name: dashboard_jobs_in_group
+-- One group's jobs along job_group_idx, the newest first; keyset on id.
+WITH scanned AS (
+    SELECT id, status, queue, type, name, unique_key, last_error
+    FROM {schema}.job
+    WHERE group_id = %(group_id)s::uuid AND (%(id)s::uuid IS NULL OR id < %(id)s::uuid)
+    ORDER BY id DESC
+    LIMIT %(window)s
+), hits AS (
+    SELECT id FROM scanned
+    WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+      AND (%(type)s::text IS NULL OR type = %(type)s::text)
+      AND (%(text)s::text IS NULL OR name ILIKE %(text)s OR unique_key ILIKE %(text)s
+           OR last_error ILIKE %(text)s OR id::text ILIKE %(text)s)
+    ORDER BY id DESC
+    LIMIT %(limit)s
+)
+SELECT 'job', j.id, j.created_at, j.status, j.queue, j.type, j.name, j.attempts, j.max_attempts, j.priority,
+       j.created_at, j.available_at, j.started_at, j.finished_at, left(j.last_error, 300), j.worker_id,
+       j.progress_current, j.progress_total, j.group_id
+FROM hits AS h JOIN {schema}.job AS j ON j.id = h.id
+UNION ALL
+SELECT 'end', (SELECT id FROM scanned ORDER BY id LIMIT 1), NULL, (SELECT count(*) FROM scanned)::text,
+       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
+
+-- name: dashboard_failures
+-- Failed jobs among the %(window)s most recently finished, grouped by error class and message (digits
+-- folded, so "report 7 is missing" and "report 8 is missing" are one group). The newest ids of each
+-- group (up to %(ids)s) come along for a bulk retry.
+WITH scanned AS (
+    SELECT id, finished_at, status, queue, type, last_error
+    FROM {schema}.job
+    WHERE finished_at IS NOT NULL
+    ORDER BY finished_at DESC
+    LIMIT %(window)s
+), failed AS (
+    SELECT id, finished_at, queue, type, coalesce(last_error, '') AS error,
+           regexp_replace(coalesce(last_error, ''), '[0-9]+', '#', 'g') AS pattern
+    FROM scanned
+    WHERE status = 'failed'
+)
+SELECT split_part(pattern, ':', 1), pattern, min(error), count(*), max(finished_at), min(finished_at),
+       array_agg(DISTINCT type), array_agg(DISTINCT queue),
+       (array_agg(id ORDER BY finished_at DESC))[1:%(ids)s]
+FROM failed
+GROUP BY pattern
+ORDER BY count(*) DESC, max(finished_at) DESC
+LIMIT %(limit)s;
+
+-- name: dashboard_latest_sample
+-- Every queue as the leader last sampled it (one index probe for the newest instant), with the queue's
+-- pause state and its limits.
+WITH latest AS (
+    SELECT s.* FROM {schema}.queue_stat AS s
+    WHERE s.sampled_at = (SELECT max(sampled_at) FROM {schema}.queue_stat)
+), names AS (
+    SELECT queue FROM latest
+    UNION SELECT target FROM {schema}.pause WHERE target_kind = 'queue'
+    UNION SELECT queue FROM {schema}.queue_setting
+)
+SELECT n.queue, coalesce(l.available, 0), coalesce(l.scheduled, 0), coalesce(l.running, 0),
+       l.oldest_available_seconds, l.sampled_at,
+       EXISTS (SELECT 1 FROM {schema}.pause AS p WHERE p.target_kind = 'queue' AND p.target = n.queue)
+FROM names AS n
+LEFT JOIN latest AS l ON l.queue = n.queue
+ORDER BY n.queue;
+
+-- name: dashboard_series
+-- The last %(seconds)s of samples in %(buckets)s equal buckets, summed over the queues (or one queue):
+-- jobs completed and failed in each bucket, the queue depth and the longest wait at its last sample.
+WITH bounds AS (
+    SELECT now() - make_interval(secs => %(seconds)s) AS since, %(seconds)s::float8 / %(buckets)s AS width
+), per_sample AS (
+    SELECT s.sampled_at, sum(s.completed) AS completed, sum(s.failed) AS failed, sum(s.available) AS available,
+           sum(s.scheduled) AS scheduled, sum(s.running) AS running, max(s.oldest_available_seconds) AS oldest
+    FROM {schema}.queue_stat AS s, bounds AS b
+    WHERE s.sampled_at > b.since AND (%(queue)s::text IS NULL OR s.queue = %(queue)s::text)
+    GROUP BY s.sampled_at
+), bucketed AS (
+    SELECT least(floor(extract(epoch FROM p.sampled_at - b.since) / b.width)::int, %(buckets)s - 1) AS bucket, p.*
+    FROM per_sample AS p, bounds AS b
+)
+SELECT bucket, sum(completed), sum(failed),
+       (array_agg(available ORDER BY sampled_at DESC))[1], (array_agg(running ORDER BY sampled_at DESC))[1],
+       max(oldest)
+FROM bucketed
+GROUP BY bucket
+ORDER BY bucket;
+
+-- name: dashboard_estimates
+-- The planner's estimate of the job table's rows (pg_class.reltuples, kept by autovacuum/ANALYZE): what
+-- the header shows instead of count(*).
+SELECT c.reltuples::bigint  -- -1: never analyzed yet
+FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
+WHERE n.nspname = %(schema_name)s AND c.relname = 'job';
+
+-- name: dashboard_recent_groups
+-- Groups among the %(window)s newest jobs, the newest first, with their progress (each group counted
+-- along job_group_idx, at most %(group_window)s jobs per group).
+WITH recent AS (
+    SELECT group_id, max(created_at) AS newest
+    FROM (SELECT group_id, created_at FROM {schema}.job ORDER BY id DESC LIMIT %(window)s) AS j
+    WHERE group_id IS NOT NULL
+    GROUP BY group_id
+    ORDER BY newest DESC
+    LIMIT %(limit)s
+)
+SELECT r.group_id, c.queued, c.running, c.completed, c.failed, c.cancelled, c.total, c.names
+FROM recent AS r
+CROSS JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE status = 'queued') AS queued,
+           count(*) FILTER (WHERE status = 'running') AS running,
+           count(*) FILTER (WHERE status = 'completed') AS completed,
+           count(*) FILTER (WHERE status = 'failed') AS failed,
+           count(*) FILTER (WHERE status = 'cancelled') AS cancelled,
+           count(*) AS total,
+           (array_agg(DISTINCT type))[1:3] AS names
+    FROM (SELECT status, type FROM {schema}.job WHERE group_id = r.group_id LIMIT %(group_window)s) AS g
+) AS c
+ORDER BY r.newest DESC;
+
+-- name: dashboard_commands
+-- The latest control commands, and for each addressed worker whether it acknowledged (its process
+-- applied the command: acked_generation reached it) and when it was last seen.
+SELECT c.generation, c.action, c.target_kind, c.target, c.issued_at, c.worker_ids,
+       coalesce(array_agg(w.id ORDER BY w.id) FILTER (WHERE w.acked_generation >= c.generation), '{{}}'),
+       coalesce(array_agg(w.id ORDER BY w.id) FILTER (WHERE w.acked_generation < c.generation), '{{}}')
+FROM (SELECT * FROM {schema}.command ORDER BY generation DESC LIMIT %(limit)s) AS c
+LEFT JOIN {schema}.worker AS w ON w.id = ANY(c.worker_ids)
+GROUP BY c.generation, c.action, c.target_kind, c.target, c.issued_at, c.worker_ids
+ORDER BY c.generation DESC;
+
+-- name: dashboard_running_of_worker
+-- The jobs one worker runs now (job_running_idx).
+SELECT id, type, queue, started_at, progress_current, progress_total, lease_expires_at
+FROM {schema}.job
+WHERE status = 'running' AND worker_id = %(worker_id)s
+ORDER BY started_at
+LIMIT %(limit)s;
+
+-- name: dashboard_pulse
+-- What the live updates compare, once per interval per dashboard process (never per browser tab):
+-- the newest finish (one probe of job_finished_idx), the newest sample, the latest command, the
+-- running jobs (bounded by the fleet's concurrency) and the workers' reported state.
+SELECT (SELECT max(finished_at) FROM {schema}.job WHERE finished_at IS NOT NULL),
+       (SELECT max(sampled_at) FROM {schema}.queue_stat),
+       (SELECT max(generation) FROM {schema}.command),
+       (SELECT count(*) FROM {schema}.job WHERE status = 'running'),
+       (SELECT md5(coalesce(string_agg(id || state || in_flight || acked_generation || (stopped_at IS NULL)::text,
+                                       ',' ORDER BY id), ''))
+        FROM {schema}.worker),
+       (SELECT md5(coalesce(string_agg(target_kind || target, ',' ORDER BY target_kind, target), ''))
+        FROM {schema}.pause);

@@ -1,0 +1,23 @@
+-- The web dashboard with its actions (retry, cancel, pause, resume, drain, stop, restart, limits,
+-- periodic pause/resume/run now). A read-only dashboard needs only the observer role.
+GRANT USAGE ON SCHEMA {schema} TO {dashboard};
+GRANT SELECT ON {schema}.job, {schema}.worker, {schema}.pause, {schema}.command, {schema}.migration,
+    {schema}.leader, {schema}.queue_stat, {schema}.queue_setting, {schema}.periodic TO {dashboard};
+-- Retry and cancel change these columns and no other (the job's input and history stay as they are).
+GRANT UPDATE (status, attempts, available_at, finished_at, cancellation_requested_at, result) ON {schema}.job
+    TO {dashboard};
+-- "Run now" of a periodic job inserts its job and moves the periodic row's bookkeeping.
+GRANT INSERT ON {schema}.job TO {dashboard};
+GRANT UPDATE ON {schema}.periodic TO {dashboard};
+-- Control commands: the durable pause state, the command log (its lock needs DELETE, as the operator's).
+GRANT INSERT, DELETE ON {schema}.pause TO {dashboard};
+GRANT INSERT, DELETE ON {schema}.command TO {dashboard};
+GRANT USAGE ON SEQUENCE {schema}.command_generation_seq TO {dashboard};
+-- Queue limits.
+GRANT INSERT, UPDATE, DELETE ON {schema}.queue_setting TO {dashboard};
+-- Workflows: a job's steps and children on its page; a retry or cancel that makes a job terminal (or
+-- reopens it) moves its group's and its parent's counts and schedules callbacks, in the same transaction.
+GRANT SELECT ON {schema}.job_follow_up, {schema}.job_child, {schema}.job_step, {schema}.event,
+    {schema}.event_wait TO {dashboard};
+GRANT SELECT, INSERT, UPDATE ON {schema}.job_group, {schema}.job_parent TO {dashboard};
+GRANT INSERT ON {schema}.job_follow_up TO {dashboard};

@@ -1,0 +1,320 @@
+"""Statements of the web dashboard (`sql/queries/dashboard.sql`): every one bounded on any table size."""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from jobbus.store.statements import Row, Statement, queries
+
+#: How many index entries one list request walks at most (filters look inside this window).
+WINDOW = 5000
+#: How many finished jobs the failures page groups at most.
+FAILURE_WINDOW = 20000
+
+
+@dataclass(frozen=True, slots=True)
+class JobSummary:
+    """A job as the lists show it (no payloads)."""
+
+    id: uuid.UUID
+    status: str
+    queue: str
+    type: str
+    name: str | None
+    attempts: int
+    max_attempts: int
+    priority: int
+    created_at: datetime
+    available_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    last_error: str | None
+    worker_id: str | None
+    progress_current: float | None
+    progress_total: float | None
+    group_id: uuid.UUID | None
+
+
+@dataclass(frozen=True, slots=True)
+class Cursor:
+    """Where the next page starts: the sort key of the last row seen (hit or merely scanned)."""
+
+    id: uuid.UUID
+    at: datetime | None = None
+    priority: int | None = None
+    queue: str | None = None
+    type: str | None = None
+
+    def encode(self) -> str:
+        """An opaque, URL-safe token."""
+        fields = [str(self.id), self.at.isoformat() if self.at else None, self.priority, self.queue, self.type]
+        return base64.urlsafe_b64encode(json.dumps(fields).encode()).decode().rstrip("=")
+
+    @classmethod
+    def decode(cls, text: str) -> Cursor | None:
+        """The cursor of a token; None for anything that is not one (a stale or edited link)."""
+        try:
+            raw = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+            job_id, at, priority, queue, type_ = raw
+            return cls(
+                uuid.UUID(job_id),
+                datetime.fromisoformat(at) if at else None,
+                int(priority) if priority is not None else None,
+                str(queue) if queue is not None else None,
+                str(type_) if type_ is not None else None,
+            )
+        except (ValueError, TypeError):
+            return None
+
+
+@dataclass(frozen=True, slots=True)
+class JobPage:
+    jobs: list[JobSummary]
+    #: None: nothing older; else pass it back for the next page.
+    next: Cursor | None
+    #: How many index entries this page walked (at most `WINDOW`).
+    scanned: int
+
+
+@dataclass(frozen=True, slots=True)
+class FailureGroup:
+    error_class: str
+    pattern: str
+    example: str
+    count: int
+    last_at: datetime
+    first_at: datetime
+    types: list[str]
+    queues: list[str]
+    ids: list[uuid.UUID]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRow:
+    queue: str
+    available: int
+    scheduled: int
+    running: int
+    oldest_available_seconds: float | None
+    sampled_at: datetime | None
+    paused: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesPoint:
+    bucket: int
+    completed: int
+    failed: int
+    available: int
+    running: int
+    oldest_available_seconds: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRow:
+    group_id: uuid.UUID
+    queued: int
+    running: int
+    completed: int
+    failed: int
+    cancelled: int
+    total: int
+    types: list[str]
+
+    @property
+    def completion_percentage(self) -> float:
+        return 0.0 if not self.total else (self.completed + self.failed + self.cancelled) * 100.0 / self.total
+
+
+@dataclass(frozen=True, slots=True)
+class CommandRow:
+    generation: int
+    action: str
+    target_kind: str
+    target: str
+    issued_at: datetime
+    worker_ids: list[str]
+    acknowledged: list[str]
+    pending: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class RunningJob:
+    id: uuid.UUID
+    type: str
+    queue: str
+    started_at: datetime | None
+    progress_current: float | None
+    progress_total: float | None
+    lease_expires_at: datetime | None
+
+
+STATUS_MODES = {
+    None: "dashboard_jobs_all",
+    "queued": "dashboard_jobs_queued",
+    "running": "dashboard_jobs_running",
+    "completed": "dashboard_jobs_finished",
+    "failed": "dashboard_jobs_finished",
+    "cancelled": "dashboard_jobs_finished",
+    "finished": "dashboard_jobs_finished",
+}
+
+
+class DashboardStore:
+    """Builds the dashboard's statements for one schema."""
+
+    def __init__(self, schema: str) -> None:
+        self.schema = schema
+        self._q = queries(schema)
+
+    def list_jobs(
+        self,
+        *,
+        status: str | None,
+        queue: str | None,
+        type: str | None,
+        group_id: uuid.UUID | None,
+        text: str | None,
+        cursor: Cursor | None,
+        limit: int,
+        window: int = WINDOW,
+    ) -> Statement[JobPage]:
+        """One page of jobs along the index that fits the status (see dashboard.sql)."""
+        name = "dashboard_jobs_in_group" if group_id is not None else STATUS_MODES[status]
+        statuses = None
+        if status in ("completed", "failed", "cancelled") or (group_id is not None and status is not None):
+            statuses = ["completed", "failed", "cancelled"] if status == "finished" else [status]
+        params: dict[str, Any] = {
+            "id": cursor.id if cursor else None,
+            "at": cursor.at if cursor else None,
+            "priority": cursor.priority if cursor else None,
+            "cursor_queue": cursor.queue if cursor else None,
+            "cursor_type": cursor.type if cursor else None,
+            "statuses": statuses,
+            "queue": queue,
+            "type": type,
+            "group_id": group_id,
+            "text": f"%{_escape_like(text)}%" if text else None,
+            "limit": limit,
+            "window": window,
+        }
+        if (
+            name == "dashboard_jobs_queued"
+            and cursor is not None
+            and None in (cursor.at, cursor.priority, cursor.queue)
+        ):
+            params["id"] = None  # not a cursor of this list: start from its beginning
+
+        def decode(rows: list[Row], _: int) -> JobPage:
+            jobs = sorted((JobSummary(*row[1:2], *row[3:]) for row in rows if row[0] == "job"), key=_ORDER[name])
+            end = next(row for row in rows if row[0] == "end")
+            scanned = int(end[3])
+            next_cursor: Cursor | None = None
+            if len(jobs) >= limit:
+                last = jobs[-1]
+                next_cursor = _cursor_of(name, last)
+            elif scanned >= window and end[1] is not None:
+                next_cursor = Cursor(end[1], end[2], end[9], end[4], end[5])
+            return JobPage(jobs, next_cursor, scanned)
+
+        return Statement(self._q[name], params, decode, prepare=False)
+
+    def failures(
+        self, *, limit: int = 50, ids: int = 1000, window: int = FAILURE_WINDOW
+    ) -> Statement[list[FailureGroup]]:
+        def decode(rows: list[Row], _: int) -> list[FailureGroup]:
+            return [
+                FailureGroup(r[0], r[1], r[2], int(r[3]), r[4], r[5], list(r[6]), list(r[7]), list(r[8])) for r in rows
+            ]
+
+        params = {"limit": limit, "ids": ids, "window": window}
+        return Statement(self._q["dashboard_failures"], params, decode)
+
+    def latest_sample(self) -> Statement[list[QueueRow]]:
+        return Statement(self._q["dashboard_latest_sample"], {}, lambda rows, _: [QueueRow(*r) for r in rows])
+
+    def series(
+        self, *, seconds: float = 3600.0, buckets: int = 60, queue: str | None = None
+    ) -> Statement[list[SeriesPoint]]:
+        def decode(rows: list[Row], _: int) -> list[SeriesPoint]:
+            return [SeriesPoint(int(r[0]), int(r[1]), int(r[2]), int(r[3]), int(r[4]), r[5]) for r in rows]
+
+        params = {"seconds": seconds, "buckets": buckets, "queue": queue}
+        return Statement(self._q["dashboard_series"], params, decode)
+
+    def estimated_jobs(self) -> Statement[int | None]:
+        """The planner's estimate of the job table's rows; None before the table was first analyzed."""
+        params = {"schema_name": self.schema}
+        return Statement(
+            self._q["dashboard_estimates"],
+            params,
+            lambda rows, _: int(rows[0][0]) if rows and rows[0][0] >= 0 else None,
+        )
+
+    def recent_groups(
+        self, *, limit: int = 50, window: int = WINDOW, group_window: int = 100_000
+    ) -> Statement[list[GroupRow]]:
+        def decode(rows: list[Row], _: int) -> list[GroupRow]:
+            return [
+                GroupRow(r[0], int(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5]), int(r[6]), list(r[7] or []))
+                for r in rows
+            ]
+
+        params = {"limit": limit, "window": window, "group_window": group_window}
+        return Statement(self._q["dashboard_recent_groups"], params, decode)
+
+    def commands(self, *, limit: int = 20) -> Statement[list[CommandRow]]:
+        def decode(rows: list[Row], _: int) -> list[CommandRow]:
+            return [CommandRow(r[0], r[1], r[2], r[3], r[4], list(r[5]), list(r[6]), list(r[7])) for r in rows]
+
+        return Statement(self._q["dashboard_commands"], {"limit": limit}, decode)
+
+    def running_of_worker(self, worker_id: str, *, limit: int = 200) -> Statement[list[RunningJob]]:
+        params = {"worker_id": worker_id, "limit": limit}
+        return Statement(self._q["dashboard_running_of_worker"], params, lambda rows, _: [RunningJob(*r) for r in rows])
+
+    def pulse(self) -> Statement[tuple[Any, ...]]:
+        return Statement(self._q["dashboard_pulse"], {}, lambda rows, _: tuple(rows[0]))
+
+
+_EPOCH = datetime.fromtimestamp(0, UTC)
+#: The order of each list (the join back to the rows does not keep the window's order).
+_ORDER: dict[str, Callable[[JobSummary], Any]] = {
+    "dashboard_jobs_all": lambda j: _Desc(j.id.bytes),
+    "dashboard_jobs_in_group": lambda j: _Desc(j.id.bytes),
+    "dashboard_jobs_finished": lambda j: _Desc(((j.finished_at or _EPOCH).timestamp(), j.id.bytes)),
+    "dashboard_jobs_running": lambda j: _Desc(((j.started_at or _EPOCH).timestamp(), j.id.bytes)),
+    "dashboard_jobs_queued": lambda j: 0,  # kept in the database's order: its collation sorts the names
+}
+
+
+class _Desc:
+    """Reverses the order of a sort key."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: Any) -> None:
+        self.key = key
+
+    def __lt__(self, other: _Desc) -> bool:
+        return bool(self.key > other.key)
+
+
+def _cursor_of(name: str, job: JobSummary) -> Cursor:
+    if name == "dashboard_jobs_finished":
+        return Cursor(job.id, job.finished_at)
+    if name == "dashboard_jobs_queued":
+        return Cursor(job.id, job.available_at, job.priority, job.queue, job.type)
+    if name == "dashboard_jobs_running":
+        return Cursor(job.id, job.started_at)
+    return Cursor(job.id)
+
+
+def _escape_like(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
