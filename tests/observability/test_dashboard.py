@@ -452,3 +452,21 @@ async def test_mounted_under_a_path_its_links_actions_and_cookies_follow(dsn: st
         assert response.status_code == 303 and response.headers["location"] == "/ops/jobs/jobs?status=failed"
         assert "Path=/ops/jobs" in response.headers["set-cookie"]
     await dashboard.state.dashboard.close()
+
+
+async def test_a_job_page_shows_its_steps_redacted_and_its_parent(dsn: str, dashboard: tuple[jobbus.App, Any]) -> None:
+    data = seed(dsn)
+    parent, child = data["queued"][0], data["queued"][1]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO jobbus.job_step (job_id, name, result, attempt) VALUES "
+            '(%s, \'charge\', \'{"charge_id": "ch_41", "api_key": "sk-live-7"}\', 1)',
+            (child,),
+        )
+        conn.execute("INSERT INTO jobbus.job_child (child_id, parent_id) VALUES (%s, %s)", (child, parent))
+    _, asgi = dashboard
+    async with client(asgi) as http:
+        page = (await http.get(f"/jobs/{child}")).text
+    assert "<h2>Steps</h2>" in page and "ch_41" in page
+    assert "sk-live-7" not in page and MASK in page
+    assert f'href="/jobs/{parent}"' in page

@@ -255,6 +255,7 @@ def create_starlette(
             "execution_data": dash.redact("execution_data", execution),
             "result": dash.redact("result", job.result),
             "last_error": dash.redact("last_error", job.last_error),
+            "steps": dash.redact("steps", job.steps),
         }
         history = [
             {**entry, "error": dash.redact("last_error", entry.get("error"))}
