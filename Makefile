@@ -3,7 +3,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 PYTEST_ARGS ?= -n 2
 
-.PHONY: venv test test-smoke faults lint demo bench clean
+.PHONY: venv test test-smoke faults lint demo bench bench-capacity bench-steady clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,12 @@ demo: venv
 
 bench: venv
 	$(PY) bench/run.py
+
+# A steady stream of 1,000 jobs/s for 20 minutes with retention on (STEADY_ARGS="--minutes 5" to shorten;
+# run it against a server with autovacuum on: BENCH_DSN=...).
+STEADY_ARGS ?=
+bench-steady: venv
+	$(PY) bench/steady.py $(STEADY_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
