@@ -37,6 +37,12 @@ demo: venv
 bench: venv
 	$(PY) bench/run.py
 
+# The capacity scenarios at full size (1M queued / 10M finished rows; `make bench` runs them at --scale 0.1).
+CAPACITY_ARGS ?=
+bench-capacity: venv
+	$(PY) bench/run.py --systems jobbus --scenario drain_procs --scenario backlog --scenario retention \
+		--scale 1 --retention-budget 300 $(CAPACITY_ARGS)
+
 # A steady stream of 1,000 jobs/s for 20 minutes with retention on (STEADY_ARGS="--minutes 5" to shorten;
 # run it against a server with autovacuum on: BENCH_DSN=...).
 STEADY_ARGS ?=
