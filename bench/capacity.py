@@ -288,10 +288,28 @@ SELECT id FROM jobbus.claim_jobs('bench-probe', 1, ARRAY['default'], ARRAY[%(typ
 """
 
 
-def time_claims(conn: psycopg.Connection[Any], claims: int) -> tuple[list[float], list[float]]:
-    """(claim statement ms, queued_pairs() ms) for `claims` claims of one job each, in autocommit."""
-    conn.execute(SEED_QUEUED.encode(), {"type": harness.NOOP, "queue": "default", "jobs": claims})
+@dataclass
+class ClaimProbe:
+    claim_ms: list[float]
+    pairs_ms: list[float]
+    #: CPU of the probing backend per poll (queued_pairs() and one claim), from /proc; NaN elsewhere.
+    backend_cpu_ms: float
+    #: Median shared buffers (hit + read) per claim, from EXPLAIN (ANALYZE, BUFFERS) of the claim: the
+    #: work it does, which the machine's load does not change.
+    buffers: float
+
+
+EXPLAIN_CLAIM = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + CLAIM_ONE
+EXPLAINED = 20
+
+
+def time_claims(conn: psycopg.Connection[Any], claims: int) -> ClaimProbe:
+    """`claims` polls as a worker with one free slot makes them (queued_pairs(), then a claim of one job),
+    each timed, in autocommit; then `EXPLAINED` claims under EXPLAIN for the buffers they touch."""
+    conn.execute(SEED_QUEUED.encode(), {"type": harness.NOOP, "queue": "default", "jobs": claims + EXPLAINED})
+    pid = int(conn.execute("SELECT pg_backend_pid()").fetchone()[0])  # type: ignore[index]
     claim_ms, pairs_ms = [], []
+    cpu0 = process_cpu_seconds(pid)
     for _ in range(claims):
         t0 = time.perf_counter()
         conn.execute(b"SELECT queue, type FROM jobbus.queued_pairs()", prepare=True).fetchall()
@@ -302,7 +320,13 @@ def time_claims(conn: psycopg.Connection[Any], claims: int) -> tuple[list[float]
             raise RuntimeError(f"probe claim returned {len(rows)} rows")
         pairs_ms.append((t1 - t0) * 1000)
         claim_ms.append((t2 - t1) * 1000)
-    return claim_ms, pairs_ms
+    cpu1 = process_cpu_seconds(pid)
+    cpu_ms = (cpu1 - cpu0) * 1000 / claims if cpu0 is not None and cpu1 is not None else float("nan")
+    buffers = []
+    for _ in range(EXPLAINED):
+        plan = conn.execute(EXPLAIN_CLAIM.encode(), {"type": harness.NOOP}).fetchone()[0][0]["Plan"]  # type: ignore[index]
+        buffers.append(float(plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]))
+    return ClaimProbe(claim_ms, pairs_ms, cpu_ms, statistics.median(buffers))
 
 
 CLEAN_UP = """
@@ -346,14 +370,18 @@ def backlog(suite: Suite) -> None:
                     suite.server.sample_noise()
                     load = os.getloadavg()[0]
                     with suite.server.connect(db) as conn:
-                        claim_ms, pairs_ms = time_claims(conn, CLAIMS)
+                        probe = time_claims(conn, CLAIMS)
                         conn.execute(CLEAN_UP.encode(), {"mark": mark, "type": harness.NOOP})
+                    claim_ms, pairs_ms = probe.claim_ms, probe.pairs_ms
                     p50 = statistics.median(claim_ms)
                     suite.record(scenario, "jobbus", case.label, case.rows, "claim p50", "ms", p50)
                     suite.record(scenario, "jobbus", case.label, case.rows, "claim p99", "ms",
                                  harness.percentile(claim_ms, 0.99))  # fmt: skip
                     suite.record(scenario, "jobbus", case.label, case.rows, "pairs p50", "ms",
                                  statistics.median(pairs_ms))  # fmt: skip
+                    suite.record(scenario, "jobbus", case.label, case.rows, "poll backend cpu", "ms",
+                                 probe.backend_cpu_ms)  # fmt: skip
+                    suite.record(scenario, "jobbus", case.label, case.rows, "claim buffers", "blocks", probe.buffers)
                     dsn = suite.dsn(db)
                     run_driver(system.argv("fill", dsn, jobs=jobs))
                     suite.server.sample_noise()
@@ -367,7 +395,8 @@ def backlog(suite: Suite) -> None:
                     if int(result["count"]) != jobs:
                         suite.note(scenario, "jobbus", f"{case.label}: {result['count']} handler runs for {jobs}")
                     log(
-                        f"{scenario} {case.label} run {run + 1}: claim p50 {p50:.2f} ms, pairs p50 "
+                        f"{scenario} {case.label} run {run + 1}: claim p50 {p50:.2f} ms, {probe.buffers:.0f} buffers, "
+                        f"poll cpu {probe.backend_cpu_ms:.3f} ms, pairs p50 "
                         f"{statistics.median(pairs_ms):.2f} ms, drain {steady:,.0f} jobs/s (median {m.median:,.0f}), "
                         f"load {load:.2f}"
                     )

@@ -736,6 +736,8 @@ class FloorVariant:
 
 
 FLOOR_VARIANTS = [
+    # One queue and one type, so the claim walks job_queue_claim_idx as the worker's claim does (since
+    # migration 0006 dropped job_claim_idx, a claim without them sorted every queued row: 1,871 jobs/s).
     FloorVariant(
         "jobbus schema, fenced",
         [
@@ -747,7 +749,7 @@ FLOOR_VARIANTS = [
         """
         WITH next AS (
             SELECT id FROM jobbus.job
-            WHERE status = 'queued' AND available_at <= now()
+            WHERE status = 'queued' AND queue = 'default' AND type = 'bench.noop' AND available_at <= now()
             ORDER BY priority DESC, available_at, id
             LIMIT 100
             FOR UPDATE SKIP LOCKED
@@ -1224,9 +1226,32 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="capacity scenarios: 1M queued / 10M finished rows times this (default 0.1, --quick 0.02; 1 = full)",
     )
     parser.add_argument(
+        "--merge",
+        type=Path,
+        help="raw figures of an earlier run (a copy of bench/results/latest.json): its scenarios that this "
+        "run does not measure are added to the table, the targets and the doc, with a note saying so",
+    )
+    parser.add_argument(
         "--retention-budget", type=float, help="retention: seconds of batched DELETE at most (default 120)"
     )
     return parser.parse_args(argv)
+
+
+def merge_earlier(suite: Suite, path: Path, measured: set[str]) -> None:
+    """Adds an earlier run's figures of the scenarios not measured now, and each system's best drain setting."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    taken = sorted({r["scenario"] for r in data["results"] if r["scenario"] not in measured})
+    for r in data["results"]:
+        if r["scenario"] not in measured:
+            suite.results.append(Measurement(**r))
+    for system in suite.systems:
+        steady = [m for m in suite.results if (m.scenario, m.system, m.metric) == ("drain_10k", system.name, "steady")]
+        best = max(steady, key=lambda m: m.median, default=None)
+        if best is not None and system.best is None:
+            system.best = next((s for s in system.sweep if s.label == best.setting), None)
+    started = time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(float(data["started"])))
+    suite.notes["merged"] = f"{', '.join(taken)}: from the run of {started} ({data['command']}), not measured again"
+    log(f"merged {len(taken)} scenarios from {path}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1296,6 +1321,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         server.drop_all()
     ended = time.time()
+    if args.merge is not None:
+        merge_earlier(suite, args.merge, set(scenarios) | ({"drain_100k"} if "commits" in scenarios else set()))
     rows = table_rows(suite)
     print()
     print(render_text_table(rows))
@@ -1308,7 +1335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = environment(server, suite, peers_python)
     command = " ".join([".venv/bin/python bench/run.py", *(argv if argv is not None else sys.argv[1:])])
     save_raw(suite, env, command, started, ended)
-    full = not args.scenario and not args.quick
+    full = not args.scenario and not args.quick and args.merge is None
     output = args.output or (DOC if full else None)
     if output is not None:
         write_doc(render_doc_block(server, suite, env, command, started, ended), output)

@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import math
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -41,7 +44,7 @@ if str(ROOT) not in sys.path:  # `python bench/steady.py` puts bench/ first, not
     sys.path.insert(0, str(ROOT))
 
 import jobbus  # noqa: E402
-from bench import harness  # noqa: E402
+from bench import capacity, harness  # noqa: E402
 from jobbus import schema  # noqa: E402
 
 RAW = ROOT / "bench" / "results" / "steady-latest.json"
@@ -78,6 +81,10 @@ class Sample:
     pickup_p99_ms: float
     claimed: int
     scheduled: int
+    #: CPU of the whole server (postmaster and every process it started) and of the worker process, in
+    #: cores over the interval since the previous sample; NaN when the server is not on this machine.
+    server_cores: float
+    worker_cores: float
     load1: float
 
 
@@ -93,8 +100,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def interrupt(signum: int, frame: object) -> None:
+    """SIGTERM stops the stream like Ctrl-C: the worker is stopped and the database dropped."""
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, interrupt)
     name = f"jbb_steady_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(args.dsn, autocommit=True) as admin:
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
@@ -147,6 +160,7 @@ async def stream(dsn: str, args: argparse.Namespace) -> tuple[list[Sample], dict
         async with producer:
             with psycopg.connect(dsn, autocommit=True) as probe:
                 since = probe.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+                clock = CpuClock(probe, worker.pid)
                 start = time.monotonic()
                 next_sample = start + args.sample_every
                 tick = 0
@@ -156,13 +170,13 @@ async def stream(dsn: str, args: argparse.Namespace) -> tuple[list[Sample], dict
                         await producer.schedule_many(harness.NOOP, [{}] * due)
                         scheduled += due
                     if now >= next_sample:
-                        sample, since = take_sample(probe, since, (now - start) / 60, scheduled)
+                        sample, since = take_sample(probe, since, (now - start) / 60, scheduled, clock)
                         samples.append(sample)
                         print(sample, flush=True)
                         next_sample += args.sample_every
                     tick += 1
                     await asyncio.sleep(max(0.0, start + tick * TICK - time.monotonic()))
-                sample, since = take_sample(probe, since, (time.monotonic() - start) / 60, scheduled)
+                sample, since = take_sample(probe, since, (time.monotonic() - start) / 60, scheduled, clock)
                 samples.append(sample)
                 print(sample, flush=True)
     finally:
@@ -173,7 +187,41 @@ async def stream(dsn: str, args: argparse.Namespace) -> tuple[list[Sample], dict
     return samples, info
 
 
-def take_sample(conn: psycopg.Connection[Any], since: Any, minute: float, scheduled: int) -> tuple[Sample, Any]:
+class CpuClock:
+    """CPU seconds of the server (read from its postmaster.pid: needs the server on this machine, and a
+    server of its own for the figure to mean anything) and of the worker process, between two reads."""
+
+    def __init__(self, conn: psycopg.Connection[Any], worker_pid: int) -> None:
+        row = conn.execute("SELECT current_setting('data_directory')").fetchone()
+        self.postmaster: int | None = None
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            self.postmaster = int((Path(str(row[0] if row else "")) / "postmaster.pid").read_text().split()[0])
+        self.worker = worker_pid
+        self.last = (time.monotonic(), self.server_seconds(), capacity.process_cpu_seconds(worker_pid) or math.nan)
+
+    def server_seconds(self) -> float:
+        if self.postmaster is None:
+            return math.nan
+        try:
+            own = Path(f"/proc/{self.postmaster}/stat").read_text().rsplit(")", 1)[1].split()
+            children = Path(f"/proc/{self.postmaster}/task/{self.postmaster}/children").read_text().split()
+        except OSError:
+            return math.nan
+        total = sum(int(v) for v in own[11:15]) / capacity.CLOCK_TICKS  # utime stime cutime cstime
+        return total + sum(capacity.process_cpu_seconds(int(pid)) or 0.0 for pid in children)
+
+    def cores(self) -> tuple[float, float]:
+        now = (time.monotonic(), self.server_seconds(), capacity.process_cpu_seconds(self.worker) or math.nan)
+        elapsed = now[0] - self.last[0]
+        server, worker = (now[1] - self.last[1]) / elapsed, (now[2] - self.last[2]) / elapsed
+        self.last = now
+        return server, worker
+
+
+def take_sample(
+    conn: psycopg.Connection[Any], since: Any, minute: float, scheduled: int, clock: CpuClock
+) -> tuple[Sample, Any]:
+    server_cores, worker_cores = clock.cores()
     conn.execute("SELECT pg_stat_clear_snapshot()")
     row = conn.execute(SAMPLE_SQL, {"since": since}).fetchone()
     assert row is not None
@@ -194,6 +242,8 @@ def take_sample(conn: psycopg.Connection[Any], since: Any, minute: float, schedu
         pickup_p99_ms=round(p99, 2),
         claimed=int(row[11]),
         scheduled=scheduled,
+        server_cores=round(server_cores, 3),
+        worker_cores=round(worker_cores, 3),
         load1=round(os.getloadavg()[0], 2),
     )
     return sample, row[12]
@@ -211,6 +261,12 @@ def summarize(samples: list[Sample], info: dict[str, Any]) -> None:
     print(f"dead tuples  max {max(s.dead_tuples for s in samples):,}; autovacuum runs {last.autovacuums}")
     print(f"pickup p99   max {max(s.pickup_p99_ms for s in samples)} ms; queued at end {last.queued}")
     print(f"load average {min(s.load1 for s in samples)}-{max(s.load1 for s in samples)}")
+    busy = samples[1:] or samples
+    server = statistics.median(s.server_cores for s in busy)
+    worker = statistics.median(s.worker_cores for s in busy)
+    jobs = info["rate"]
+    print(f"CPU (median of the samples after the first): server {server:.2f} cores, worker {worker:.2f} cores")
+    print(f"  server {server / jobs * 1000:.3f} ms per job, worker {worker / jobs * 1000:.3f} ms per job")
 
 
 if __name__ == "__main__":
