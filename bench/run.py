@@ -1286,6 +1286,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     suite.notes = peer_notes
     for name, text in peer_notes.items():
         log(f"{name}: {text}")
+    if args.merge is not None:  # before the run: the earlier best drain settings apply to this run's drains
+        merge_earlier(suite, args.merge, set(scenarios) | ({"drain_100k"} if "commits" in scenarios else set()))
     try:
         if "enqueue_single" in scenarios:
             suite.enqueue("enqueue_single", "enqueue_single", sizes.single)
@@ -1321,8 +1323,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         server.drop_all()
     ended = time.time()
-    if args.merge is not None:
-        merge_earlier(suite, args.merge, set(scenarios) | ({"drain_100k"} if "commits" in scenarios else set()))
     rows = table_rows(suite)
     print()
     print(render_text_table(rows))
