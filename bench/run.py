@@ -1,8 +1,14 @@
 """jobbus and its peers, side by side, on one PostgreSQL server: `make bench`.
 
-    .venv/bin/python bench/run.py                       # everything (9-15 min on 2 cores)
+    .venv/bin/python bench/run.py                       # everything (20-30 min on 2 cores)
     .venv/bin/python bench/run.py --quick               # smaller sizes, a few minutes
     .venv/bin/python bench/run.py --scenario drain_10k --scenario latency --systems jobbus,pgqueuer
+    .venv/bin/python bench/run.py --systems jobbus --scenario backlog --scale 1   # 1M / 10M-row backlogs
+
+The capacity scenarios (drain_procs, backlog, retention) live in `bench/capacity.py`; their row
+counts are 1M queued / 10M finished times `--scale` (0.1 by default, 0.02 with --quick).
+`--merge FILE` adds the scenarios an earlier run measured (a copy of its bench/results/latest.json)
+and this one did not, so a doc can be regenerated after re-measuring a few scenarios.
 
 Every scenario gets its own fresh database per system on the server at BENCH_DSN (created here,
 dropped at the end of the scenario); runs within a scenario reset the system's tables with
