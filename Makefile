@@ -3,7 +3,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 PYTEST_ARGS ?= -n 2
 
-.PHONY: venv test test-smoke test-django6 faults browser lint demo bench bench-dashboard dashboard clean
+.PHONY: venv test test-smoke test-django6 faults browser lint demo bench bench-capacity bench-steady bench-dashboard dashboard clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,18 @@ demo: venv
 
 bench: venv
 	$(PY) bench/run.py
+
+# The capacity scenarios at full size (1M queued / 10M finished rows; `make bench` runs them at --scale 0.1).
+CAPACITY_ARGS ?=
+bench-capacity: venv
+	$(PY) bench/run.py --systems jobbus --scenario drain_procs --scenario backlog --scenario retention \
+		--scale 1 --retention-budget 300 $(CAPACITY_ARGS)
+
+# A steady stream of 1,000 jobs/s for 20 minutes with retention on (STEADY_ARGS="--minutes 5" to shorten;
+# run it against a server with autovacuum on: BENCH_DSN=...).
+STEADY_ARGS ?=
+bench-steady: venv
+	$(PY) bench/steady.py $(STEADY_ARGS)
 
 # p95 of every dashboard page on a large table (BENCH_DASHBOARD_ARGS="--rows 1000000" for a smaller one).
 bench-dashboard: venv

@@ -31,7 +31,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument(
         "op",
-        choices=["setup", "enqueue_single", "enqueue_bulk", "fill", "drain", "latency", "seed_finished"],
+        choices=[
+            "setup",
+            "enqueue_single",
+            "enqueue_bulk",
+            "enqueue_concurrent",
+            "fill",
+            "drain",
+            "latency",
+            "seed_finished",
+        ],
     )
     parser.add_argument("--dsn", required=True)
     parser.add_argument("--jobs", type=int, default=1000)
@@ -42,6 +51,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--limit",
         default="",
         help="flow control for fill and drain: queue=N (at most N running fleet-wide) or keys=N (N keys, one each)",
+    )
+    parser.add_argument(
+        "--start-at",
+        type=float,
+        default=0.0,
+        help="enqueue: time.time() at which the measured part begins (several producer processes start together)",
     )
     return parser.parse_args(argv)
 
@@ -107,6 +122,16 @@ def dump_stamps(path: str, stamps: Sequence[float]) -> None:
     """Used by worker processes that are not drivers (the jobbus CLI): first/last/count to a file."""
     summary = {"count": len(stamps), "first": min(stamps, default=math.nan), "last": max(stamps, default=math.nan)}
     Path(path).write_text(json.dumps(summary), encoding="utf-8")
+
+
+def wait_until(at: float) -> float:
+    """Seconds to sleep until `time.time()` reaches `at` (0 when it has passed or `at` is 0)."""
+    return max(0.0, at - time.time()) if at else 0.0
+
+
+def enqueue_result(jobs: int, started: float, ended: float) -> dict[str, Any]:
+    """An enqueue run's figures; `started`/`ended` are time.time(), so runs of several processes pool."""
+    return {"rate": jobs / (ended - started), "seconds": ended - started, "started": started, "ended": ended}
 
 
 def now() -> float:

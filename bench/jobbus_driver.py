@@ -39,11 +39,32 @@ async def enqueue_single(args: Namespace) -> dict[str, Any]:
     async with app:
         for _ in range(WARM_UP):  # the pool's connections and prepared plans are warm
             await app.schedule(harness.NOOP, {})
-        started = time.perf_counter()
+        await asyncio.sleep(harness.wait_until(args.start_at))
+        started = time.time()
         for _ in range(args.jobs):
             await app.schedule(harness.NOOP, {})
-        elapsed = time.perf_counter() - started
-    return {"rate": args.jobs / elapsed, "seconds": elapsed}
+        ended = time.time()
+    return harness.enqueue_result(args.jobs, started, ended)
+
+
+async def enqueue_concurrent(args: Namespace) -> dict[str, Any]:
+    """`--concurrency` coroutines share one App, each scheduling one job per call until `--jobs` are in."""
+    app = _app(args.dsn)
+    left = args.jobs
+
+    async def producer() -> None:
+        nonlocal left
+        while left > 0:
+            left -= 1
+            await app.schedule(harness.NOOP, {})
+
+    async with app:
+        await asyncio.gather(*(app.schedule(harness.NOOP, {}) for _ in range(args.concurrency)))
+        await asyncio.sleep(harness.wait_until(args.start_at))
+        started = time.time()
+        await asyncio.gather(*(producer() for _ in range(args.concurrency)))
+        ended = time.time()
+    return harness.enqueue_result(args.jobs, started, ended)
 
 
 async def enqueue_bulk(args: Namespace) -> dict[str, Any]:
@@ -141,6 +162,7 @@ def main() -> None:
         operations = {
             "enqueue_single": enqueue_single,
             "enqueue_bulk": enqueue_bulk,
+            "enqueue_concurrent": enqueue_concurrent,
             "fill": fill,
             "drain": drain,
             "latency": latency,

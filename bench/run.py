@@ -1,8 +1,14 @@
 """jobbus and its peers, side by side, on one PostgreSQL server: `make bench`.
 
-    .venv/bin/python bench/run.py                       # everything (9-15 min on 2 cores)
+    .venv/bin/python bench/run.py                       # everything (20-30 min on 2 cores)
     .venv/bin/python bench/run.py --quick               # smaller sizes, a few minutes
     .venv/bin/python bench/run.py --scenario drain_10k --scenario latency --systems jobbus,pgqueuer
+    .venv/bin/python bench/run.py --systems jobbus --scenario backlog --scale 1   # 1M / 10M-row backlogs
+
+The capacity scenarios (drain_procs, backlog, retention) live in `bench/capacity.py`; their row
+counts are 1M queued / 10M finished times `--scale` (0.1 by default, 0.02 with --quick).
+`--merge FILE` adds the scenarios an earlier run measured (a copy of its bench/results/latest.json)
+and this one did not, so a doc can be regenerated after re-measuring a few scenarios.
 
 Every scenario gets its own fresh database per system on the server at BENCH_DSN (created here,
 dropped at the end of the scenario); runs within a scenario reset the system's tables with
@@ -29,7 +35,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -41,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # `python bench/run.py` puts bench/ first, not the repository root
     sys.path.insert(0, str(ROOT))
 
-from bench import harness  # noqa: E402
+from bench import capacity, harness  # noqa: E402
 from jobbus import schema as jobbus_schema  # noqa: E402
 
 BENCH = ROOT / "bench"
@@ -63,6 +69,9 @@ PEERS: dict[str, list[str]] = {
 SCENARIOS = [
     "enqueue_single",
     "enqueue_bulk",
+    "enqueue_bulk_100k",
+    "enqueue_concurrent",
+    "enqueue_4proc",
     "drain_10k",
     "drain_100k",
     "drain_2proc",
@@ -71,6 +80,9 @@ SCENARIOS = [
     "drain_limited",
     "commits",
     "floor",
+    "drain_procs",
+    "backlog",
+    "retention",
 ]
 
 
@@ -84,9 +96,17 @@ class Sizes:
     latency_interval: float = 0.02
     finished: int = 1_000_000
     floor: int = 100_000
+    bulk_large: int = 100_000
+    #: Jobs of the 50-coroutine concurrent enqueue (one App, one job per call).
+    concurrent: int = 5_000
+    coroutines: int = 50
+    #: The capacity scenarios' sizes: 1M queued and 10M finished rows times this (`--scale`).
+    scale: float = 0.1
+    #: Seconds the retention scenario spends deleting at most.
+    retention_budget: float = 120.0
 
 
-QUICK = Sizes(single=500, drain_large=30_000, latency=100, finished=200_000, floor=30_000)
+QUICK = Sizes(single=500, drain_large=30_000, latency=100, finished=200_000, floor=30_000, concurrent=2_000, scale=0.02)
 
 
 #: The flow-control drains: label and the drivers' `--limit` (see bench/harness.py).
@@ -501,7 +521,7 @@ class Suite:
 
     # -- scenarios
 
-    def enqueue(self, scenario: str, op: str, jobs: int) -> None:
+    def enqueue(self, scenario: str, op: str, jobs: int, **options: Any) -> None:
         with self.databases(scenario) as dbs:
             for run in range(self.runs):
                 for system in self.systems:
@@ -511,8 +531,9 @@ class Suite:
                     with self.guarded(scenario, system):
                         self.reset(system, dbs[system.name])
                         self.server.sample_noise()
-                        result = run_driver(system.argv(op, self.dsn(dbs[system.name]), jobs=jobs))
-                        m = self.record(scenario, system.name, "-", jobs, "enqueue", "jobs/s", result["rate"])
+                        result = run_driver(system.argv(op, self.dsn(dbs[system.name]), jobs=jobs, **options))
+                        label = "c" + str(options["concurrency"]) if "concurrency" in options else "-"
+                        m = self.record(scenario, system.name, label, jobs, "enqueue", "jobs/s", result["rate"])
                         rate = result["rate"]
                         log(f"{scenario} {system.name} run {run + 1}: {rate:,.0f} jobs/s (median {m.median:,.0f})")
 
@@ -756,6 +777,8 @@ class FloorVariant:
 
 
 FLOOR_VARIANTS = [
+    # One queue and one type, so the claim walks job_queue_claim_idx as the worker's claim does (since
+    # migration 0006 dropped job_claim_idx, a claim without them sorted every queued row: 1,871 jobs/s).
     FloorVariant(
         "jobbus schema, fenced",
         [
@@ -767,7 +790,7 @@ FLOOR_VARIANTS = [
         """
         WITH next AS (
             SELECT id FROM jobbus.job
-            WHERE status = 'queued' AND available_at <= now()
+            WHERE status = 'queued' AND queue = 'default' AND type = 'bench.noop' AND available_at <= now()
             ORDER BY priority DESC, available_at, id
             LIMIT 100
             FOR UPDATE SKIP LOCKED
@@ -896,21 +919,113 @@ def evaluate_targets(suite: Suite) -> list[Target]:
             lambda v: v >= 0.8,
         ),
         target("commits per completed job ≤ 0.1", f"{commits:.3f}", commits, lambda v: v <= 0.1),
+        *capacity_targets(suite, target, med, (jb, jb_where), floor, p99),
     ]
+
+
+def capacity_targets(
+    suite: Suite,
+    target: Callable[[str, str, float, Callable[[float], bool]], Target],
+    med: Callable[..., float],
+    drain: tuple[float, str],
+    floor: float,
+    p99: float,
+) -> list[Target]:
+    """The targets of issue 12 ("Scale")."""
+    jb, jb_where = drain
+    one = two = math.nan
+    ones = [m for m in suite.results if m.scenario == "drain_procs" and m.metric == "steady" and m.values]
+    for m in ones:
+        if m.setting.startswith("1 proc"):
+            one = m.median
+        if m.setting.startswith("2 proc"):
+            two = m.median
+    if not ones:
+        one, two = jb, med("drain_2proc", "jobbus", "steady")
+    bulk = med("enqueue_bulk_100k", "jobbus", "enqueue")
+    bulk_where = "100k"
+    if math.isnan(bulk):
+        bulk, bulk_where = med("enqueue_bulk", "jobbus", "enqueue"), "10k"
+    conc, pq_conc = med("enqueue_concurrent", "jobbus", "enqueue"), med("enqueue_concurrent", "pgqueuer", "enqueue")
+    targets = [
+        target(
+            "drain: ≥ 75% of the SQL floor (12)",
+            f"{jb / floor:.0%} of {floor:,.0f} ({jb_where})",
+            jb / floor,
+            lambda v: v >= 0.75,
+        ),
+        target(
+            "drain: 2 processes ≥ 1.5× one (12)",
+            f"{two / one:.2f}× ({two:,.0f} vs {one:,.0f})",
+            two / one,
+            lambda v: v >= 1.5,
+        ),
+        target(
+            f"bulk enqueue ({bulk_where}): ≥ 150,000 jobs/s (12)", f"{bulk:,.0f} jobs/s", bulk, lambda v: v >= 150_000
+        ),
+        target(
+            "concurrent single enqueue, 50 coroutines: ≥ 1.5× pgqueuer (12)",
+            f"{conc / pq_conc:.2f}× ({conc:,.0f} vs {pq_conc:,.0f})",
+            conc / pq_conc,
+            lambda v: v >= 1.5,
+        ),
+        target("idle latency p99 ≤ 5 ms (12)", f"{p99:.2f} ms", p99, lambda v: v <= 5),
+    ]
+    backlog = {m.setting: m for m in suite.results if m.scenario == "backlog" and m.values}
+    clean = med("backlog", "jobbus", "steady", "clean")
+    for suffix in ("in a paused queue", "of an unserved type", "finished"):
+        label = next((s for s in backlog if s.endswith(suffix)), None)
+        if label is None:
+            continue
+        p50 = med("backlog", "jobbus", "claim p50", label)
+        rate = med("backlog", "jobbus", "steady", label)
+        targets.append(target(f"{label}: claim p50 ≤ 2 ms (12)", f"{p50:.2f} ms", p50, lambda v: v <= 2))
+        targets.append(
+            target(
+                f"{label}: drain ≥ 90% of clean (12)",
+                f"{rate / clean:.0%} ({rate:,.0f} vs {clean:,.0f})",
+                rate / clean,
+                lambda v: v >= 0.9,
+            )
+        )
+    deletes = next(
+        (
+            m
+            for m in suite.results
+            if m.scenario == "retention" and m.metric == "rows/s" and m.setting.startswith("DELETE") and m.values
+        ),
+        None,
+    )
+    if deletes is not None:
+        # The cleaner works ROUND_SECONDS (2 s) of every 10 s interval: a fifth of the batch rate.
+        duty = deletes.median * 0.2
+        targets.append(
+            target(
+                "retention: the cleaner's batched DELETE keeps up with 1,000 jobs/s (12)",
+                f"{deletes.median:,.0f} rows/s, {duty:,.0f} rows/s at its 2 s per 10 s",
+                duty,
+                lambda v: v >= 1000,
+            )
+        )
+    return targets
 
 
 def fmt(value: float, unit: str) -> str:
     if math.isnan(value):
         return "-"
-    if unit == "ms" or unit == "commits/job":
-        return f"{value:.3f}" if unit == "commits/job" else f"{value:.2f}"
+    if unit in ("commits/job", "cpu ms/job"):
+        return f"{value:.3f}"
+    if unit in ("ms", "cores", "fraction", "load", "s"):
+        return f"{value:.2f}"
     return f"{value:,.0f}"
 
 
 def table_rows(suite: Suite) -> list[list[str]]:
     """Every measurement: scenarios in suite order, systems in column order, settings in sweep order."""
-    order = {name: i for i, name in enumerate(["enqueue_single", "enqueue_bulk", "drain_10k", "drain_100k",
-                                                "drain_2proc", "latency", "floor", "finished_1m"])}  # fmt: skip
+    order = {name: i for i, name in enumerate(["enqueue_single", "enqueue_bulk", "enqueue_bulk_100k",
+                                                "enqueue_concurrent", "enqueue_4proc", "drain_10k", "drain_100k",
+                                                "drain_2proc", "drain_procs", "latency", "floor", "finished_1m",
+                                                "backlog", "retention"])}  # fmt: skip
     systems = {s.name: i for i, s in enumerate(suite.systems)}
     settings = {(s.name, setting.label): i for s in suite.systems for i, setting in enumerate(s.sweep)}
     metrics = {name: i for i, name in enumerate(["enqueue", "steady", "wall", "commits", "wal", "p50", "p95", "p99"])}
@@ -935,6 +1050,9 @@ HEADER = ["scenario", "system", "setting", "jobs", "metric", "unit", "median", "
 SUMMARY_ROWS = [
     ("enqueue, one call per job", "enqueue_single", "enqueue", False),
     ("enqueue, bulk call", "enqueue_bulk", "enqueue", False),
+    ("enqueue, bulk call of 100k", "enqueue_bulk_100k", "enqueue", False),
+    ("enqueue, 50 coroutines on one App/pool", "enqueue_concurrent", "enqueue", False),
+    ("enqueue, 4 producer processes", "enqueue_4proc", "enqueue", False),
     ("drain 10k, best setting", "drain_10k", "steady", True),
     ("drain 100k, 1 process", "drain_100k", "steady", True),
     ("drain, 2 processes", "drain_2proc", "steady", True),
@@ -1086,7 +1204,7 @@ def render_doc_block(
         lines += [f"- {m.scenario} / {m.system}: {m.note}" for m in notes]
         lines.append("")
     targets = evaluate_targets(suite)
-    lines += ["### Targets of issue 6", ""]
+    lines += ["### Targets (issues 6 and 12)", ""]
     verdict = {True: "met", False: "**missed**", None: "not measured"}
     lines.append(
         render_markdown_table(["target", "measured", ""], [[t.text, t.measured, verdict[t.met]] for t in targets])
@@ -1143,7 +1261,38 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="before each measurement wait (up to 20 s) until the CPUs are less busy than this (0 to 1; 1 = never)",
     )
     parser.add_argument("--reinstall-peers", action="store_true", help="retry installing peers that failed before")
+    parser.add_argument(
+        "--scale",
+        type=float,
+        help="capacity scenarios: 1M queued / 10M finished rows times this (default 0.1, --quick 0.02; 1 = full)",
+    )
+    parser.add_argument(
+        "--merge",
+        type=Path,
+        help="raw figures of an earlier run (a copy of bench/results/latest.json): its scenarios that this "
+        "run does not measure are added to the table, the targets and the doc, with a note saying so",
+    )
+    parser.add_argument(
+        "--retention-budget", type=float, help="retention: seconds of batched DELETE at most (default 120)"
+    )
     return parser.parse_args(argv)
+
+
+def merge_earlier(suite: Suite, path: Path, measured: set[str]) -> None:
+    """Adds an earlier run's figures of the scenarios not measured now, and each system's best drain setting."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    taken = sorted({r["scenario"] for r in data["results"] if r["scenario"] not in measured})
+    for r in data["results"]:
+        if r["scenario"] not in measured:
+            suite.results.append(Measurement(**r))
+    for system in suite.systems:
+        steady = [m for m in suite.results if (m.scenario, m.system, m.metric) == ("drain_10k", system.name, "steady")]
+        best = max(steady, key=lambda m: m.median, default=None)
+        if best is not None and system.best is None:
+            system.best = next((s for s in system.sweep if s.label == best.setting), None)
+    started = time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(float(data["started"])))
+    suite.notes["merged"] = f"{', '.join(taken)}: from the run of {started} ({data['command']}), not measured again"
+    log(f"merged {len(taken)} scenarios from {path}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1155,6 +1304,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 64
     scenarios = args.scenario or SCENARIOS
     sizes = QUICK if args.quick else Sizes()
+    if args.scale is not None:
+        sizes = replace(sizes, scale=args.scale)
+    if args.retention_budget is not None:
+        sizes = replace(sizes, retention_budget=args.retention_budget)
     server = Server(args.dsn, quiet_threshold=args.quiet_threshold if args.quiet_threshold < 1 else None)
     started = time.time()
     peer_notes: dict[str, str] = {}
@@ -1174,11 +1327,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     suite.notes = peer_notes
     for name, text in peer_notes.items():
         log(f"{name}: {text}")
+    if args.merge is not None:  # before the run: the earlier best drain settings apply to this run's drains
+        merge_earlier(suite, args.merge, set(scenarios) | ({"drain_100k"} if "commits" in scenarios else set()))
     try:
         if "enqueue_single" in scenarios:
             suite.enqueue("enqueue_single", "enqueue_single", sizes.single)
         if "enqueue_bulk" in scenarios:
             suite.enqueue("enqueue_bulk", "enqueue_bulk", sizes.bulk)
+        if "enqueue_bulk_100k" in scenarios:
+            suite.enqueue("enqueue_bulk_100k", "enqueue_bulk", sizes.bulk_large)
+        if "enqueue_concurrent" in scenarios:
+            suite.enqueue("enqueue_concurrent", "enqueue_concurrent", sizes.concurrent, concurrency=sizes.coroutines)
+        if "enqueue_4proc" in scenarios:
+            capacity.enqueue_processes(suite)
         if "drain_10k" in scenarios:
             suite.drain("drain_10k", sizes.drain_small, sweep=True)
         if "drain_100k" in scenarios or "commits" in scenarios:
@@ -1193,6 +1354,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             suite.limited()
         if "floor" in scenarios:
             suite.floor()
+        if "drain_procs" in scenarios:
+            capacity.drain_processes(suite)
+        if "backlog" in scenarios:
+            capacity.backlog(suite)
+        if "retention" in scenarios:
+            capacity.retention(suite)
     except KeyboardInterrupt:
         log("interrupted: dropping the benchmark databases")
         return 130
@@ -1211,7 +1378,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = environment(server, suite, peers_python)
     command = " ".join([".venv/bin/python bench/run.py", *(argv if argv is not None else sys.argv[1:])])
     save_raw(suite, env, command, started, ended)
-    full = not args.scenario and not args.quick
+    full = not args.scenario and not args.quick and args.merge is None
     output = args.output or (DOC if full else None)
     if output is not None:
         write_doc(render_doc_block(server, suite, env, command, started, ended), output)

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import asyncpg
-from pgqueuer import AsyncpgDriver, PgQueuer, Queries
+from pgqueuer import AsyncpgDriver, AsyncpgPoolDriver, PgQueuer, Queries
 from pgqueuer.domain.types import QueueExecutionMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -42,12 +42,35 @@ async def enqueue_single(args):
     conn, queries = await _queries(args.dsn)
     for _ in range(WARM_UP):
         await queries.enqueue(harness.NOOP, None)
-    started = time.perf_counter()
+    await asyncio.sleep(harness.wait_until(args.start_at))
+    started = time.time()
     for _ in range(args.jobs):
         await queries.enqueue(harness.NOOP, None)
-    elapsed = time.perf_counter() - started
+    ended = time.time()
     await conn.close()
-    return {"rate": args.jobs / elapsed, "seconds": elapsed}
+    return harness.enqueue_result(args.jobs, started, ended)
+
+
+async def enqueue_concurrent(args):
+    """`--concurrency` coroutines share one pool (asyncpg, 10 connections like jobbus's default pool)
+    through `AsyncpgPoolDriver`, each enqueueing one job per call until `--jobs` are in."""
+    pool = await asyncpg.create_pool(args.dsn, min_size=10, max_size=10)
+    queries = Queries(AsyncpgPoolDriver(pool))
+    left = args.jobs
+
+    async def producer():
+        nonlocal left
+        while left > 0:
+            left -= 1
+            await queries.enqueue(harness.NOOP, None)
+
+    await asyncio.gather(*(queries.enqueue(harness.NOOP, None) for _ in range(args.concurrency)))
+    await asyncio.sleep(harness.wait_until(args.start_at))
+    started = time.time()
+    await asyncio.gather(*(producer() for _ in range(args.concurrency)))
+    ended = time.time()
+    await pool.close()
+    return harness.enqueue_result(args.jobs, started, ended)
 
 
 async def enqueue_bulk(args):

@@ -40,11 +40,32 @@ async def enqueue_single(args):
     async with app.open_async():
         for _ in range(WARM_UP):
             await noop.defer_async()
-        started = time.perf_counter()
+        await asyncio.sleep(harness.wait_until(args.start_at))
+        started = time.time()
         for _ in range(args.jobs):
             await noop.defer_async()
-        elapsed = time.perf_counter() - started
-    return {"rate": args.jobs / elapsed, "seconds": elapsed}
+        ended = time.time()
+    return harness.enqueue_result(args.jobs, started, ended)
+
+
+async def enqueue_concurrent(args):
+    """`--concurrency` coroutines share one App (its connector's pool), one `defer_async` per job."""
+    app, noop = _app(args.dsn)
+    left = args.jobs
+
+    async def producer():
+        nonlocal left
+        while left > 0:
+            left -= 1
+            await noop.defer_async()
+
+    async with app.open_async():
+        await asyncio.gather(*(noop.defer_async() for _ in range(args.concurrency)))
+        await asyncio.sleep(harness.wait_until(args.start_at))
+        started = time.time()
+        await asyncio.gather(*(producer() for _ in range(args.concurrency)))
+        ended = time.time()
+    return harness.enqueue_result(args.jobs, started, ended)
 
 
 async def enqueue_bulk(args):
