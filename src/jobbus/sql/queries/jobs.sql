@@ -318,15 +318,17 @@ LIMIT %(limit)s;
 
 -- name: prune_jobs
 -- Deletes in bounded batches so a large prune never holds locks for long; the caller loops until
--- fewer than %(limit)s rows come back.
+-- fewer than %(limit)s rows come back. The batch is an array, so the delete stays on the primary key
+-- whatever plan the statement gets (`id IN (subquery)` could become a hash join over a sequential scan
+-- of the whole table in a generic plan: docs/capacity.md, retention).
 DELETE FROM {schema}.job
-WHERE id IN (
+WHERE id = ANY (ARRAY(
     SELECT id FROM {schema}.job
     WHERE finished_at < now() - make_interval(secs => %(older_than_seconds)s)
       AND status = ANY(%(statuses)s::text[])
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
-);
+));
 
 -- name: job_steps
 -- The stored results of a job's durable steps, read once per attempt at its first `step`.
