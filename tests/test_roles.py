@@ -2,35 +2,22 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 
 import psycopg
 import pytest
-from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
 import jobbus
 from jobbus import control, schema
 from jobbus.store.jobs import COPY_MIN_ROWS
+from tests.roles import granted_roles
 
 
 @pytest.fixture
 def roles(dsn: str) -> Iterator[dict[str, str]]:
-    suffix = uuid.uuid4().hex[:8]
-    names = {kind: f"jobbus_{kind}_{suffix}" for kind in ("worker", "operator", "observer", "producer")}
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        for name in names.values():
-            conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
-        conn.execute(schema.roles_script("jobbus", **names).encode())
-    try:
-        yield {kind: make_conninfo(dsn, user=name) for kind, name in names.items()}
-    finally:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            for name in names.values():
-                conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
-                conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+    with granted_roles(dsn, ("worker", "operator", "observer", "producer")) as conninfos:
+        yield conninfos
 
 
 def _app(dsn: str) -> jobbus.App:

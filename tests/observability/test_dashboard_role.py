@@ -10,30 +10,17 @@ from datetime import timedelta
 import httpx
 import psycopg
 import pytest
-from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
 import jobbus
-from jobbus import schema
 from jobbus.dashboard import create_app
 from tests.observability.test_dashboard import BASE, PAGES, csrf_of, seed
+from tests.roles import granted_roles
 
 
 @pytest.fixture
 def roles(dsn: str) -> Iterator[dict[str, str]]:
-    suffix = uuid.uuid4().hex[:8]
-    names = {kind: f"jobbus_{kind}_{suffix}" for kind in ("worker", "operator", "observer", "dashboard")}
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        for name in names.values():
-            conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
-        conn.execute(schema.roles_script("jobbus", **names).encode())
-    try:
-        yield {kind: make_conninfo(dsn, user=name) for kind, name in names.items()}
-    finally:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            for name in names.values():
-                conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
-                conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+    with granted_roles(dsn, ("worker", "operator", "observer", "dashboard")) as conninfos:
+        yield conninfos
 
 
 async def test_the_dashboard_role_serves_pages_and_actions(dsn: str, roles: dict[str, str]) -> None:
@@ -101,3 +88,18 @@ async def test_a_read_only_dashboard_works_with_the_observer_role(dsn: str, role
         for path in PAGES:
             assert (await http.get(path)).status_code == 200, path
     await asgi.state.dashboard.close()
+
+
+async def test_the_dashboard_role_can_cancel_the_last_member_of_a_group_with_a_callback(
+    dsn: str, roles: dict[str, str]
+) -> None:
+    """Cancelling makes the member terminal: the callback is written in that transaction, as the dashboard role."""
+    async with jobbus.App(dsn=dsn) as owner:
+        group, (member,) = await owner.schedule_group(
+            [jobbus.JobRequest("report.render", {"n": 1})], then=jobbus.JobRequest("report.done", {})
+        )
+    async with jobbus.App(dsn=roles["dashboard"]) as app:
+        assert await app.cancel(member) == jobbus.JobStatus.CANCELLED
+    with psycopg.connect(dsn) as conn:
+        callbacks = conn.execute("SELECT count(*) FROM jobbus.job WHERE type = 'report.done'").fetchone()
+    assert callbacks == (1,), group

@@ -1,0 +1,31 @@
+"""Login roles for one test, granted by `roles_script` and dropped afterwards."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from jobbus import schema
+
+
+@contextmanager
+def granted_roles(dsn: str, kinds: Sequence[str]) -> Iterator[dict[str, str]]:
+    """One fresh role per kind (worker, operator, observer, producer, dashboard): kind -> its conninfo."""
+    suffix = uuid.uuid4().hex[:8]
+    names = {kind: f"jobbus_{kind}_{suffix}" for kind in kinds}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for name in names.values():
+            conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
+        conn.execute(schema.roles_script("jobbus", **names).encode())
+    try:
+        yield {kind: make_conninfo(dsn, user=name) for kind, name in names.items()}
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for name in names.values():
+                conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
+                conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
