@@ -284,6 +284,67 @@ def test_enqueue_joins_djangos_transaction(django_db: str) -> None:
     assert default_task_backend.get_result(kept.id).status == Status.SUCCESSFUL
 
 
+def _uri_of(dsn: str) -> str:
+    """The same database spelled another way: a URI without the port, with a parameter added."""
+    params = conninfo_to_dict(dsn)
+    return f"postgresql://{params['user']}@{params['host']}/{params['dbname']}?connect_timeout=10"
+
+
+def test_a_jobbus_dsn_naming_djangos_database_still_joins_its_transaction(django_db: str) -> None:
+    from django.conf import settings
+
+    with override_settings(JOBBUS={**settings.JOBBUS, "dsn": _uri_of(django_db)}):
+        get_app().sync.close()
+        with pytest.raises(ZeroDivisionError), transaction.atomic():
+            fns.noop.enqueue("rolled back")
+            raise ZeroDivisionError
+        assert _jobs(django_db) == []
+        with transaction.atomic():
+            kept = fns.noop.enqueue("committed")
+            assert _jobs(django_db) == []  # not visible before Django commits
+        assert [name for name, *_ in _jobs(django_db)] == ["tests.contrib.django_task_functions.noop"]
+        assert get_app().settings.dsn == _uri_of(django_db)  # the App's own pool is the dsn given
+        _drain()
+        assert fns.EXECUTED == [("noop", ("committed",), {})]
+        assert default_task_backend.get_result(kept.id).status == Status.SUCCESSFUL
+        get_app().sync.close()
+
+
+def test_a_jobbus_dsn_naming_another_database_enqueues_there_at_once(django_db: str, dsn: str) -> None:
+    from django.conf import settings
+
+    with override_settings(JOBBUS={**settings.JOBBUS, "dsn": dsn}):
+        get_app().sync.close()
+        with pytest.raises(ZeroDivisionError), transaction.atomic():
+            fns.noop.enqueue("committed on its own")
+            raise ZeroDivisionError
+        assert _jobs(django_db) == []
+        assert [name for name, *_ in _jobs(dsn)] == ["tests.contrib.django_task_functions.noop"]
+        get_app().sync.close()
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "same"),
+    [
+        ("host=127.0.0.1 port=5432 dbname=shop user=web", "postgresql://web@localhost/shop", True),
+        ("host=::1 dbname=shop user=web", "postgresql://web@[::1]:5432/shop?sslmode=prefer", True),
+        ("host=DB.Example.com dbname=shop user=web password=a", "postgresql://web:b@db.example.com./shop", True),
+        ("host=127.0.0.2 dbname=shop user=web", "host=localhost dbname=shop user=web", True),
+        ("host=db1 dbname=shop user=web", "host=db2 dbname=shop user=web", False),
+        ("host=db dbname=shop user=web", "host=db port=5433 dbname=shop user=web", False),
+        ("host=db dbname=shop user=web", "host=db dbname=shop_jobs user=web", False),
+        ("host=db dbname=shop user=web", "host=db dbname=shop user=jobs", False),
+        ("host=/var/run/postgresql dbname=shop user=web", "host=localhost dbname=shop user=web", False),
+        ("service=shop", "host=db dbname=shop user=web", False),
+    ],
+)
+def test_which_dsns_name_the_same_database(first: str, second: str, same: bool) -> None:
+    from jobbus.contrib.django.conf import same_database
+
+    assert same_database(first, second) is same
+    assert same_database(second, first) is same
+
+
 def test_a_copy_batch_in_djangos_transaction_rolls_back_with_it(django_db: str) -> None:
     from jobbus.contrib.django import connection
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import getpass
+import ipaddress
+import os
 import threading
 from typing import Any
 
 import psycopg
 from django.conf import settings
 from django.db import connections
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from jobbus.app import App
 
@@ -45,8 +48,7 @@ def get_app() -> App:
     """The project's App: `JOBBUS["app"]` or a new one, with `JOBBUS`'s settings, on Django's database.
 
     One per process. Its `dsn` is the Django database's (under Django's test runner, the test
-    database) unless `JOBBUS` names one; then enqueues cannot join Django's transactions and go
-    through the App's own pool. Django tasks' handler is registered on it.
+    database) unless `JOBBUS` names one. Django tasks' handler is registered on it.
     """
     with _lock:
         own = config()
@@ -60,16 +62,51 @@ def get_app() -> App:
 
             register_handler(app)
             _apps[target] = app
-        if "dsn" not in own and app._pool is None:
-            dsn = database_dsn()
+        if app._pool is None:
+            dsn = str(own["dsn"]) if "dsn" in own else database_dsn()
             if app.settings.dsn != dsn:
                 app.reconfigure(dsn=dsn)
         return app
 
 
 def joins_django_transactions() -> bool:
-    """Whether jobs go through Django's connection: unless `JOBBUS` names a database of its own."""
-    return "dsn" not in config()
+    """Whether jobs go through Django's connection: unless `JOBBUS["dsn"]` names another database
+    than Django's (another server, port, database name or user)."""
+    own = config()
+    return "dsn" not in own or same_database(str(own["dsn"]), database_dsn())
+
+
+def same_database(first: str, second: str) -> bool:
+    """Whether two libpq DSNs (URIs or key=value strings) name the same database as the same user.
+
+    Each is reduced to (host, port, database, user) with libpq's defaults filled in (`PGHOST`,
+    `PGPORT`, `PGUSER`, `PGDATABASE`, else port 5432, the OS user, the user's name); host names
+    compare case-insensitively, and ``localhost`` and loopback addresses are one host. A DSN that
+    names a ``service`` is the same only as one naming the same service and parameters. The
+    password, SSL and timeout parameters are not part of the comparison.
+    """
+    return _target(first) == _target(second)
+
+
+def _target(dsn: str) -> tuple[str, ...]:
+    params = conninfo_to_dict(dsn)
+    host = str(params.get("host") or params.get("hostaddr") or os.environ.get("PGHOST") or "")
+    port = str(params.get("port") or os.environ.get("PGPORT") or "5432")
+    user = str(params.get("user") or os.environ.get("PGUSER") or getpass.getuser())
+    dbname = str(params.get("dbname") or os.environ.get("PGDATABASE") or user)
+    service = str(params.get("service") or os.environ.get("PGSERVICE") or "")
+    return (service, ",".join(_host(name) for name in host.split(",")), port, dbname, user)
+
+
+def _host(name: str) -> str:
+    name = name.strip().lower().removesuffix(".")
+    if name == "localhost":
+        return "127.0.0.1"
+    try:
+        address = ipaddress.ip_address(name.strip("[]"))
+    except ValueError:
+        return name  # a name, or a socket directory
+    return "127.0.0.1" if address.is_loopback else str(address)
 
 
 def worker_app() -> App:
