@@ -470,3 +470,102 @@ async def test_a_job_page_shows_its_steps_redacted_and_its_parent(dsn: str, dash
     assert "<h2>Steps</h2>" in page and "ch_41" in page
     assert "sk-live-7" not in page and MASK in page
     assert f'href="/jobs/{parent}"' in page
+
+
+async def test_the_limits_form_keeps_what_it_does_not_send_and_clears_what_it_sends_empty(
+    dsn: str, dashboard: tuple[jobbus.App, Any]
+) -> None:
+    app, asgi = dashboard
+    async with app:
+        await app.set_queue(
+            "reports",
+            concurrency=4,
+            concurrency_per_key=1,
+            rate_limit=jobbus.RateLimit(10, timedelta(minutes=1)),
+            rate_limit_per_key=jobbus.RateLimit(2, timedelta(minutes=1)),
+        )
+    async with client(asgi) as http:
+        token = csrf_of((await http.get("/queues")).text)
+
+        async def post(**fields: str) -> jobbus.QueueSettings:
+            response = await http.post("/queues/reports/limits", data={"csrf": token, "next": "/queues", **fields})
+            assert response.status_code == 303
+            assert "refused" not in (response.cookies.get("jobbus_flash") or "")
+            async with app:
+                return await app.get_queue("reports")
+
+        limits = await post(concurrency="6")
+        assert (limits.concurrency, limits.concurrency_per_key) == (6, 1)
+        assert limits.rate_limit == jobbus.RateLimit(10, timedelta(minutes=1))
+        assert limits.rate_limit_per_key == jobbus.RateLimit(2, timedelta(minutes=1))
+        limits = await post(rate_limit_per_key="", concurrency_per_key="none")
+        assert (limits.concurrency, limits.concurrency_per_key, limits.rate_limit_per_key) == (6, None, None)
+        assert limits.rate_limit == jobbus.RateLimit(10, timedelta(minutes=1))
+        limits = await post()
+        assert (limits.concurrency, limits.rate_limit) == (6, jobbus.RateLimit(10, timedelta(minutes=1)))
+        limits = await post(concurrency=" ", rate_limit="None")
+        assert limits == jobbus.QueueSettings("reports")
+
+
+async def test_queue_and_periodic_names_with_a_slash_have_their_pages_and_actions(
+    dsn: str, dashboard: tuple[jobbus.App, Any]
+) -> None:
+    app, asgi = dashboard
+    async with app:
+        job_id = await app.schedule("report.render", {}, queue="a/b")
+        await app.add_periodic("x/y", type="report.render", every=timedelta(hours=1))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO jobbus.queue_stat (sampled_at, queue, available, scheduled, running, completed, failed, "
+            "cancelled, oldest_available_seconds) VALUES (now(), 'a/b', 1, 0, 0, 0, 0, 0, 0)"
+        )
+    async with client(asgi) as http:
+        queues = (await http.get("/queues")).text
+        assert 'action="/queues/a/b/limits"' in queues and 'action="/queues/a/b/pause"' in queues
+        periodic = (await http.get("/periodic")).text
+        assert 'action="/periodic/x/y/pause"' in periodic and 'action="/periodic/x/y/run"' in periodic
+        jobs = (await http.get("/jobs", params={"queue": "a/b"})).text
+        assert str(job_id) in jobs
+        token = csrf_of(queues)
+        for url, fields in [
+            ("/queues/a/b/limits", {"concurrency": "2"}),
+            ("/queues/a/b/pause", {}),
+            ("/periodic/x/y/pause", {}),
+            ("/periodic/x/y/resume", {}),
+            ("/periodic/x/y/run", {}),
+            ("/periodic/x/y/pause", {}),
+        ]:
+            response = await http.post(url, data={"csrf": token, "next": "/queues", **fields})
+            assert response.status_code == 303, (url, response.text)
+            assert "refused" not in (response.cookies.get("jobbus_flash") or ""), url
+        assert (await http.post("/queues/a/b/bogus", data={"csrf": token})).status_code == 404
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT target_kind, target FROM jobbus.pause").fetchall() == [("queue", "a/b")]
+    async with app:
+        assert (await app.get_queue("a/b")).concurrency == 2
+        (periodic_job,) = await app.list_periodic()
+        assert periodic_job.name == "x/y" and not periodic_job.enabled and periodic_job.last_job_id is not None
+
+
+async def test_logout_needs_the_csrf_token(dsn: str) -> None:
+    app = jobbus.App(dsn=dsn)
+    asgi = create_app(app, token="s3cret-token")
+    async with client(asgi) as http:
+        token = csrf_of((await http.get("/login")).text)
+        assert (await http.post("/login", data={"csrf": token, "token": "s3cret-token"})).status_code == 303
+        page = (await http.get("/jobs", headers={"accept": "text/html"})).text
+        assert re.search(r'action="/logout"[^>]*><input type="hidden" name="csrf" value="' + token, page)
+        for fields, headers in [
+            ({}, {}),
+            ({"csrf": "0" * 64}, {}),
+            ({"csrf": token}, {"origin": "https://evil.example"}),
+        ]:
+            refused = await http.post("/logout", data=fields, headers=headers)
+            assert refused.status_code == 403
+            assert "jobbus_session" not in refused.headers.get("set-cookie", "")
+            assert (await http.get("/jobs")).status_code == 200  # still logged in
+        done = await http.post("/logout", data={"csrf": token}, headers={"origin": BASE})
+        assert done.status_code == 303 and done.headers["location"] == "/login"
+        assert 'jobbus_session=""' in done.headers["set-cookie"]
+        assert (await http.get("/jobs")).status_code == 401
+    await asgi.state.dashboard.close()

@@ -28,6 +28,14 @@ SHUTDOWN_SECONDS = 2
     metavar="TOKEN",
     help="Every request must carry it (login form or bearer header); or set JOBBUS_DASHBOARD_TOKEN.",
 )
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="A host name (or address) the dashboard answers to besides loopback ones; repeatable. "
+    "'.example.com' covers its subdomains.",
+)
 @click.option("--log-level", default="INFO", show_default=True, type=click.Choice(["DEBUG", "INFO", "WARNING"]))
 def dashboard_command(
     dsn: str | None,
@@ -36,6 +44,7 @@ def dashboard_command(
     port: int,
     read_only: bool,
     token: str | None,
+    allowed_hosts: tuple[str, ...],
     log_level: str,
 ) -> None:
     """Serve the web dashboard: queues, jobs, failures, workers, periodic jobs, groups; live.
@@ -45,18 +54,26 @@ def dashboard_command(
       jobbus dashboard
       JOBBUS_DASHBOARD_TOKEN=s3cret jobbus dashboard --host 0.0.0.0 --port 8080
       jobbus dashboard --read-only --dsn postgresql://app_ro@db/app
+      JOBBUS_DASHBOARD_TOKEN=s3cret jobbus dashboard --host 0.0.0.0 --allowed-host jobs.example.com
 
     It binds 127.0.0.1 unless told otherwise; on any other address give it a token (and put TLS in
     front of it). Prefer JOBBUS_DASHBOARD_TOKEN to --token: the command line is visible to other users.
+    It answers only to requests for a loopback name (localhost, 127.0.0.1, [::1]) and the
+    --allowed-host names; with a token and no --allowed-host, to any name.
     """
     try:
         import uvicorn
 
         from jobbus.dashboard import create_app
+        from jobbus.dashboard.security import allowed_host
     except ImportError as exc:
         raise UsageProblem(f"jobbus dashboard: {exc} (pip install 'jobbus[dashboard]')") from None
     if token is not None and not token.strip():
         raise UsageProblem("--token must not be empty")
+    try:
+        hosts = [allowed_host(name) for name in allowed_hosts]
+    except ValueError as exc:
+        raise UsageProblem(f"--allowed-host: {exc}") from None
     if token is None and not _loopback(host):
         raise UsageProblem(
             f"--host {host} is reachable from other machines: give a --token (or JOBBUS_DASHBOARD_TOKEN)"
@@ -68,7 +85,7 @@ def dashboard_command(
     async def body() -> int:
         async with open_app(app_spec, dsn) as app:
             await probe_database(app.dsn)
-            asgi = create_app(app, read_only=read_only, token=token)
+            asgi = create_app(app, read_only=read_only, token=token, allowed_hosts=hosts or None)
             # Open event streams never end on their own: at shutdown they get SHUTDOWN_SECONDS, then close.
             config = uvicorn.Config(
                 asgi,
@@ -87,11 +104,12 @@ def dashboard_command(
 
             server = Server(config)
             logging.getLogger("jobbus.dashboard").info(
-                "dashboard on http://%s:%d/%s%s",
+                "dashboard on http://%s:%d/%s%s%s",
                 host,
                 port,
                 " (read-only)" if read_only else "",
                 " (token required)" if token else "",
+                f" (also answers to {', '.join(hosts)})" if hosts else "",
             )
             await server.serve()
         return 0

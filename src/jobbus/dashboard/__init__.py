@@ -10,6 +10,7 @@ workers, queues, periodic jobs, groups; live updates over Server-Sent Events. Se
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 try:
@@ -18,7 +19,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("jobbus.dashboard needs starlette and jinja2: pip install 'jobbus[dashboard]'") from exc
 
-from jobbus.dashboard.security import MASK, Redactor, redact_secrets
+from jobbus.dashboard.security import MASK, Redactor, allowed_host, redact_secrets
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -27,7 +28,12 @@ if TYPE_CHECKING:
 
 
 def create_app(
-    app: App, *, read_only: bool = False, token: str | None = None, redact: Redactor | None = None
+    app: App,
+    *,
+    read_only: bool = False,
+    token: str | None = None,
+    allowed_hosts: Iterable[str] | None = None,
+    redact: Redactor | None = None,
 ) -> Starlette:
     """The dashboard of `app` as an ASGI application.
 
@@ -35,12 +41,20 @@ def create_app(
     cookie the login form sets); `redact(field, value)` decides what is shown of each job's
     `configuration`, `execution_data`, `result` and `last_error` (default: `redact_secrets`, which masks
     values under keys that look like secrets). The App's pool is opened on the first request.
+
+    A request is answered only when its `Host` is a loopback name or address (``localhost``,
+    ``*.localhost``, 127.0.0.0/8, ``[::1]``) or one of `allowed_hosts` (names or addresses without
+    port; ``.example.com`` for a domain and its subdomains; ``*`` for any); with a `token` and
+    `allowed_hosts` None, any host. Others get 400.
     """
     from jobbus.dashboard.web import create_starlette
 
     if token is not None and not token.strip():
         raise ValueError("token must not be empty")
-    return create_starlette(app, read_only=read_only, token=token, redact=redact)
+    if isinstance(allowed_hosts, str | bytes):
+        raise TypeError("allowed_hosts is a list of host names, not one string")
+    hosts = None if allowed_hosts is None else [allowed_host(entry) for entry in allowed_hosts]
+    return create_starlette(app, read_only=read_only, token=token, redact=redact, allowed_hosts=hosts)
 
 
 __all__ = ["MASK", "Redactor", "create_app", "redact_secrets"]

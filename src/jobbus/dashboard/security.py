@@ -7,19 +7,26 @@
   constant time) and, when the browser sends one, an `Origin` of this very host. A bearer header is
   not sent by browsers on their own, so API clients using it need no CSRF token.
 - `read_only` refuses every action with 403, whatever the credentials.
+- Requests are answered only when their `Host` is one of the dashboard's names (`HostGuard`): a
+  loopback name or address, one of `allowed_hosts`, or, with a token and no `allowed_hosts`, any.
+  A page of another site whose name was made to resolve to 127.0.0.1 (DNS rebinding) sends its own
+  name and is refused with 400.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import re
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
 from starlette.requests import Request
+from starlette.responses import PlainTextResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 SESSION_COOKIE = "jobbus_session"
 CSRF_COOKIE = "jobbus_csrf"
@@ -99,3 +106,99 @@ class Guard:
             return False  # another site (or an opaque "null" origin) posting into this one
         cookie = request.cookies.get(CSRF_COOKIE, "")
         return bool(cookie) and bool(submitted) and hmac.compare_digest(cookie.encode(), (submitted or "").encode())
+
+
+# -- the names the dashboard answers to -------------------------------------------------------------
+
+_PORT = re.compile(r"[0-9]{1,5}")
+_NAME = re.compile(r"[a-z0-9_.-]+|\*")
+
+
+def host_name(header: str) -> str | None:
+    """The host of a `Host` header, lower-case, without its port, IPv6 brackets or trailing dot
+    (None when the header is not a host)."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        address, bracket, port = header[1:].partition("]")
+        if not bracket or (port and not (port.startswith(":") and _PORT.fullmatch(port[1:]))):
+            return None
+        try:
+            return str(ipaddress.IPv6Address(address))
+        except ValueError:
+            return None
+    name, colon, port = header.partition(":")
+    if colon and not _PORT.fullmatch(port):
+        return None
+    name = name.removesuffix(".")
+    return name if name and _NAME.fullmatch(name) and name != "*" else None
+
+
+def is_loopback(name: str) -> bool:
+    """`localhost`, a name under `.localhost` (browsers resolve them to the loopback interface
+    themselves), or an address of 127.0.0.0/8 or ::1."""
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+def allowed_host(entry: str) -> str:
+    """One entry of `allowed_hosts`, normalised: a name or address without port (``[::1]`` or ``::1``),
+    ``.example.com`` for that domain and its subdomains, or ``*`` for any host."""
+    if not isinstance(entry, str):
+        raise TypeError(f"allowed_hosts entries are host names, got {type(entry).__name__}")
+    text = entry.strip().lower()
+    if text == "*":
+        return text
+    if text.startswith(".") and host_name(text[1:]) is not None and ":" not in text:
+        return "." + text[1:].removesuffix(".")
+    try:
+        return str(ipaddress.IPv6Address(text.strip("[]")))
+    except ValueError:
+        pass
+    name = host_name(text)
+    if name is None or ":" in text:
+        raise ValueError(f"allowed host {entry!r} is not a host name or address (give it without a port)")
+    return name
+
+
+class HostGuard:
+    """ASGI middleware: answers a request only when its `Host` is one of the dashboard's names.
+
+    Loopback names are always allowed; the names of `allowed_hosts` too; any other host only when
+    the dashboard has a token and `allowed_hosts` is None. Others get 400 and nothing is read.
+    """
+
+    def __init__(self, app: ASGIApp, *, allowed_hosts: Iterable[str] | None, token: str | None) -> None:
+        self.app = app
+        self.hosts = None if allowed_hosts is None else frozenset(allowed_host(entry) for entry in allowed_hosts)
+        self.any_host = (token is not None and self.hosts is None) or (self.hosts is not None and "*" in self.hosts)
+
+    def allows(self, header: str | None) -> bool:
+        if self.any_host:
+            return True
+        name = host_name(header) if header else None
+        if name is None:
+            return False
+        if is_loopback(name):
+            return True
+        hosts = self.hosts or frozenset()
+        return name in hosts or any(entry.startswith(".") and f".{name}".endswith(entry) for entry in hosts)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            headers = dict(scope.get("headers") or [])
+            raw = headers.get(b"host")
+            if not self.allows(raw.decode("latin-1") if raw is not None else None):
+                response = PlainTextResponse(
+                    "this dashboard does not answer to that host name: reach it by a loopback name or one "
+                    "given with --allowed-host (create_app(..., allowed_hosts=[...]))",
+                    status_code=400,
+                )
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

@@ -7,7 +7,7 @@ import contextlib
 import json
 import math
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 from pathlib import Path
@@ -17,6 +17,7 @@ from urllib.parse import urlencode
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
@@ -25,9 +26,17 @@ from starlette.staticfiles import StaticFiles
 from jobbus import control
 from jobbus.dashboard.charts import line_chart
 from jobbus.dashboard.live import LiveUpdates
-from jobbus.dashboard.security import CSRF_COOKIE, CSRF_FIELD, SESSION_COOKIE, Guard, Redactor, redact_secrets
+from jobbus.dashboard.security import (
+    CSRF_COOKIE,
+    CSRF_FIELD,
+    SESSION_COOKIE,
+    Guard,
+    HostGuard,
+    Redactor,
+    redact_secrets,
+)
 from jobbus.errors import InvalidJobError, InvalidStateError
-from jobbus.limits import RateLimit
+from jobbus.limits import KEEP, Keep, RateLimit
 from jobbus.models import TRACE_KEY, JobStatus
 from jobbus.store.dashboard import Cursor, DashboardStore
 from jobbus.store.statements import Statement, run_async
@@ -130,7 +139,12 @@ class Dashboard:
 
 
 def create_starlette(
-    app: App, *, read_only: bool = False, token: str | None = None, redact: Redactor | None = None
+    app: App,
+    *,
+    read_only: bool = False,
+    token: str | None = None,
+    redact: Redactor | None = None,
+    allowed_hosts: Sequence[str] | None = None,
 ) -> Starlette:
     dash = Dashboard(app, read_only=read_only, token=token, redact=redact)
 
@@ -344,6 +358,10 @@ def create_starlette(
 
     async def logout(request: Request) -> Response:
         base = request.scope.get("root_path", "")
+        form = await request.form()
+        submitted = form.get(CSRF_FIELD)
+        if not dash.guard.csrf_ok(request, submitted if isinstance(submitted, str) else None):
+            return PlainTextResponse("missing or wrong CSRF token: reload the page and try again", status_code=403)
         response = RedirectResponse(f"{base}/login", status_code=303)
         response.delete_cookie(SESSION_COOKIE, path=base or "/")
         return response
@@ -415,10 +433,10 @@ def create_starlette(
         if verb == "limits":
             limits = await dash.app.set_queue(
                 queue,
-                concurrency=_optional_int(form.get("concurrency")),
-                concurrency_per_key=_optional_int(form.get("concurrency_per_key")),
-                rate_limit=_optional_rate(form.get("rate_limit")),
-                rate_limit_per_key=_optional_rate(form.get("rate_limit_per_key")),
+                concurrency=_limit(form, "concurrency", _optional_int),
+                concurrency_per_key=_limit(form, "concurrency_per_key", _optional_int),
+                rate_limit=_limit(form, "rate_limit", _optional_rate),
+                rate_limit_per_key=_limit(form, "rate_limit_per_key", _optional_rate),
             )
             shown = ", ".join(
                 f"{name} {value}"
@@ -466,9 +484,9 @@ def create_starlette(
         Route("/workers", page(workers)),
         Route("/workers/action", action(worker_action), methods=["POST"]),
         Route("/queues", page(queues)),
-        Route("/queues/{queue}/{verb}", action(queue_action), methods=["POST"]),
+        Route("/queues/{queue:path}/{verb}", action(queue_action), methods=["POST"]),
         Route("/periodic", page(periodic)),
-        Route("/periodic/{name}/{verb}", action(periodic_action), methods=["POST"]),
+        Route("/periodic/{name:path}/{verb}", action(periodic_action), methods=["POST"]),
         Route("/groups", page(groups)),
         Route("/groups/{group_id}", page(group_detail)),
         Route("/events", page(events)),
@@ -477,7 +495,11 @@ def create_starlette(
         Route("/health", health),
         Mount("/static", app=StaticFiles(directory=_package_dir("static")), name="static"),
     ]
-    starlette = Starlette(routes=routes, lifespan=lifespan)
+    starlette = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        middleware=[Middleware(HostGuard, allowed_hosts=allowed_hosts, token=token)],
+    )
     starlette.state.dashboard = dash
     return starlette
 
@@ -531,11 +553,22 @@ def _require_uuid(value: Any) -> uuid.UUID:
     return parsed
 
 
+def _limit(form: dict[str, Any], name: str, parse: Callable[[Any], T | None]) -> T | Keep | None:
+    """A limit of the limits form: a field not sent keeps the stored limit, an empty one (or `none`)
+    removes it."""
+    if name not in form:
+        return KEEP
+    value = form[name]
+    if isinstance(value, str) and value.strip().lower() == "none":
+        return None
+    return parse(value)
+
+
 def _optional_int(value: Any) -> int | None:
-    if value in (None, ""):
+    if value is None or (isinstance(value, str) and not value.strip()):
         return None
     try:
-        return int(value)
+        return int(str(value).strip())
     except (TypeError, ValueError):
         raise ValueError(f"{value!r} is not a whole number") from None
 
