@@ -212,3 +212,38 @@ def test_login_with_a_token(dsn: str, processes: Processes, page: Any) -> None:
     assert "browser-s3cret" not in cookies["jobbus_session"]["value"]
     wait_for_live(page)
     assert [e for e in page.errors if "401" not in e] == []
+
+
+@pytest.mark.browser
+def test_log_out_with_the_button(dsn: str, processes: Processes, page: Any) -> None:
+    url = processes.dashboard("--token", "browser-s3cret")
+    visit(page, f"{url}/login")
+    page.fill("input[name=token]", "browser-s3cret")
+    page.get_by_role("button", name="Log in").click()
+    page.wait_for_url(f"{url}/")
+    page.get_by_role("button", name="log out").click()
+    page.wait_for_url(f"{url}/login")
+    assert "jobbus_session" not in {c["name"] for c in page.context.cookies()}
+    visit(page, f"{url}/queues")
+    assert page.url.startswith(f"{url}/login")
+
+
+@pytest.mark.browser
+def test_set_the_limits_of_a_queue_whose_name_has_a_slash(dsn: str, processes: Processes, page: Any) -> None:
+    app = producer(dsn)
+    with app.sync:
+        app.sync.schedule("ok", {}, queue="mail/eu", available_at=timedelta(hours=1))  # keeps the queue sampled
+        app.sync.set_queue("mail/eu", rate_limit=jobbus.RateLimit(10, timedelta(minutes=1)))
+    processes.worker("--worker-id", "worker-limits", "--queue", "mail/eu")
+    url = processes.dashboard()
+    visit(page, f"{url}/queues")
+    row = page.locator('table.limits tr[data-queue="mail/eu"]')
+    row.wait_for(timeout=30_000)
+    row.locator("input[name=concurrency]").fill("3")
+    row.get_by_role("button", name="Set").click()
+    page.wait_for_selector("p.flash")
+    assert "queue mail/eu: concurrency 3, rate 10/60s" in page.locator("p.flash").inner_text()
+    with app.sync:
+        limits = app.sync.get_queue("mail/eu")
+    assert (limits.concurrency, limits.rate_limit) == (3, jobbus.RateLimit(10, timedelta(minutes=1)))
+    assert page.errors == []
