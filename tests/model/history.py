@@ -27,9 +27,11 @@ START_SKEW = 0.25
 #: A runnable job that could have run (free slot on a live worker, its queue and key below their
 #: limits, no fault in the air) may wait this long before the checker calls the claims unfair.
 FAIRNESS_BOUND = 10.0
-#: After a fault (kill, freeze, terminated backends) limits may look free while leases still hold the
-#: slots: the fairness check ignores that long after each fault.
-FAULT_SETTLE = 20.0
+#: After a worker serving the queue is killed or frozen, its leases hold their slots until they are
+#: recovered (the run's lease and dead-worker timeouts are 6 s): the fairness check ignores that long.
+FAULT_SETTLE = 15.0
+#: After terminated backends, workers reconnect with a backoff of up to 5 s.
+RECONNECT_SETTLE = 8.0
 #: A worker process needs this long after its start before it claims.
 WORKER_WARMUP = 4.0
 FAIRNESS_STEP = 0.25
@@ -87,7 +89,8 @@ class Process:
 
 @dataclass(frozen=True)
 class Window:
-    """A time window of something: a frozen process (`subject` its pid), a paused queue, a fault."""
+    """A time window of something: a frozen process (`subject` its pid), a paused queue (its name), a
+    fault (`kill <pid>`, `freeze <pid>` or `terminate`)."""
 
     subject: str
     start: float
@@ -555,7 +558,10 @@ class _Checker:
 
     def could_run(self, job: JobRow, t: float, queue_runs: list[Run]) -> bool:
         for w in self.h.faults:
-            if w.start - 1.0 <= t <= w.end + FAULT_SETTLE:
+            if w.subject == "terminate":
+                if w.start - 1.0 <= t <= w.end + RECONNECT_SETTLE:
+                    return False
+            elif w.start - 1.0 <= t <= w.end + FAULT_SETTLE and self.serves(int(w.subject.split()[1]), job.queue):
                 return False
         for w in self.h.paused:
             if w.subject == job.queue and w.start - 1.0 <= t <= w.end + LIMIT_GRACE:
@@ -598,6 +604,9 @@ class _Checker:
                     f"queue {w.subject} paused {_fmt(w.start, self.origin)}..{_fmt(w.end, self.origin)} "
                     f"started {len(started)} jobs: {listing}",
                 )
+
+    def serves(self, pid: int, queue: str) -> bool:
+        return any(p.pid == pid and (not p.queues or queue in p.queues) for p in self.h.processes)
 
     # -- the end ------------------------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import make_conninfo
 from psycopg.types.json import Jsonb
 
 import jobbus
@@ -52,6 +53,7 @@ WORKER_ENV = {
     "JOBBUS_WORKER_DEAD_AFTER_SECONDS": "6",
 }
 DRAIN_TIMEOUT = 180.0
+DRIVER_APPLICATION = "model_driver"
 
 
 @dataclass
@@ -181,7 +183,7 @@ def generate(seed: int, duration: float = 25.0) -> Topology:
         fault = rng.choices(
             ["kill", "kill_leader", "freeze", "terminate", "pause", "limits"], weights=[3, 2, 3, 2, 1, 2]
         )[0]
-        args = {"worker": rng.choice(workers).worker_id, "same_id": rng.random() < 0.5}
+        args = {"worker": rng.choice(workers).worker_id, "busiest": rng.random() < 0.7}
         if fault == "freeze":
             args["seconds"] = rng.choice([rng.uniform(0.5, 3), rng.uniform(7, 10)])
         elif fault == "pause":
@@ -333,7 +335,8 @@ async def run(topology: Topology, dsn: str) -> History:
     rng = random.Random(topology.seed * 7919 + 1)
     with psycopg.connect(dsn, autocommit=True, application_name=LOG_APPLICATION) as log:
         log.execute(LOG_DDL)
-        app = jobbus.App(dsn=dsn, database_wait_seconds=60)
+        # The producer's own connections are not the fault injector's target: the workers' are.
+        app = jobbus.App(dsn=make_conninfo(dsn, application_name=DRIVER_APPLICATION), database_wait_seconds=60)
         async with app:
             for q in topology.queues:
                 await _set_limits(app, log, q.name, q.concurrency, q.per_key, q.rate, q.rate_per_key)
@@ -498,7 +501,12 @@ async def _play(
             if spec_id is not None:
                 await fleet.kill(spec_id)
         elif kind == "freeze":
-            frozen_pid = fleet.freeze(a["worker"])
+            # Mostly the busiest worker: freezing an idle one shows nothing.
+            busiest = log.execute(
+                "SELECT worker_id FROM jobbus.job WHERE status = 'running' GROUP BY worker_id ORDER BY count(*) DESC"
+            ).fetchone()
+            target = fleet.spec_of_worker(busiest[0]) if busiest and a["busiest"] else None
+            frozen_pid = fleet.freeze(target or a["worker"])
             if frozen_pid is not None:
                 thaws.append((action.at + a["seconds"], frozen_pid))
         elif kind == "terminate":
@@ -508,8 +516,9 @@ async def _play(
             )
             log.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database()"
-                " AND pid <> pg_backend_pid() AND application_name <> %s AND backend_type = 'client backend'",
-                (LOG_APPLICATION,),
+                " AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+                " AND application_name NOT IN (%s, %s)",
+                (LOG_APPLICATION, DRIVER_APPLICATION),
             )
         elif kind == "pause":
             if not any(q == a["queue"] for _, q in resumes):
@@ -637,15 +646,15 @@ def _read(
             gone.setdefault(pid, at)
         elif kind == "kill":
             gone[pid] = at
-            h.faults.append(Window(f"kill {worker}", at, at))
+            h.faults.append(Window(f"kill {pid}", at, at))
         elif kind == "stop":
             stops[pid] = at
         elif kind == "cont":
             start = stops.pop(pid, at)
             h.frozen.append(Window(str(pid), start, at))
-            h.faults.append(Window(f"freeze {worker}", start, at))
+            h.faults.append(Window(f"freeze {pid}", start, at))
         elif kind == "terminate":
-            h.faults.append(Window("terminated backends", at, at))
+            h.faults.append(Window("terminate", at, at))
         elif kind == "pause":
             pauses[detail["queue"]] = at
         elif kind == "resume" and detail["queue"] in pauses:

@@ -307,3 +307,17 @@ def test_a_worker_that_exits_unasked() -> None:
     h = clean()
     h.unexpected_exits = [("w0", PID, 70)]
     assert broken(h) == {"workers_survive"}
+
+
+def test_a_wait_right_after_a_fault_on_its_queue_is_not_unfair() -> None:
+    h = clean()
+    wait = FAIRNESS_BOUND + 3
+    h.jobs.append(job(60, queue="k", key="b", created_at=T0 + 1.0, finished_at=T0 + wait + 2))
+    h.runs.append(run(60, 1.0 + wait, 1.5 + wait, queue="k", key="b"))
+    h.completions["j60"] = [T0 + wait + 2]
+    h.quiet_from = T0 + wait + 5
+    h.faults = [Window(f"kill {PID + 1}", T0 + 1.0, T0 + 1.0)]
+    h.processes.append(Process(PID + 1, "w1", ("k",), 2, T0 - 10, T0 + 1.0))
+    assert check(h).ok
+    h.processes[-1] = Process(PID + 1, "w1", ("q",), 2, T0 - 10, T0 + 1.0)  # it did not serve k
+    assert broken(h) == {"fairness"}
