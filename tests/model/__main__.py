@@ -24,6 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, action="append", help="run this seed (repeatable) instead of a sweep")
     parser.add_argument("--duration", type=float, default=25.0, help="seconds of load and faults per seed")
     parser.add_argument("--start", type=int, help="first seed of the sweep (default: random)")
+    parser.add_argument(
+        "--single-queue-workers", action="store_true", help="give each worker one queue (a narrower model)"
+    )
     args = parser.parse_args(argv)
 
     admin = server_dsn()
@@ -36,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.seed and time.monotonic() > deadline:
             break
         with fresh_database(admin, template) as dsn:
-            topology, report = check_seed(seed, dsn, args.duration)
+            topology, report = check_seed(seed, dsn, args.duration, single_queue_workers=args.single_queue_workers)
         seeds_run += 1
         print(explain(topology, report), flush=True)
         print(flush=True)

@@ -107,7 +107,7 @@ log = _Log()
 
 async def _logged(job: jobbus.JobExecution, body: Any) -> Any:
     run = str(uuid.uuid4())
-    await log.write("start", job, run=run)
+    await log.write("start", job, run=run, available_at=job.available_at.timestamp())
     outcome = "raised"
     try:
         result = await body()
@@ -144,7 +144,7 @@ async def work(job: jobbus.JobExecution) -> Any:
 def work_sync(job: jobbus.SyncJobExecution) -> Any:
     """The sync twin of model.work: a thread that cannot be interrupted."""
     run = str(uuid.uuid4())
-    log.write_sync("start", job, run=run)
+    log.write_sync("start", job, run=run, available_at=job.available_at.timestamp())
     outcome = "raised"
     try:
         time.sleep(float(job.configuration.get("sleep", 0)))

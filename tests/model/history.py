@@ -21,6 +21,8 @@ from typing import Any
 
 #: Limits apply to running workers within one poll interval (SPEC 12); a change is given this long.
 LIMIT_GRACE = 3.0
+#: A worker applies a pause when it next reads its control commands (every heartbeat, 1 s in the run).
+PAUSE_GRACE = 5.0
 #: The rate check counts starts in windows this much shorter than `per`: a start is recorded by its
 #: handler a moment after its claim, and that moment varies on a loaded machine.
 START_SKEW = 0.25
@@ -110,6 +112,7 @@ class JobRow:
     finished_at: float | None
     group_id: str | None
     configuration: dict[str, Any]
+    attempts: int = 1
 
 
 @dataclass
@@ -124,6 +127,8 @@ class History:
     jobs: list[JobRow] = field(default_factory=list)
     #: job id -> times its worker reported it completed (the `JobCompleted` event, after the commit).
     completions: dict[str, list[float]] = field(default_factory=dict)
+    #: job id -> its `available_at` as its first attempt saw it (a retry moves the column).
+    first_available: dict[str, float] = field(default_factory=dict)
     #: (job id, step name) -> when the step's result was stored.
     stored_steps: dict[tuple[str, str], float] = field(default_factory=dict)
     #: event key -> payloads emitted, in order (the first one wins).
@@ -453,16 +458,22 @@ class _Checker:
             if job.name in self.h.periodic_every:
                 ticks[job.name].append(job)
         for name, every in sorted(self.h.periodic_every.items()):
-            seen = Counter(round(j.available_at, 3) for j in ticks[name])
+            # A tick is the job's available_at as enqueued: what its first attempt saw, else the column
+            # if the job was never retried (a recovered attempt moves the column to its retry time).
+            known = [
+                (j, self.h.first_available.get(j.id, j.available_at if j.attempts <= 1 else None)) for j in ticks[name]
+            ]
+            seen = Counter(round(t, 3) for _, t in known if t is not None)
             twice = sorted(t for t, n in seen.items() if n > 1)
             if twice:
                 listing = ", ".join(f"{_fmt(t, self.origin)} x{seen[t]}" for t in twice)
                 yield Violation("periodic_once", f"periodic {name}: ticks enqueued more than once: {listing}")
-            off = [t for t in seen if abs(t / every - round(t / every)) > 1e-3]
+            off = [(j, t) for j, t in known if t is not None and min(t % every, every - t % every) > 2e-3]
             if off:
+                listing = "; ".join(f"job {j.id} at {_fmt(t, self.origin)} ({t:.3f})" for j, t in off[:5])
                 yield Violation(
                     "periodic_once",
-                    f"periodic {name}: {len(off)} jobs at instants that are not ticks of every={every:g} s",
+                    f"periodic {name}: {len(off)} jobs at instants that are not ticks of every={every:g} s: {listing}",
                 )
             next_run, last_tick = self.h.periodic_next.get(name, (None, None))
             if next_run is not None and last_tick is not None and next_run <= last_tick:
@@ -594,9 +605,9 @@ class _Checker:
         return False
 
     def paused(self) -> Iterator[Violation]:
-        """A paused queue starts nothing (a worker applies the pause within LIMIT_GRACE)."""
+        """A paused queue starts nothing (a worker applies the pause within PAUSE_GRACE)."""
         for w in self.h.paused:
-            started = [r for r in self.h.runs if r.queue == w.subject and w.start + LIMIT_GRACE < r.start < w.end]
+            started = [r for r in self.h.runs if r.queue == w.subject and w.start + PAUSE_GRACE < r.start < w.end]
             if started:
                 listing = "; ".join(self.interval(r) for r in started[:5])
                 yield Violation(

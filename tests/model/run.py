@@ -88,6 +88,7 @@ class Topology:
     workers: list[WorkerSpec]
     periodics: list[tuple[str, float, str, bool]]  # name, every, queue, overlap
     timeline: list[Action]
+    single_queue_workers: bool = False
 
     def describe(self) -> str:
         lines = [f"seed {self.seed}: {self.duration:g} s of faults and load"]
@@ -111,7 +112,9 @@ def _maybe(rng: random.Random, p: float, value: Any) -> Any:
     return value if rng.random() < p else None
 
 
-def generate(seed: int, duration: float = 25.0) -> Topology:
+def generate(seed: int, duration: float = 25.0, *, single_queue_workers: bool = False) -> Topology:
+    """The topology of `seed`; `single_queue_workers` gives each worker one queue (a narrower model, to
+    tell a fault of the multi-queue claim from the rest)."""
     rng = random.Random(seed)
     queues = []
     for n in range(rng.randint(2, 4)):
@@ -132,6 +135,10 @@ def generate(seed: int, duration: float = 25.0) -> Topology:
         served = () if rng.random() < 0.25 else tuple(sorted(rng.sample(names, rng.randint(1, len(names)))))
         workers.append(WorkerSpec(f"w{n}", served, rng.randint(2, 6)))
     covered = {q for w in workers for q in w.queues} | (set(names) if any(not w.queues for w in workers) else set())
+    if single_queue_workers:
+        workers = [WorkerSpec(w.worker_id, (names[n % len(names)],), w.concurrency) for n, w in enumerate(workers)]
+        workers += [WorkerSpec(f"w{n}", (name,), 3) for n, name in enumerate(names) if n >= len(workers)]
+        covered = set(names)
     for missing in sorted(set(names) - covered):
         w = rng.choice(workers)
         w.queues = tuple(sorted({*w.queues, missing})) if w.queues else w.queues
@@ -197,7 +204,7 @@ def generate(seed: int, duration: float = 25.0) -> Topology:
         timeline.append(Action(t, fault, args))
         t += rng.uniform(1.5, 4.0)
     timeline.sort(key=lambda a: a.at)
-    return Topology(seed, duration, queues, workers, periodics, timeline)
+    return Topology(seed, duration, queues, workers, periodics, timeline, single_queue_workers)
 
 
 def _job(rng: random.Random, q: QueueSpec, failing: float = 0.0) -> dict[str, Any]:
@@ -600,7 +607,7 @@ def _read(
     for row in log.execute(
         "SELECT id::text, type, queue, concurrency_key, status, name, extract(epoch FROM available_at)::float8,"
         " extract(epoch FROM created_at)::float8, extract(epoch FROM finished_at)::float8, group_id::text,"
-        " configuration_data FROM jobbus.job"
+        " configuration_data, attempts FROM jobbus.job"
     ).fetchall():
         h.jobs.append(JobRow(*row))
     jobs = {j.id: j for j in h.jobs}
@@ -617,6 +624,8 @@ def _read(
     for kind, job_id, attempt, worker, pid, at, detail in rows:
         if kind == "start":
             starts[detail["run"]] = (job_id, attempt, worker, pid, at)
+            if attempt == 1:
+                h.first_available.setdefault(job_id, float(detail["available_at"]))
         elif kind == "end":
             ends[detail["run"]] = (at, detail["outcome"])
         elif kind == "effect":
@@ -691,9 +700,11 @@ def _read(
     return h
 
 
-def check_seed(seed: int, dsn: str, duration: float = 25.0) -> tuple[Topology, Report]:
+def check_seed(
+    seed: int, dsn: str, duration: float = 25.0, *, single_queue_workers: bool = False
+) -> tuple[Topology, Report]:
     """Generate, run and check one seed on `dsn`; the report explains every broken guarantee."""
-    topology = generate(seed, duration)
+    topology = generate(seed, duration, single_queue_workers=single_queue_workers)
     history = asyncio.run(run(topology, dsn))
     return topology, check(history)
 
@@ -703,6 +714,7 @@ def explain(topology: Topology, report: Report) -> str:
     verdict = "PASS" if report.ok else f"FAIL ({', '.join(sorted(report.guarantees()))})"
     return (
         f"model check seed {topology.seed}: {verdict}\n"
-        f"reproduce: python -m tests.model --seed {topology.seed} --duration {topology.duration:g}\n"
+        f"reproduce: python -m tests.model --seed {topology.seed} --duration {topology.duration:g}"
+        f"{' --single-queue-workers' if topology.single_queue_workers else ''}\n"
         f"{topology.describe()}\n{report.text()}"
     )

@@ -321,3 +321,22 @@ def test_a_wait_right_after_a_fault_on_its_queue_is_not_unfair() -> None:
     assert check(h).ok
     h.processes[-1] = Process(PID + 1, "w1", ("q",), 2, T0 - 10, T0 + 1.0)  # it did not serve k
     assert broken(h) == {"fairness"}
+
+
+def test_a_retried_tick_is_judged_by_the_tick_it_was_enqueued_for() -> None:
+    h = clean()
+    # j10 was recovered and retried: the column moved to its retry time, its first attempt saw the tick.
+    h.jobs[9] = replace(h.jobs[9], available_at=T0 + 6.37, attempts=2)
+    h.first_available["j10"] = T0 + 6.0
+    assert check(h).ok
+    h.jobs.append(job(30, name="tick", available_at=T0 + 6.0, finished_at=T0 + 7))
+    h.runs.append(run(30, 6.4, 6.6))
+    assert broken(h) == {"periodic_once"}
+
+
+def test_a_job_off_the_ticks() -> None:
+    h = clean()
+    h.jobs[9] = replace(h.jobs[9], available_at=T0 + 6.5)
+    report = check(h)
+    assert report.guarantees() == {"periodic_once"}
+    assert "not ticks of every=2 s" in report.text()
