@@ -129,12 +129,21 @@ async def effect(job: jobbus.JobExecution, step: str) -> str:
     return f"{step} by attempt {job.attempt}"
 
 
+SLICE = 0.05
+
+
+def _slices(job: Any) -> int:
+    return round(float(job.configuration.get("sleep", 0)) / SLICE)
+
+
 @app.job("model.work", max_attempts=50)
 async def work(job: jobbus.JobExecution) -> Any:
-    """Run for `sleep` seconds (a plain sleep: no cooperation, the worst case for a frozen worker)."""
+    """Work for `sleep` seconds in small slices without looking at its flags: the worst case for a frozen
+    worker, whose handler goes on with the slices left after SIGCONT."""
 
     async def body() -> Any:
-        await asyncio.sleep(float(job.configuration.get("sleep", 0)))
+        for _ in range(_slices(job)):
+            await asyncio.sleep(SLICE)
         return {"pid": os.getpid()}
 
     return await _logged(job, body)
@@ -147,7 +156,8 @@ def work_sync(job: jobbus.SyncJobExecution) -> Any:
     log.write_sync("start", job, run=run, available_at=job.available_at.timestamp())
     outcome = "raised"
     try:
-        time.sleep(float(job.configuration.get("sleep", 0)))
+        for _ in range(_slices(job)):
+            time.sleep(SLICE)
         outcome = "returned"
         return {"pid": os.getpid()}
     finally:
