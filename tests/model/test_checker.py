@@ -10,6 +10,8 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.model.history import (
     FAIRNESS_BOUND,
@@ -340,3 +342,37 @@ def test_a_job_off_the_ticks() -> None:
     report = check(h)
     assert report.guarantees() == {"periodic_once"}
     assert "not ticks of every=2 s" in report.text()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    limit=st.integers(1, 4),
+    durations=st.lists(st.floats(0.05, 3.0), min_size=1, max_size=25),
+    gaps=st.lists(st.floats(0.0, 0.5), min_size=25, max_size=25),
+)
+def test_a_scheduler_within_its_limit_passes_and_one_run_more_fails(
+    limit: int, durations: list[float], gaps: list[float]
+) -> None:
+    """Histories of a correct scheduler (each job starts when one of `limit` slots is free) pass the
+    concurrency check; one extra run at the busiest instant breaks it."""
+    h = History()
+    h.processes = [Process(PID, "w0", (), limit + 1, T0 - 10, None)]
+    h.limits = [Limits(T0 - 10, "q", concurrency=limit)]
+    free = [0.0] * limit
+    for n, duration in enumerate(durations):
+        slot = min(range(limit), key=lambda i: free[i])
+        start = free[slot] + gaps[n] + 0.01
+        free[slot] = start + duration
+        h.jobs.append(job(n, finished_at=T0 + free[slot]))
+        h.runs.append(run(n, start, start + duration))
+        h.completions[f"j{n}"] = [T0 + free[slot]]
+        h.expected[f"j{n}"] = "completed"
+    assert check(h).ok
+    busiest = max(h.runs, key=lambda r: sum(1 for o in h.runs if o.start <= r.start < (o.end or 0)))
+    live = sum(1 for o in h.runs if o.start <= busiest.start < (o.end or 0))
+    for extra in range(limit + 1 - live):
+        n = 100 + extra
+        h.jobs.append(job(n, finished_at=busiest.start + 0.02))
+        h.runs.append(replace(busiest, run_id=f"x{n}", job_id=f"j{n}", end=busiest.start + 0.01))
+        h.completions[f"j{n}"] = [busiest.start + 0.02]
+    assert "concurrency" in broken(h)
