@@ -103,6 +103,9 @@ class _Log:
 
 
 log = _Log()
+if WORKER:
+    # The process has loaded its app: it claims shortly (a loaded machine can take seconds to get here).
+    log.write_sync("ready", None)
 
 
 async def _logged(job: jobbus.JobExecution, body: Any) -> Any:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import random
 import signal
@@ -53,6 +54,7 @@ WORKER_ENV = {
     "JOBBUS_WORKER_DEAD_AFTER_SECONDS": "6",
 }
 DRAIN_TIMEOUT = 180.0
+READY_TIMEOUT = 120.0
 DRIVER_APPLICATION = "model_driver"
 
 
@@ -360,6 +362,7 @@ async def run(topology: Topology, dsn: str) -> History:
             late: list[tuple[str, str]] = []
             fleet = _Fleet(dsn, topology, log, rng)
             try:
+                await _ready(fleet, topology, log)
                 await _play(app, fleet, topology, log, expected, late)
                 quiet_from = _db_now(log)
                 await _quiet(app, fleet, topology, log)
@@ -372,6 +375,21 @@ async def run(topology: Topology, dsn: str) -> History:
                 ).fetchall()
             }
         return _read(log, topology, expected, late, fleet.unexpected, quiet_from, periodic_next)
+
+
+async def _ready(fleet: _Fleet, topology: Topology, log: psycopg.Connection[Any]) -> None:
+    """Wait for every worker to be registered and a leader elected: the timeline starts then."""
+    deadline = time.monotonic() + READY_TIMEOUT
+    while time.monotonic() < deadline:
+        fleet.supervise()
+        row = log.execute(
+            "SELECT (SELECT count(*) FROM jobbus.worker WHERE stopped_at IS NULL),"
+            " EXISTS (SELECT 1 FROM jobbus.leader WHERE expires_at > clock_timestamp())"
+        ).fetchone()
+        if row is not None and row[0] >= len(topology.workers) and row[1]:
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"the workers were not all up and led after {READY_TIMEOUT:g} s")
 
 
 async def _set_limits(
@@ -650,7 +668,9 @@ def _read(
                 )
             )
         elif kind == "spawn":
-            spawned[pid] = (worker, tuple(detail["queues"]), int(detail["concurrency"]), at)
+            spawned[pid] = (worker, tuple(detail["queues"]), int(detail["concurrency"]), math.inf)
+        elif kind == "ready" and pid in spawned:
+            spawned[pid] = (*spawned[pid][:3], at)
         elif kind == "gone":
             gone.setdefault(pid, at)
         elif kind == "kill":
