@@ -12,7 +12,6 @@ returns the `History` that `history.check` judges. Everything is timed by the da
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import os
 import random
@@ -715,8 +714,6 @@ def _read(
         " WHERE name IN ('a', 'b')"
     ).fetchall():
         h.stored_steps[(job_id, name)] = at
-    with contextlib.suppress(Exception):
-        log.execute("DROP TABLE public.model_periodic_end")
     return h
 
 
