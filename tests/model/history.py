@@ -113,6 +113,7 @@ class JobRow:
     group_id: str | None
     configuration: dict[str, Any]
     attempts: int = 1
+    last_error: str | None = None
 
 
 @dataclass
@@ -631,7 +632,8 @@ class _Checker:
                 runs = "; ".join(self.interval(r) for r in self.runs_by_job[job_id]) or "never ran"
                 yield Violation(
                     "nothing_lost",
-                    f"job {job_id} ({job.type} in {job.queue}) ended {job.status}, expected {status}: {runs}",
+                    f"job {job_id} ({job.type} in {job.queue}) ended {job.status}, expected {status}"
+                    f"{f' (last error: {job.last_error[:300]!r})' if job.last_error else ''}: {runs}",
                 )
         stuck = [j for j in self.h.jobs if j.id not in self.h.expected and j.status in ("queued", "running")]
         for job in stuck[:10]:

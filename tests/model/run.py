@@ -624,7 +624,7 @@ def _read(
     for row in log.execute(
         "SELECT id::text, type, queue, concurrency_key, status, name, extract(epoch FROM available_at)::float8,"
         " extract(epoch FROM created_at)::float8, extract(epoch FROM finished_at)::float8, group_id::text,"
-        " configuration_data, attempts FROM jobbus.job"
+        " configuration_data, attempts, last_error FROM jobbus.job"
     ).fetchall():
         h.jobs.append(JobRow(*row))
     jobs = {j.id: j for j in h.jobs}
