@@ -3,7 +3,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 PYTEST_ARGS ?= -n 2
 
-.PHONY: venv test test-smoke test-django6 faults browser lint demo bench bench-capacity bench-steady bench-dashboard dashboard clean
+.PHONY: venv test test-smoke test-django6 faults verify browser lint demo bench bench-capacity bench-steady bench-dashboard dashboard clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,12 @@ test-smoke: venv
 # The fault-injection suite at full scale (CI runs it at a smaller scale with every test run).
 faults: venv
 	JOBBUS_FULL_FAULTS=1 $(VENV)/bin/pytest tests/faults -n 2
+
+# The model check's sweep: new seeds, each a random topology run by real workers under faults, until
+# VERIFY_MINUTES are up; prints each seed's result and a summary (CI runs a few fixed seeds).
+VERIFY_MINUTES ?= 20
+verify: venv
+	$(PY) -m tests.model --minutes $(VERIFY_MINUTES)
 
 # The full browser sweep (the normal suite runs a slice): Debian's chromium, screenshots in artifacts/screenshots/.
 browser: venv

@@ -1,0 +1,209 @@
+"""The handlers of the model check, loaded by its worker processes (`--app tests.model.app:app`).
+
+Every handler run writes a `start` and an `end` row to `public.model_log`, every step side effect an
+`effect` row, every received event a `received` row, and every completion the worker reports (the
+`JobCompleted` event, after its commit) a `completed` row. Rows are written on the process's own
+autocommit connection and stamped by the database clock (`clock_timestamp()`), so runs of different
+processes order on one clock. A row has a client-made id: a write repeated after a lost connection
+is written once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+import uuid
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+import jobbus
+
+LOG_DDL = """
+CREATE TABLE IF NOT EXISTS public.model_log (
+    id        uuid PRIMARY KEY,
+    kind      text NOT NULL,
+    job_id    uuid,
+    attempt   integer,
+    lease     uuid,
+    worker    text,
+    pid       integer,
+    at        timestamptz NOT NULL DEFAULT clock_timestamp(),
+    detail    jsonb NOT NULL DEFAULT '{}'
+)
+"""
+INSERT = (
+    "INSERT INTO public.model_log (id, kind, job_id, attempt, lease, worker, pid, detail)"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING"
+)
+#: The log's connections carry this name: the fault injector never terminates them.
+LOG_APPLICATION = "model_log"
+
+app = jobbus.App(retry_base_delay_seconds=0, retry_max_delay_seconds=0, poll_interval_seconds=0.2)
+WORKER = os.environ.get("MODEL_WORKER_ID", "")
+
+
+class _Log:
+    """One connection per process for async handlers, one per thread for sync ones; reconnect and retry."""
+
+    def __init__(self) -> None:
+        self._async: psycopg.AsyncConnection[Any] | None = None
+        self._lock: asyncio.Lock | None = None
+        self._local = threading.local()
+
+    def _row(self, kind: str, job: Any, detail: dict[str, Any]) -> tuple[Any, ...]:
+        return (
+            uuid.uuid4(),
+            kind,
+            job.id if job is not None else None,
+            job.attempt if job is not None else None,
+            getattr(job, "lease_token", None),
+            WORKER,
+            os.getpid(),
+            Jsonb(detail),
+        )
+
+    async def write(self, kind: str, job: Any, **detail: Any) -> None:
+        row = self._row(kind, job, detail)
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            for attempt in range(200):
+                try:
+                    if self._async is None or self._async.closed:
+                        self._async = await psycopg.AsyncConnection.connect(
+                            app.dsn, autocommit=True, application_name=LOG_APPLICATION, connect_timeout=5
+                        )
+                    await self._async.execute(INSERT, row)
+                    return
+                except psycopg.OperationalError:
+                    self._async = None
+                    await asyncio.sleep(min(0.05 * (attempt + 1), 1.0))
+        raise RuntimeError(f"model log: could not write {kind}")
+
+    def write_sync(self, kind: str, job: Any, **detail: Any) -> None:
+        row = self._row(kind, job, detail)
+        for attempt in range(200):
+            conn: psycopg.Connection[Any] | None = getattr(self._local, "conn", None)
+            try:
+                if conn is None or conn.closed:
+                    conn = psycopg.connect(
+                        app.dsn, autocommit=True, application_name=LOG_APPLICATION, connect_timeout=5
+                    )
+                    self._local.conn = conn
+                conn.execute(INSERT, row)
+                return
+            except psycopg.OperationalError:
+                self._local.conn = None
+                time.sleep(min(0.05 * (attempt + 1), 1.0))
+        raise RuntimeError(f"model log: could not write {kind}")
+
+
+log = _Log()
+if WORKER:
+    # The process has loaded its app: it claims shortly (a loaded machine can take seconds to get here).
+    log.write_sync("ready", None)
+
+
+async def _logged(job: jobbus.JobExecution, body: Any) -> Any:
+    run = str(uuid.uuid4())
+    await log.write("start", job, run=run, available_at=job.available_at.timestamp())
+    outcome = "raised"
+    try:
+        result = await body()
+        outcome = "returned"
+        return result
+    except jobbus.JobParked:
+        outcome = "parked"
+        raise
+    except asyncio.CancelledError:
+        outcome = "cancelled"
+        raise
+    finally:
+        await log.write("end", job, run=run, outcome=outcome)
+
+
+async def effect(job: jobbus.JobExecution, step: str) -> str:
+    await log.write("effect", job, step=step)
+    await asyncio.sleep(float(job.configuration.get("step_sleep", 0)))
+    return f"{step} by attempt {job.attempt}"
+
+
+SLICE = 0.05
+
+
+def _slices(job: Any) -> int:
+    return round(float(job.configuration.get("sleep", 0)) / SLICE)
+
+
+@app.job("model.work", max_attempts=50)
+async def work(job: jobbus.JobExecution) -> Any:
+    """Work for `sleep` seconds in small slices without looking at its flags: the worst case for a frozen
+    worker, whose handler goes on with the slices left after SIGCONT."""
+
+    async def body() -> Any:
+        for _ in range(_slices(job)):
+            await asyncio.sleep(SLICE)
+        return {"pid": os.getpid()}
+
+    return await _logged(job, body)
+
+
+@app.job("model.work_sync", max_attempts=50)
+def work_sync(job: jobbus.SyncJobExecution) -> Any:
+    """The sync twin of model.work: a thread that cannot be interrupted."""
+    run = str(uuid.uuid4())
+    log.write_sync("start", job, run=run, available_at=job.available_at.timestamp())
+    outcome = "raised"
+    try:
+        for _ in range(_slices(job)):
+            time.sleep(SLICE)
+        outcome = "returned"
+        return {"pid": os.getpid()}
+    finally:
+        log.write_sync("end", job, run=run, outcome=outcome)
+
+
+@app.job("model.fail", max_attempts=1)
+async def fail(job: jobbus.JobExecution) -> None:
+    async def body() -> None:
+        raise jobbus.NonRetryableError("a member that fails, as planned")
+
+    await _logged(job, body)
+
+
+@app.job("model.flow", max_attempts=50)
+async def flow(job: jobbus.JobExecution) -> Any:
+    """A workflow: step a, a durable sleep, an event (`event` key), children (`children` of them), step b."""
+    config = job.configuration
+
+    async def body() -> Any:
+        first = await job.step("a", effect, job, "a")
+        await job.sleep("nap", float(config.get("nap", 0.5)))
+        payload = None
+        if config.get("event"):
+            payload = await job.wait_for_event(str(config["event"]), timeout=600)
+            await log.write("received", job, key=str(config["event"]), payload=payload)
+        kids = []
+        for n in range(int(config.get("children", 0))):
+            kids.append(
+                await job.spawn(
+                    "model.work", {"sleep": float(config.get("child_sleep", 0.1)), "child": n}, queue=job.queue
+                )
+            )
+        if kids:
+            done = await job.wait_for_children()
+            if sorted(str(c.id) for c in done) != sorted(str(k) for k in kids):
+                raise AssertionError(f"wait_for_children returned {[c.id for c in done]}, spawned {kids}")
+        second = await job.step("b", effect, job, "b")
+        return {"a": first, "b": second, "payload": payload}
+
+    return await _logged(job, body)
+
+
+@app.on(jobbus.JobCompleted)
+async def completed(event: jobbus.JobCompleted) -> None:
+    await log.write("completed", None, completed=str(event.job_id), attempt=event.attempt)

@@ -1,0 +1,645 @@
+"""The history a model run records, and the checker that holds it against the model.
+
+A history is what happened, read back after the run: every handler execution (start and end by the
+database clock), every step side effect, every event emitted and received, every completion a worker
+reported, every fault injected, every limit in force, and the job rows at the end. The checker knows
+nothing of how jobbus works inside: it checks the promises of SPEC sections 1, 12, 13 and 16 against
+what the handlers saw, and returns each broken one as a `Violation` that names the jobs and intervals.
+
+Where a promise is at-least-once by design (a frozen worker's handler running on after its lease was
+taken back), the checker measures the window (`Report.measures`) and leaves the frozen worker's
+intervals out of the overlap checks, never out of the report.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Limits apply to running workers within one poll interval (SPEC 12); a change is given this long.
+LIMIT_GRACE = 3.0
+#: A worker applies a pause when it next reads its control commands (every heartbeat, 1 s in the run).
+PAUSE_GRACE = 5.0
+#: The rate check counts starts in windows this much shorter than `per`: a start is recorded by its
+#: handler a moment after its claim, and that moment varies on a loaded machine.
+START_SKEW = 0.25
+#: A runnable job that could have run (free slot on a live worker, its queue and key below their
+#: limits, no fault in the air) may wait this long before the checker calls the claims unfair.
+FAIRNESS_BOUND = 10.0
+#: After a worker serving the queue is killed or frozen, its leases hold their slots until they are
+#: recovered (the run's lease and dead-worker timeouts are 6 s): the fairness check ignores that long.
+FAULT_SETTLE = 15.0
+#: After terminated backends, workers reconnect with a backoff of up to 5 s.
+RECONNECT_SETTLE = 8.0
+#: A worker process claims this long after its app was loaded (`Process.started`).
+WORKER_WARMUP = 4.0
+FAIRNESS_STEP = 0.25
+
+
+@dataclass(frozen=True)
+class Run:
+    """One execution of a handler: `end` is None when its process died or the run never reported."""
+
+    run_id: str
+    job_id: str
+    type: str
+    queue: str
+    key: str | None
+    attempt: int
+    worker: str
+    pid: int
+    start: float
+    end: float | None
+    outcome: str  # returned, parked, raised, cancelled, or open
+
+
+@dataclass(frozen=True)
+class Effect:
+    job_id: str
+    step: str
+    attempt: int
+    pid: int
+    at: float
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The limits of a queue from `at` on (None: no limit)."""
+
+    at: float
+    queue: str
+    concurrency: int | None = None
+    per_key: int | None = None
+    rate: tuple[int, float] | None = None
+    rate_per_key: tuple[int, float] | None = None
+
+
+@dataclass(frozen=True)
+class Process:
+    """A worker process: the queues it serves (empty: all), its concurrency, when it lived."""
+
+    pid: int
+    worker: str
+    queues: tuple[str, ...]
+    concurrency: int
+    started: float
+    gone: float | None
+
+
+@dataclass(frozen=True)
+class Window:
+    """A time window of something: a frozen process (`subject` its pid), a paused queue (its name), a
+    fault (`kill <pid>`, `freeze <pid>` or `terminate`)."""
+
+    subject: str
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class JobRow:
+    id: str
+    type: str
+    queue: str
+    key: str | None
+    status: str
+    name: str | None
+    available_at: float
+    created_at: float
+    finished_at: float | None
+    group_id: str | None
+    configuration: dict[str, Any]
+    attempts: int = 1
+    last_error: str | None = None
+
+
+@dataclass
+class History:
+    runs: list[Run] = field(default_factory=list)
+    effects: list[Effect] = field(default_factory=list)
+    limits: list[Limits] = field(default_factory=list)
+    processes: list[Process] = field(default_factory=list)
+    frozen: list[Window] = field(default_factory=list)
+    paused: list[Window] = field(default_factory=list)
+    faults: list[Window] = field(default_factory=list)
+    jobs: list[JobRow] = field(default_factory=list)
+    #: job id -> times its worker reported it completed (the `JobCompleted` event, after the commit).
+    completions: dict[str, list[float]] = field(default_factory=dict)
+    #: job id -> its `available_at` as its first attempt saw it (a retry moves the column).
+    first_available: dict[str, float] = field(default_factory=dict)
+    #: (job id, step name) -> when the step's result was stored.
+    stored_steps: dict[tuple[str, str], float] = field(default_factory=dict)
+    #: event key -> payloads emitted, in order (the first one wins).
+    emitted: dict[str, list[Any]] = field(default_factory=dict)
+    #: (job id, event key, payload) as each waiting handler received it.
+    received: list[tuple[str, str, Any]] = field(default_factory=list)
+    #: periodic name -> interval in seconds; and (name, next_run_at, last tick) at the end.
+    periodic_every: dict[str, float] = field(default_factory=dict)
+    periodic_next: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
+    #: ids the producer scheduled (and what status each must end in).
+    expected: dict[str, str] = field(default_factory=dict)
+    #: (group id, outcome) of producer attempts to add a job to a group that has a callback.
+    late_group_adds: list[tuple[str, str]] = field(default_factory=list)
+    #: (worker id, pid, exit code) of worker processes that exited when nobody asked them to.
+    unexpected_exits: list[tuple[str, int, int]] = field(default_factory=list)
+    #: the moment the run's quiet phase began (faults over, every worker back): jobs must end by the end.
+    quiet_from: float = 0.0
+
+
+@dataclass(frozen=True)
+class Violation:
+    guarantee: str
+    explanation: str
+
+    def __str__(self) -> str:
+        return f"[{self.guarantee}] {self.explanation}"
+
+
+@dataclass
+class Report:
+    violations: list[Violation]
+    measures: dict[str, float]
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def guarantees(self) -> set[str]:
+        return {v.guarantee for v in self.violations}
+
+    def text(self) -> str:
+        lines = [str(v) for v in self.violations] or ["every guarantee held"]
+        lines.append("measures: " + ", ".join(f"{k}={v:.2f}" for k, v in sorted(self.measures.items())))
+        return "\n".join(lines)
+
+
+def check(history: History) -> Report:
+    """Every check of the model over one history."""
+    measures: dict[str, float] = {}
+    checker = _Checker(history, measures)
+    violations = [
+        *checker.concurrency(),
+        *checker.rates(),
+        *checker.exclusive(),
+        *checker.completed_once(),
+        *checker.follow_ups(),
+        *checker.callbacks(),
+        *checker.late_group_adds(),
+        *checker.periodic(),
+        *checker.steps(),
+        *checker.events(),
+        *checker.paused(),
+        *checker.fairness(),
+        *checker.end_state(),
+    ]
+    return Report(violations, measures)
+
+
+def _fmt(t: float, origin: float) -> str:
+    return f"{t - origin:+.2f}s"
+
+
+class _Checker:
+    def __init__(self, history: History, measures: dict[str, float]) -> None:
+        self.h = history
+        self.measures = measures
+        starts = [r.start for r in history.runs] + [j.created_at for j in history.jobs]
+        self.origin = min(starts) if starts else 0.0
+        self.gone = {p.pid: p.gone for p in history.processes}
+        self.frozen_by_pid: dict[int, list[Window]] = defaultdict(list)
+        for w in history.frozen:
+            self.frozen_by_pid[int(w.subject)].append(w)
+        self.jobs = {j.id: j for j in history.jobs}
+        self.runs_by_job: dict[str, list[Run]] = defaultdict(list)
+        for r in history.runs:
+            self.runs_by_job[r.job_id].append(r)
+        self.horizon = max([r.end or r.start for r in history.runs] + [self.origin]) + 1.0
+
+    # -- intervals ----------------------------------------------------------------------------------
+
+    def end_of(self, run: Run) -> float:
+        """When the run stopped: its end, else when its process was gone, else the end of the history."""
+        if run.end is not None:
+            return run.end
+        gone = self.gone.get(run.pid)
+        return gone if gone is not None else self.horizon
+
+    def frozen_during(self, run: Run) -> Window | None:
+        for w in self.frozen_by_pid.get(run.pid, []):
+            if w.start < self.end_of(run) and run.start < w.end:
+                return w
+        return None
+
+    def interval(self, run: Run) -> str:
+        end = "open" if run.end is None else _fmt(run.end, self.origin)
+        return (
+            f"job {run.job_id} attempt {run.attempt} on {run.worker} (pid {run.pid}) "
+            f"{_fmt(run.start, self.origin)}..{end}"
+        )
+
+    def limits_at(self, queue: str, start: float, end: float) -> list[Limits]:
+        """The limits of `queue` in force at some moment of [start - grace, end]."""
+        ordered = sorted((lim for lim in self.h.limits if lim.queue == queue), key=lambda lim: lim.at)
+        found: list[Limits] = []
+        for i, lim in enumerate(ordered):
+            until = ordered[i + 1].at if i + 1 < len(ordered) else math.inf
+            if lim.at <= end and until >= start - LIMIT_GRACE:
+                found.append(lim)
+        return found
+
+    # -- limits -------------------------------------------------------------------------------------
+
+    def concurrency(self) -> Iterator[Violation]:
+        counted = [r for r in self.h.runs if self.frozen_during(r) is None]
+        by_queue: dict[str, list[Run]] = defaultdict(list)
+        by_key: dict[tuple[str, str], list[Run]] = defaultdict(list)
+        for r in counted:
+            by_queue[r.queue].append(r)
+            if r.key is not None:
+                by_key[(r.queue, r.key)].append(r)
+
+        def worst(groups: dict[Any, list[Run]], limit_of: Any, what: str, guarantee: str) -> Iterator[Violation]:
+            for name, runs in sorted(groups.items(), key=lambda kv: str(kv[0])):
+                queue = name if isinstance(name, str) else name[0]
+                breaches: list[tuple[int, int | None, Run, list[Run]]] = []
+                for run in runs:
+                    limits = [limit_of(lim) for lim in self.limits_at(queue, run.start, run.start)]
+                    if not limits or any(lim is None for lim in limits):
+                        continue
+                    limit = max(limits)
+                    live = [o for o in runs if o.start <= run.start < self.end_of(o)]
+                    if len(live) > limit:
+                        breaches.append((len(live), limit, run, live))
+                if breaches:
+                    count, limit, run, live = max(breaches, key=lambda b: b[0])
+                    listing = "; ".join(self.interval(o) for o in sorted(live, key=lambda o: o.start))
+                    yield Violation(
+                        guarantee,
+                        f"{what} {name}: {count} handlers ran at once under a limit of {limit} "
+                        f"(at {_fmt(run.start, self.origin)}, {len(breaches)} starts over the limit): {listing}",
+                    )
+
+        yield from worst(by_queue, lambda lim: lim.concurrency, "queue", "concurrency")
+        yield from worst(by_key, lambda lim: lim.per_key, "key", "concurrency_per_key")
+
+    def rates(self) -> Iterator[Violation]:
+        by_queue: dict[str, list[Run]] = defaultdict(list)
+        by_key: dict[tuple[str, str], list[Run]] = defaultdict(list)
+        for r in self.h.runs:
+            by_queue[r.queue].append(r)
+            if r.key is not None:
+                by_key[(r.queue, r.key)].append(r)
+
+        def windows(groups: dict[Any, list[Run]], rate_of: Any, what: str, guarantee: str) -> Iterator[Violation]:
+            for name, runs in sorted(groups.items(), key=lambda kv: str(kv[0])):
+                queue = name if isinstance(name, str) else name[0]
+                starts = sorted(runs, key=lambda r: r.start)
+                worst: tuple[int, int, float, list[Run]] | None = None
+                for i, first in enumerate(starts):
+                    rates = [rate_of(lim) for lim in self.limits_at(queue, first.start, first.start)]
+                    if not rates or any(rate is None for rate in rates):
+                        continue
+                    count = max(rate[0] for rate in rates)
+                    per = max(rate[1] for rate in rates)
+                    inside = [r for r in starts[i:] if r.start < first.start + per - START_SKEW]
+                    if len(inside) > count + 1 and (worst is None or len(inside) - count > worst[0] - worst[1]):
+                        worst = (len(inside), count, per, inside)
+                if worst is not None:
+                    n, count, per, inside = worst
+                    listing = "; ".join(self.interval(r) for r in inside)
+                    yield Violation(
+                        guarantee,
+                        f"{what} {name}: {n} starts within {per - START_SKEW:g} s under a rate of {count} per "
+                        f"{per:g} s (allowed {count} + 1): {listing}",
+                    )
+
+        yield from windows(by_queue, lambda lim: lim.rate, "queue", "rate_limit")
+        yield from windows(by_key, lambda lim: lim.rate_per_key, "key", "rate_limit_per_key")
+
+    # -- jobs ---------------------------------------------------------------------------------------
+
+    def exclusive(self) -> Iterator[Violation]:
+        """No job runs in two live attempts at once; a frozen worker's overrun is measured."""
+        overlap_max = 0.0
+        overrun_max = 0.0
+        for w in self.h.frozen:
+            for r in self.h.runs:
+                if r.pid == int(w.subject) and r.start < w.end and self.end_of(r) > w.end:
+                    overrun_max = max(overrun_max, self.end_of(r) - w.end)
+        for job_id, runs in sorted(self.runs_by_job.items()):
+            ordered = sorted(runs, key=lambda r: r.start)
+            for i, a in enumerate(ordered):
+                for b in ordered[i + 1 :]:
+                    if b.start >= self.end_of(a):
+                        continue
+                    both = min(self.end_of(a), self.end_of(b)) - b.start
+                    if self.frozen_during(a) is not None:
+                        overlap_max = max(overlap_max, both)
+                        continue
+                    yield Violation(
+                        "exclusive",
+                        f"job {job_id} ran in two live attempts at once for {both:.2f} s: "
+                        f"{self.interval(a)}; {self.interval(b)}",
+                    )
+        self.measures["frozen_overrun_max_s"] = overrun_max
+        self.measures["frozen_duplicate_overlap_max_s"] = overlap_max
+        self.measures["reruns"] = float(
+            sum(
+                len({r.attempt for r in runs if r.outcome != "parked"}) - 1
+                for runs in self.runs_by_job.values()
+                if runs
+            )
+        )
+
+    def completed_once(self) -> Iterator[Violation]:
+        for job_id, times in sorted(self.h.completions.items()):
+            if len(times) > 1:
+                at = ", ".join(_fmt(t, self.origin) for t in times)
+                yield Violation("completed_once", f"job {job_id} was reported completed {len(times)} times (at {at})")
+        for job in self.h.jobs:
+            if job.status == "completed" and not any(r.outcome == "returned" for r in self.runs_by_job[job.id]):
+                yield Violation("completed_once", f"job {job.id} ({job.type}) is completed but no handler returned")
+
+    def first_return(self, job_id: str) -> float | None:
+        ends = [r.end for r in self.runs_by_job[job_id] if r.outcome == "returned" and r.end is not None]
+        return min(ends) if ends else None
+
+    def follow_ups(self) -> Iterator[Violation]:
+        """A job scheduled with `then=` (its configuration names a `chain` token, its follow-up's `after`
+        the same token) has exactly one follow-up if it completed, none otherwise, written after it returned."""
+        by_token: dict[str, list[JobRow]] = defaultdict(list)
+        for job in self.h.jobs:
+            if "after" in job.configuration:
+                by_token[str(job.configuration["after"])].append(job)
+        for parent in self.h.jobs:
+            token = parent.configuration.get("chain")
+            if token is None:
+                continue
+            follow = by_token.get(str(token), [])
+            if parent.status == "completed":
+                if len(follow) != 1:
+                    yield Violation(
+                        "follow_up",
+                        f"job {parent.id} completed and has {len(follow)} follow-ups (exactly 1 expected)",
+                    )
+                returned = self.first_return(parent.id)
+                for f in follow:
+                    if returned is None or f.created_at < returned:
+                        when = "never" if returned is None else _fmt(returned, self.origin)
+                        yield Violation(
+                            "follow_up",
+                            f"follow-up {f.id} of job {parent.id} was written at {_fmt(f.created_at, self.origin)}, "
+                            f"before its parent's handler returned ({when})",
+                        )
+            elif follow:
+                yield Violation(
+                    "follow_up",
+                    f"job {parent.id} ended {parent.status} yet has {len(follow)} follow-ups (none expected)",
+                )
+
+    def callbacks(self) -> Iterator[Violation]:
+        members: dict[str, list[JobRow]] = defaultdict(list)
+        callbacks: dict[str, list[JobRow]] = defaultdict(list)
+        with_callback: set[str] = set()
+        for job in self.h.jobs:
+            if "callback_of" in job.configuration:
+                callbacks[str(job.configuration["callback_of"])].append(job)
+            if job.group_id is not None:
+                members[job.group_id].append(job)
+                if job.configuration.get("group_has_then"):
+                    with_callback.add(job.group_id)
+        for group in sorted(with_callback):
+            found = callbacks.get(group, [])
+            group_members = members[group]
+            terminal = [m for m in group_members if m.status in ("completed", "failed", "cancelled")]
+            if len(terminal) == len(group_members) and len(found) != 1:
+                yield Violation(
+                    "callback",
+                    f"group {group}: all {len(group_members)} members are terminal and it has {len(found)} "
+                    "callbacks (exactly 1 expected)",
+                )
+            if len(terminal) < len(group_members) and found:
+                yield Violation(
+                    "callback",
+                    f"group {group}: a callback exists while {len(group_members) - len(terminal)} members are "
+                    "not terminal",
+                )
+            for cb in found:
+                early = [
+                    m
+                    for m in group_members
+                    if (m.finished_at is not None and m.finished_at > cb.created_at)
+                    or any(r.start > cb.created_at and self.frozen_during(r) is None for r in self.runs_by_job[m.id])
+                ]
+                if early:
+                    listing = "; ".join(
+                        f"member {m.id} finished {_fmt(m.finished_at, self.origin) if m.finished_at else 'never'}"
+                        for m in early
+                    )
+                    yield Violation(
+                        "callback",
+                        f"group {group}: callback {cb.id} was written at {_fmt(cb.created_at, self.origin)}, "
+                        f"before its last member was terminal: {listing}",
+                    )
+
+    def late_group_adds(self) -> Iterator[Violation]:
+        for group, outcome in self.h.late_group_adds:
+            if outcome != "refused":
+                yield Violation(
+                    "group_closed",
+                    f"a job was added to group {group}, which has a callback: {outcome} (InvalidStateError expected)",
+                )
+
+    def periodic(self) -> Iterator[Violation]:
+        ticks: dict[str, list[JobRow]] = defaultdict(list)
+        for job in self.h.jobs:
+            if job.name in self.h.periodic_every:
+                ticks[job.name].append(job)
+        self.measures["periodic_ticks"] = float(sum(len(t) for t in ticks.values()))
+        for name, every in sorted(self.h.periodic_every.items()):
+            # A tick is the job's available_at as enqueued: what its first attempt saw, else the column
+            # if the job was never retried (a recovered attempt moves the column to its retry time).
+            known = [
+                (j, self.h.first_available.get(j.id, j.available_at if j.attempts <= 1 else None)) for j in ticks[name]
+            ]
+            seen = Counter(round(t, 3) for _, t in known if t is not None)
+            twice = sorted(t for t, n in seen.items() if n > 1)
+            if twice:
+                listing = ", ".join(f"{_fmt(t, self.origin)} x{seen[t]}" for t in twice)
+                yield Violation("periodic_once", f"periodic {name}: ticks enqueued more than once: {listing}")
+            off = [(j, t) for j, t in known if t is not None and min(t % every, every - t % every) > 2e-3]
+            if off:
+                listing = "; ".join(f"job {j.id} at {_fmt(t, self.origin)} ({t:.3f})" for j, t in off[:5])
+                yield Violation(
+                    "periodic_once",
+                    f"periodic {name}: {len(off)} jobs at instants that are not ticks of every={every:g} s: {listing}",
+                )
+            next_run, last_tick = self.h.periodic_next.get(name, (None, None))
+            if next_run is not None and last_tick is not None and next_run <= last_tick:
+                yield Violation(
+                    "periodic_once",
+                    f"periodic {name}: next_run_at {_fmt(next_run, self.origin)} is not after its last tick "
+                    f"{_fmt(last_tick, self.origin)}",
+                )
+
+    def steps(self) -> Iterator[Violation]:
+        effects: dict[tuple[str, str], list[Effect]] = defaultdict(list)
+        for e in self.h.effects:
+            effects[(e.job_id, e.step)].append(e)
+        late_max = 0.0
+        duplicates = 0
+        for (job_id, step), stored_at in sorted(self.h.stored_steps.items()):
+            done = effects.get((job_id, step), [])
+            if not done:
+                yield Violation("steps", f"job {job_id}: step {step!r} is stored but its side effect never ran")
+                continue
+            duplicates += len(done) - 1
+            for e in done:
+                if e.at <= stored_at:
+                    continue
+                run = next((r for r in self.runs_by_job[job_id] if r.pid == e.pid and r.attempt == e.attempt), None)
+                if run is not None and self.frozen_during(run) is not None:
+                    late_max = max(late_max, e.at - stored_at)
+                    continue
+                yield Violation(
+                    "steps",
+                    f"job {job_id}: step {step!r} ran its side effect again at {_fmt(e.at, self.origin)} "
+                    f"(attempt {e.attempt}, pid {e.pid}) after its result was stored at "
+                    f"{_fmt(stored_at, self.origin)}",
+                )
+        for job in self.h.jobs:
+            if job.status != "completed":
+                continue
+            for step in job.configuration.get("steps", []):
+                if (job.id, step) not in self.h.stored_steps:
+                    yield Violation("steps", f"job {job.id} completed without storing its step {step!r}")
+        self.measures["step_reruns"] = float(duplicates)
+        self.measures["frozen_step_after_store_max_s"] = late_max
+
+    def events(self) -> Iterator[Violation]:
+        for job_id, key, payload in self.h.received:
+            emitted = self.h.emitted.get(key, [])
+            if not emitted:
+                yield Violation("events", f"job {job_id} received {payload!r} for {key!r}, which was never emitted")
+            elif payload != emitted[0]:
+                yield Violation(
+                    "events",
+                    f"job {job_id} received {payload!r} for {key!r}; the first emit was {emitted[0]!r}",
+                )
+
+    # -- fairness -----------------------------------------------------------------------------------
+
+    def fairness(self) -> Iterator[Violation]:
+        """A job that could run (a live, unfrozen worker serving its queue has a free slot; its queue
+        and key are below every limit; no fault or limit change in the air; the queue not paused)
+        waits at most FAIRNESS_BOUND in total: the claims must not leave it behind another key."""
+        keyed_queues = {lim.queue for lim in self.h.limits if lim.per_key is not None or lim.rate_per_key is not None}
+        worst = 0.0
+        found: list[tuple[float, JobRow, float]] = []
+        runs_by_queue: dict[str, list[Run]] = defaultdict(list)
+        for r in self.h.runs:
+            runs_by_queue[r.queue].append(r)
+        for job in self.h.jobs:
+            if job.queue not in keyed_queues or job.key is None or job.configuration.get("delayed"):
+                continue
+            first = min((r.start for r in self.runs_by_job[job.id]), default=None)
+            until = first if first is not None else self.h.quiet_from
+            blocked = 0.0
+            t = job.created_at + FAIRNESS_STEP
+            while t < until:
+                if self.could_run(job, t, runs_by_queue[job.queue]):
+                    blocked += FAIRNESS_STEP
+                t += FAIRNESS_STEP
+            worst = max(worst, blocked)
+            if blocked > FAIRNESS_BOUND:
+                found.append((blocked, job, until))
+        self.measures["fairness_blocked_max_s"] = worst
+        for blocked, job, until in sorted(found, key=lambda f: -f[0])[:5]:
+            yield Violation(
+                "fairness",
+                f"job {job.id} of key {job.key!r} in queue {job.queue} could have run for {blocked:.1f} s "
+                f"(free slot, key and queue below their limits) but waited from {_fmt(job.created_at, self.origin)} "
+                f"to {_fmt(until, self.origin)}",
+            )
+        if len(found) > 5:
+            yield Violation("fairness", f"... and {len(found) - 5} more jobs kept waiting like these")
+
+    def could_run(self, job: JobRow, t: float, queue_runs: list[Run]) -> bool:
+        for w in self.h.faults:
+            if w.subject == "terminate":
+                if w.start - 1.0 <= t <= w.end + RECONNECT_SETTLE:
+                    return False
+            elif w.start - 1.0 <= t <= w.end + FAULT_SETTLE and self.serves(int(w.subject.split()[1]), job.queue):
+                return False
+        for w in self.h.paused:
+            if w.subject == job.queue and w.start - 1.0 <= t <= w.end + LIMIT_GRACE:
+                return False
+        limits = self.limits_at(job.queue, t, t)
+        if len(limits) != 1:
+            return False  # a change in the air
+        lim = limits[0]
+        running = [r for r in queue_runs if r.start <= t < self.end_of(r)]
+        mine = [r for r in running if r.key == job.key]
+        if lim.concurrency is not None and len(running) >= lim.concurrency:
+            return False
+        if lim.per_key is not None and len(mine) >= lim.per_key:
+            return False
+        for rate, runs in ((lim.rate, queue_runs), (lim.rate_per_key, [r for r in queue_runs if r.key == job.key])):
+            if rate is not None:
+                count, per = rate
+                if sum(1 for r in runs if t - per - 1.0 < r.start <= t) >= count:
+                    return False
+        for p in self.h.processes:
+            if p.queues and job.queue not in p.queues:
+                continue
+            if not (p.started + WORKER_WARMUP <= t and (p.gone is None or t < p.gone)):
+                continue
+            if any(w.start <= t <= w.end for w in self.frozen_by_pid.get(p.pid, [])):
+                continue
+            busy = sum(1 for r in self.h.runs if r.pid == p.pid and r.start <= t < self.end_of(r))
+            if busy < p.concurrency:
+                return True
+        return False
+
+    def paused(self) -> Iterator[Violation]:
+        """A paused queue starts nothing (a worker applies the pause within PAUSE_GRACE)."""
+        for w in self.h.paused:
+            started = [r for r in self.h.runs if r.queue == w.subject and w.start + PAUSE_GRACE < r.start < w.end]
+            if started:
+                listing = "; ".join(self.interval(r) for r in started[:5])
+                yield Violation(
+                    "pause",
+                    f"queue {w.subject} paused {_fmt(w.start, self.origin)}..{_fmt(w.end, self.origin)} "
+                    f"started {len(started)} jobs: {listing}",
+                )
+
+    def serves(self, pid: int, queue: str) -> bool:
+        return any(p.pid == pid and (not p.queues or queue in p.queues) for p in self.h.processes)
+
+    # -- the end ------------------------------------------------------------------------------------
+
+    def end_state(self) -> Iterator[Violation]:
+        for worker, pid, code in self.h.unexpected_exits:
+            yield Violation("workers_survive", f"worker {worker} (pid {pid}) exited {code} without being asked to")
+        for job_id, status in sorted(self.h.expected.items()):
+            job = self.jobs.get(job_id)
+            if job is None:
+                yield Violation("nothing_lost", f"job {job_id} was scheduled and is gone")
+            elif job.status != status:
+                runs = "; ".join(self.interval(r) for r in self.runs_by_job[job_id]) or "never ran"
+                yield Violation(
+                    "nothing_lost",
+                    f"job {job_id} ({job.type} in {job.queue}) ended {job.status}, expected {status}"
+                    f"{f' (last error: {job.last_error[:300]!r})' if job.last_error else ''}: {runs}",
+                )
+        stuck = [j for j in self.h.jobs if j.id not in self.h.expected and j.status in ("queued", "running")]
+        for job in stuck[:10]:
+            yield Violation(
+                "nothing_stuck",
+                f"job {job.id} ({job.type} in {job.queue}, name {job.name}) is still {job.status} at the end",
+            )
+        if len(stuck) > 10:
+            yield Violation("nothing_stuck", f"... and {len(stuck) - 10} more jobs still queued or running")

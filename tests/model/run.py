@@ -1,0 +1,737 @@
+"""The model check's driver: a topology from a seed, real workers, faults, and the history read back.
+
+`generate(seed)` draws queues with random limits, keys, periodic jobs, chains, groups with callbacks,
+workflows (steps, a durable sleep, an event, children) and a fleet of worker processes, each serving a
+random subset of the queues with a random concurrency; and a timeline of what the producer schedules
+and which faults hit when (SIGKILL and SIGSTOP/SIGCONT of workers, the leader included; terminated
+backends; a paused queue; limits changed at run time). `run(topology, dsn)` plays the timeline against
+real `jobbus worker` processes kept alive by a supervisor, then lets the fleet drain in quiet and
+returns the `History` that `history.check` judges. Everything is timed by the database clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import make_conninfo
+from psycopg.types.json import Jsonb
+
+import jobbus
+from jobbus import control
+from tests.model.app import LOG_APPLICATION, LOG_DDL
+from tests.model.history import (
+    Effect,
+    History,
+    JobRow,
+    Limits,
+    Process,
+    Report,
+    Run,
+    Window,
+    check,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+LOGS = ROOT / ".jobbus" / "model-logs"
+#: Short leases so that a frozen or killed worker's jobs come back within the run.
+WORKER_ENV = {
+    "JOBBUS_LEASE_SECONDS": "6",
+    "JOBBUS_HEARTBEAT_INTERVAL_SECONDS": "1",
+    "JOBBUS_WORKER_DEAD_AFTER_SECONDS": "6",
+}
+DRAIN_TIMEOUT = 180.0
+READY_TIMEOUT = 120.0
+DRIVER_APPLICATION = "model_driver"
+
+
+@dataclass
+class QueueSpec:
+    name: str
+    concurrency: int | None
+    per_key: int | None
+    rate: tuple[int, float] | None
+    rate_per_key: tuple[int, float] | None
+    keys: tuple[str, ...]
+
+
+@dataclass
+class WorkerSpec:
+    worker_id: str
+    queues: tuple[str, ...]  # empty: every queue
+    concurrency: int
+
+
+@dataclass
+class Action:
+    at: float  # seconds after the run starts
+    kind: str
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Topology:
+    seed: int
+    duration: float
+    queues: list[QueueSpec]
+    workers: list[WorkerSpec]
+    periodics: list[tuple[str, float, str, bool]]  # name, every, queue, overlap
+    timeline: list[Action]
+    single_queue_workers: bool = False
+
+    def describe(self) -> str:
+        lines = [f"seed {self.seed}: {self.duration:g} s of faults and load"]
+        for q in self.queues:
+            lines.append(
+                f"  queue {q.name}: concurrency={q.concurrency} per_key={q.per_key} rate={q.rate} "
+                f"rate_per_key={q.rate_per_key} keys={list(q.keys)}"
+            )
+        for w in self.workers:
+            lines.append(f"  worker {w.worker_id}: queues={list(w.queues) or 'all'} concurrency={w.concurrency}")
+        for name, every, queue, overlap in self.periodics:
+            lines.append(f"  periodic {name}: every {every:g} s in {queue}, overlap={overlap}")
+        kinds: dict[str, int] = {}
+        for a in self.timeline:
+            kinds[a.kind] = kinds.get(a.kind, 0) + 1
+        lines.append("  timeline: " + ", ".join(f"{k} x{n}" for k, n in sorted(kinds.items())))
+        return "\n".join(lines)
+
+
+def _maybe(rng: random.Random, p: float, value: Any) -> Any:
+    return value if rng.random() < p else None
+
+
+def generate(seed: int, duration: float = 25.0, *, single_queue_workers: bool = False) -> Topology:
+    """The topology of `seed`; `single_queue_workers` gives each worker one queue (a narrower model, to
+    tell a fault of the multi-queue claim from the rest)."""
+    rng = random.Random(seed)
+    queues = []
+    for n in range(rng.randint(2, 4)):
+        keys = tuple(f"k{i}" for i in range(rng.randint(2, 5))) if n == 0 or rng.random() < 0.6 else ()
+        queues.append(
+            QueueSpec(
+                name=f"q{n}",
+                concurrency=rng.choice([1, 2, 3, 4]) if n == 0 or rng.random() < 0.6 else None,
+                per_key=_maybe(rng, 0.7, rng.choice([1, 2])) if keys else None,
+                rate=_maybe(rng, 0.35, (rng.randint(3, 8), float(rng.choice([2, 3, 5])))),
+                rate_per_key=_maybe(rng, 0.3, (rng.randint(1, 3), float(rng.choice([2, 3])))) if keys else None,
+                keys=keys,
+            )
+        )
+    names = [q.name for q in queues]
+    workers = []
+    for n in range(rng.randint(2, 4)):
+        served = () if rng.random() < 0.25 else tuple(sorted(rng.sample(names, rng.randint(1, len(names)))))
+        workers.append(WorkerSpec(f"w{n}", served, rng.randint(2, 6)))
+    covered = {q for w in workers for q in w.queues} | (set(names) if any(not w.queues for w in workers) else set())
+    if single_queue_workers:
+        workers = [WorkerSpec(w.worker_id, (names[n % len(names)],), w.concurrency) for n, w in enumerate(workers)]
+        workers += [WorkerSpec(f"w{n}", (name,), 3) for n, name in enumerate(names) if n >= len(workers)]
+        covered = set(names)
+    for missing in sorted(set(names) - covered):
+        w = rng.choice(workers)
+        w.queues = tuple(sorted({*w.queues, missing})) if w.queues else w.queues
+    periodics = [
+        (f"tick{n}", float(rng.choice([1, 2, 3])), rng.choice(names), rng.random() < 0.5)
+        for n in range(rng.randint(1, 2))
+    ]
+    timeline: list[Action] = []
+    load_until = duration * 0.75
+    t = 0.5
+    events = 0
+    while t < load_until:
+        q = rng.choice(queues)
+        shape = rng.choices(["jobs", "chain", "group", "flow", "hog"], weights=[5, 2, 2, 2, 1 if q.keys else 0])[0]
+        args: dict[str, Any] = {"queue": q.name}
+        if shape == "jobs":
+            args["jobs"] = [_job(rng, q) for _ in range(rng.randint(1, 6))]
+        elif shape == "hog":
+            # A big key with a backlog of long jobs that sorts first: the other keys must not wait behind it.
+            args["jobs"] = [
+                {"type": "model.work", "sleep": rng.uniform(2, 4), "key": q.keys[0]} for _ in range(rng.randint(3, 6))
+            ]
+            args["jobs"] += [_job(rng, q) for _ in range(rng.randint(2, 5))]
+        elif shape == "chain":
+            args["parent"] = _job(rng, q, failing=0.2)
+            args["then"] = _job(rng, q)
+        elif shape == "group":
+            args["members"] = [_job(rng, q, failing=0.2) for _ in range(rng.randint(1, 5))]
+            args["then"] = _job(rng, q)
+            args["late_add"] = rng.random() < 0.3
+        else:
+            event = f"e{events}" if rng.random() < 0.6 else None
+            events += 1
+            args["flow"] = {
+                "nap": rng.uniform(0.2, 2.0),
+                "event": event,
+                "children": rng.randint(0, 3),
+                "child_sleep": rng.uniform(0, 0.5),
+                "step_sleep": rng.choice([0.0, 0.0, rng.uniform(0.2, 1.5)]),
+                "key": rng.choice(q.keys) if q.keys else None,
+            }
+            if event:
+                for _ in range(rng.randint(1, 2)):
+                    timeline.append(Action(t + rng.uniform(0.5, duration - t), "emit", {"key": event}))
+        timeline.append(Action(t, shape, args))
+        t += rng.uniform(0.3, 1.5)
+    t = 2.0
+    while t < duration - 1:
+        fault = rng.choices(
+            ["kill", "kill_leader", "freeze", "terminate", "pause", "limits"], weights=[3, 2, 3, 2, 1, 2]
+        )[0]
+        args = {"worker": rng.choice(workers).worker_id, "busiest": rng.random() < 0.7}
+        if fault == "freeze":
+            args["seconds"] = rng.choice([rng.uniform(0.5, 3), rng.uniform(7, 10)])
+        elif fault == "pause":
+            args["queue"] = rng.choice(names)
+            args["seconds"] = rng.uniform(1, 4)
+        elif fault == "limits":
+            q = rng.choice(queues)
+            args["queue"] = q.name
+            args["concurrency"] = rng.choice([1, 2, 3, 5, None])
+            args["per_key"] = rng.choice([1, 2, None]) if q.keys else None
+        timeline.append(Action(t, fault, args))
+        t += rng.uniform(1.5, 4.0)
+    timeline.sort(key=lambda a: a.at)
+    return Topology(seed, duration, queues, workers, periodics, timeline, single_queue_workers)
+
+
+def _job(rng: random.Random, q: QueueSpec, failing: float = 0.0) -> dict[str, Any]:
+    kind = "model.fail" if rng.random() < failing else rng.choice(["model.work", "model.work", "model.work_sync"])
+    return {"type": kind, "sleep": rng.uniform(0.05, 1.5), "key": rng.choice(q.keys) if q.keys else None}
+
+
+# -- the run ----------------------------------------------------------------------------------------
+
+
+class _Fleet:
+    """Worker processes, a supervisor that restarts the dead ones, and the log of what it did."""
+
+    def __init__(self, dsn: str, topology: Topology, log: psycopg.Connection[Any], rng: random.Random) -> None:
+        self.dsn = dsn
+        self.topology = topology
+        self.log = log
+        self.rng = rng
+        self.specs = {w.worker_id: w for w in topology.workers}
+        self.procs: dict[str, subprocess.Popen[str]] = {}
+        self.ids: dict[str, str] = {}  # spec id -> the id its current process runs under
+        self.frozen: set[int] = set()
+        self.ours: set[int] = set()  # pids we killed or stopped at the end: their exit is expected
+        self.unexpected: list[tuple[str, int, int]] = []
+        self.generation = 0
+        LOGS.mkdir(parents=True, exist_ok=True)
+        for spec in topology.workers:
+            self.spawn(spec.worker_id, spec.worker_id)
+
+    def note(self, kind: str, pid: int | None = None, **detail: Any) -> None:
+        self.log.execute(
+            "INSERT INTO public.model_log (id, kind, worker, pid, detail) VALUES (%s, %s, %s, %s, %s)",
+            (uuid.uuid4(), kind, detail.get("worker"), pid, Jsonb(detail)),
+        )
+
+    def spawn(self, spec_id: str, worker_id: str) -> None:
+        spec = self.specs[spec_id]
+        args = ["--worker-id", worker_id, "--concurrency", str(spec.concurrency), "--shutdown-timeout", "10"]
+        for q in spec.queues:
+            args += ["--queue", q]
+        env = {**os.environ, "JOBBUS_DSN": self.dsn, "PYTHONUNBUFFERED": "1", "MODEL_WORKER_ID": worker_id}
+        env.update(WORKER_ENV)
+        out = (LOGS / f"seed{self.topology.seed}-{worker_id}.log").open("a")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "jobbus", "worker", "--app", "tests.model.app:app", "--poll-interval", "0.2", *args],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        out.close()
+        self.procs[spec_id] = proc
+        self.ids[spec_id] = worker_id
+        self.note(
+            "spawn",
+            proc.pid,
+            worker=worker_id,
+            queues=list(spec.queues),
+            concurrency=spec.concurrency,
+        )
+
+    def supervise(self, restart: bool = True) -> None:
+        for spec_id, proc in list(self.procs.items()):
+            code = proc.poll()
+            if code is None:
+                continue
+            self.note("gone", proc.pid, worker=self.ids[spec_id], code=code)
+            if proc.pid not in self.ours and code != 0:
+                self.unexpected.append((self.ids[spec_id], proc.pid, code))
+            del self.procs[spec_id]
+            if restart:
+                same = self.rng.random() < 0.5
+                self.generation += 1
+                self.spawn(spec_id, spec_id if same else f"{spec_id}-r{self.generation}")
+
+    def live(self, spec_id: str) -> subprocess.Popen[str] | None:
+        proc = self.procs.get(spec_id)
+        return proc if proc is not None and proc.poll() is None else None
+
+    async def kill(self, spec_id: str) -> None:
+        proc = self.live(spec_id)
+        if proc is None or proc.pid in self.frozen:
+            return
+        self.ours.add(proc.pid)
+        proc.send_signal(signal.SIGKILL)
+        while proc.poll() is None:  # noqa: ASYNC110 - a process exit is not an awaitable here
+            await asyncio.sleep(0.02)
+        self.note("kill", proc.pid, worker=self.ids[spec_id])
+        self.supervise()
+
+    def freeze(self, spec_id: str) -> int | None:
+        proc = self.live(spec_id)
+        if proc is None or proc.pid in self.frozen:
+            return None
+        self.note("stop", proc.pid, worker=self.ids[spec_id])
+        proc.send_signal(signal.SIGSTOP)
+        self.frozen.add(proc.pid)
+        return proc.pid
+
+    def thaw(self, pid: int) -> None:
+        if pid not in self.frozen:
+            return
+        for spec_id, proc in self.procs.items():
+            if proc.pid == pid:
+                proc.send_signal(signal.SIGCONT)
+                self.note("cont", pid, worker=self.ids[spec_id])
+        self.frozen.discard(pid)
+
+    def spec_of_worker(self, worker_id: str) -> str | None:
+        for spec_id, wid in self.ids.items():
+            if wid == worker_id:
+                return spec_id
+        return None
+
+    async def stop(self) -> None:
+        for pid in list(self.frozen):
+            self.thaw(pid)
+        for proc in self.procs.values():
+            self.ours.add(proc.pid)
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while any(p.poll() is None for p in self.procs.values()) and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.1)
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        self.supervise(restart=False)
+
+
+async def run(topology: Topology, dsn: str) -> History:
+    """Play the topology's timeline against real workers on `dsn` (a migrated database of its own)."""
+    rng = random.Random(topology.seed * 7919 + 1)
+    with psycopg.connect(dsn, autocommit=True, application_name=LOG_APPLICATION) as log:
+        log.execute(LOG_DDL)
+        # The producer's own connections are not the fault injector's target: the workers' are.
+        app = jobbus.App(dsn=make_conninfo(dsn, application_name=DRIVER_APPLICATION), database_wait_seconds=60)
+        async with app:
+            for q in topology.queues:
+                await _set_limits(app, log, q.name, q.concurrency, q.per_key, q.rate, q.rate_per_key)
+            for name, every, queue, overlap in topology.periodics:
+                await app.add_periodic(
+                    name,
+                    type="model.work",
+                    every=timedelta(seconds=every),
+                    configuration={"sleep": 0.1},
+                    queue=queue,
+                    overlap=overlap,
+                )
+            expected: dict[str, str] = {}
+            late: list[tuple[str, str]] = []
+            fleet = _Fleet(dsn, topology, log, rng)
+            try:
+                await _ready(fleet, topology, log)
+                await _play(app, fleet, topology, log, expected, late)
+                quiet_from = _db_now(log)
+                await _quiet(app, fleet, topology, log)
+            finally:
+                await fleet.stop()
+            periodic_next = {
+                name: (_epoch(next_run), _epoch(last))
+                for name, next_run, last in log.execute(
+                    "SELECT name, next_run_at, last_tick FROM public.model_periodic_end"
+                ).fetchall()
+            }
+        return _read(log, topology, expected, late, fleet.unexpected, quiet_from, periodic_next)
+
+
+async def _ready(fleet: _Fleet, topology: Topology, log: psycopg.Connection[Any]) -> None:
+    """Wait for every worker to be registered and a leader elected: the timeline starts then."""
+    deadline = time.monotonic() + READY_TIMEOUT
+    while time.monotonic() < deadline:
+        fleet.supervise()
+        row = log.execute(
+            "SELECT (SELECT count(*) FROM jobbus.worker WHERE stopped_at IS NULL),"
+            " EXISTS (SELECT 1 FROM jobbus.leader WHERE expires_at > clock_timestamp())"
+        ).fetchone()
+        if row is not None and row[0] >= len(topology.workers) and row[1]:
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"the workers were not all up and led after {READY_TIMEOUT:g} s")
+
+
+async def _set_limits(
+    app: jobbus.App,
+    log: psycopg.Connection[Any],
+    queue: str,
+    concurrency: int | None,
+    per_key: int | None,
+    rate: tuple[int, float] | None,
+    rate_per_key: tuple[int, float] | None,
+) -> None:
+    # Written before the change: a worker may apply the new limits before the call returns.
+    detail = {
+        "queue": queue,
+        "concurrency": concurrency,
+        "per_key": per_key,
+        "rate": rate,
+        "rate_per_key": rate_per_key,
+    }
+    log.execute(
+        "INSERT INTO public.model_log (id, kind, detail) VALUES (%s, 'limits', %s)", (uuid.uuid4(), Jsonb(detail))
+    )
+    await app.set_queue(
+        queue,
+        concurrency=concurrency,
+        concurrency_per_key=per_key,
+        rate_limit=None if rate is None else jobbus.RateLimit(rate[0], timedelta(seconds=rate[1])),
+        rate_limit_per_key=None
+        if rate_per_key is None
+        else jobbus.RateLimit(rate_per_key[0], timedelta(seconds=rate_per_key[1])),
+    )
+
+
+def _config(job: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"sleep": job["sleep"], **extra}
+
+
+async def _play(
+    app: jobbus.App,
+    fleet: _Fleet,
+    topology: Topology,
+    log: psycopg.Connection[Any],
+    expected: dict[str, str],
+    late: list[tuple[str, str]],
+) -> None:
+    started = time.monotonic()
+    queues = {q.name: q for q in topology.queues}
+    thaws: list[tuple[float, int]] = []
+    resumes: list[tuple[float, str]] = []
+
+    def status_of(job: dict[str, Any]) -> str:
+        return "failed" if job["type"] == "model.fail" else "completed"
+
+    for action in topology.timeline:
+        while True:
+            now = time.monotonic() - started
+            for at, pid in [x for x in thaws if x[0] <= now]:
+                fleet.thaw(pid)
+                thaws.remove((at, pid))
+            for at, queue in [x for x in resumes if x[0] <= now]:
+                log.execute(
+                    "INSERT INTO public.model_log (id, kind, detail) VALUES (%s, 'resume', %s)",
+                    (uuid.uuid4(), Jsonb({"queue": queue})),
+                )
+                await control.resume(app, queue=queue)
+                resumes.remove((at, queue))
+            fleet.supervise()
+            if now >= action.at:
+                break
+            await asyncio.sleep(min(0.1, action.at - now))
+        a = action.args
+        kind = action.kind
+        if kind in ("jobs", "hog"):
+            for job in a["jobs"]:
+                job_id = await app.schedule(job["type"], _config(job), queue=a["queue"], concurrency_key=job["key"])
+                expected[str(job_id)] = status_of(job)
+        elif kind == "chain":
+            token = str(uuid.uuid4())
+            parent, then = a["parent"], a["then"]
+            job_id = await app.schedule(
+                parent["type"],
+                _config(parent, chain=token),
+                queue=a["queue"],
+                concurrency_key=parent["key"],
+                then=jobbus.JobRequest(
+                    then["type"], _config(then, after=token), queue=a["queue"], concurrency_key=then["key"]
+                ),
+            )
+            expected[str(job_id)] = status_of(parent)
+        elif kind == "group":
+            group = uuid.uuid4()
+            requests = [
+                jobbus.JobRequest(
+                    m["type"], _config(m, group_has_then=True), queue=a["queue"], concurrency_key=m["key"]
+                )
+                for m in a["members"]
+            ]
+            then = a["then"]
+            _, ids = await app.schedule_group(
+                requests,
+                group_id=group,
+                then=jobbus.JobRequest(
+                    then["type"], _config(then, callback_of=str(group)), queue=a["queue"], concurrency_key=then["key"]
+                ),
+            )
+            for job_id, m in zip(ids, a["members"], strict=True):
+                expected[str(job_id)] = status_of(m)
+            if a["late_add"]:
+                try:
+                    extra = await app.schedule(
+                        "model.work", {"sleep": 0.2, "group_has_then": True}, queue=a["queue"], group_id=group
+                    )
+                except jobbus.InvalidStateError:
+                    late.append((str(group), "refused"))
+                else:
+                    late.append((str(group), f"accepted as job {extra}"))
+                    expected[str(extra)] = "completed"
+        elif kind == "flow":
+            flow = dict(a["flow"])
+            key = flow.pop("key")
+            job_id = await app.schedule(
+                "model.flow", {**flow, "steps": ["a", "b"]}, queue=a["queue"], concurrency_key=key
+            )
+            expected[str(job_id)] = "completed"
+        elif kind == "emit":
+            await _emit(app, log, a["key"])
+        elif kind in ("kill", "kill_leader"):
+            spec_id: str | None = a["worker"]
+            if kind == "kill_leader":
+                leader = log.execute(
+                    "SELECT worker_id FROM jobbus.leader WHERE expires_at > clock_timestamp()"
+                ).fetchone()
+                spec_id = fleet.spec_of_worker(leader[0]) if leader else None
+            if spec_id is not None:
+                await fleet.kill(spec_id)
+        elif kind == "freeze":
+            # Mostly the busiest worker: freezing an idle one shows nothing.
+            busiest = log.execute(
+                "SELECT worker_id FROM jobbus.job WHERE status = 'running' GROUP BY worker_id ORDER BY count(*) DESC"
+            ).fetchone()
+            target = fleet.spec_of_worker(busiest[0]) if busiest and a["busiest"] else None
+            frozen_pid = fleet.freeze(target or a["worker"])
+            if frozen_pid is not None:
+                thaws.append((action.at + a["seconds"], frozen_pid))
+        elif kind == "terminate":
+            log.execute(
+                "INSERT INTO public.model_log (id, kind) VALUES (%s, 'terminate')",
+                (uuid.uuid4(),),
+            )
+            log.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+                " AND application_name NOT IN (%s, %s)",
+                (LOG_APPLICATION, DRIVER_APPLICATION),
+            )
+        elif kind == "pause":
+            if not any(q == a["queue"] for _, q in resumes):
+                await control.pause(app, queue=a["queue"])
+                log.execute(
+                    "INSERT INTO public.model_log (id, kind, detail) VALUES (%s, 'pause', %s)",
+                    (uuid.uuid4(), Jsonb({"queue": a["queue"]})),
+                )
+                resumes.append((action.at + a["seconds"], a["queue"]))
+        elif kind == "limits":
+            q = queues[a["queue"]]
+            await _set_limits(app, log, q.name, a["concurrency"], a["per_key"], q.rate, q.rate_per_key)
+    for _, pid in thaws:
+        fleet.thaw(pid)
+    for _, queue in resumes:
+        log.execute(
+            "INSERT INTO public.model_log (id, kind, detail) VALUES (%s, 'resume', %s)",
+            (uuid.uuid4(), Jsonb({"queue": queue})),
+        )
+        await control.resume(app, queue=queue)
+
+
+async def _emit(app: jobbus.App, log: psycopg.Connection[Any], key: str) -> None:
+    payload = {"emit": str(uuid.uuid4())}
+    first = await app.emit_event(key, payload)
+    log.execute(
+        "INSERT INTO public.model_log (id, kind, detail) VALUES (%s, 'emit', %s)",
+        (uuid.uuid4(), Jsonb({"key": key, "payload": payload, "first": first})),
+    )
+
+
+async def _quiet(app: jobbus.App, fleet: _Fleet, topology: Topology, log: psycopg.Connection[Any]) -> None:
+    """Faults over: stop the periodic jobs, emit every event once more, and wait for the queues to drain."""
+    log.execute(
+        "CREATE TABLE public.model_periodic_end AS SELECT p.name, p.next_run_at,"
+        " (SELECT max(j.available_at) FROM jobbus.job j WHERE j.name = p.name) AS last_tick FROM jobbus.periodic p"
+    )
+    for name, *_ in topology.periodics:
+        await app.pause_periodic(name)
+    keys = {a.args["key"] for a in topology.timeline if a.kind == "emit"}
+    for key in sorted(keys):
+        await _emit(app, log, key)
+    deadline = time.monotonic() + DRAIN_TIMEOUT
+    while time.monotonic() < deadline:
+        fleet.supervise()
+        row = log.execute("SELECT count(*) FROM jobbus.job WHERE status IN ('queued', 'running')").fetchone()
+        if row is not None and row[0] == 0:
+            return
+        await asyncio.sleep(0.5)
+
+
+def _db_now(log: psycopg.Connection[Any]) -> float:
+    row = log.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
+    assert row is not None
+    return float(row[0])
+
+
+def _epoch(value: Any) -> float | None:
+    return None if value is None else float(value.timestamp())
+
+
+def _read(
+    log: psycopg.Connection[Any],
+    topology: Topology,
+    expected: dict[str, str],
+    late: list[tuple[str, str]],
+    unexpected: list[tuple[str, int, int]],
+    quiet_from: float,
+    periodic_next: dict[str, tuple[float | None, float | None]],
+) -> History:
+    h = History(
+        expected=expected,
+        late_group_adds=late,
+        unexpected_exits=unexpected,
+        quiet_from=quiet_from,
+        periodic_next=periodic_next,
+    )
+    h.periodic_every = {name: every for name, every, _, _ in topology.periodics}
+    for row in log.execute(
+        "SELECT id::text, type, queue, concurrency_key, status, name, extract(epoch FROM available_at)::float8,"
+        " extract(epoch FROM created_at)::float8, extract(epoch FROM finished_at)::float8, group_id::text,"
+        " configuration_data, attempts, last_error FROM jobbus.job"
+    ).fetchall():
+        h.jobs.append(JobRow(*row))
+    jobs = {j.id: j for j in h.jobs}
+    rows = log.execute(
+        "SELECT kind, job_id::text, attempt, worker, pid, extract(epoch FROM at)::float8, detail"
+        " FROM public.model_log ORDER BY at"
+    ).fetchall()
+    starts: dict[str, tuple[Any, ...]] = {}
+    ends: dict[str, tuple[Any, ...]] = {}
+    stops: dict[int, float] = {}
+    pauses: dict[str, float] = {}
+    spawned: dict[int, tuple[str, tuple[str, ...], int, float]] = {}
+    gone: dict[int, float] = {}
+    for kind, job_id, attempt, worker, pid, at, detail in rows:
+        if kind == "start":
+            starts[detail["run"]] = (job_id, attempt, worker, pid, at)
+            if attempt == 1:
+                h.first_available.setdefault(job_id, float(detail["available_at"]))
+        elif kind == "end":
+            ends[detail["run"]] = (at, detail["outcome"])
+        elif kind == "effect":
+            h.effects.append(Effect(job_id, detail["step"], attempt, pid, at))
+        elif kind == "received":
+            h.received.append((job_id, detail["key"], detail["payload"]))
+        elif kind == "completed":
+            h.completions.setdefault(detail["completed"], []).append(at)
+        elif kind == "emit":
+            h.emitted.setdefault(detail["key"], []).append(detail["payload"])
+        elif kind == "limits":
+            h.limits.append(
+                Limits(
+                    at,
+                    detail["queue"],
+                    detail["concurrency"],
+                    detail["per_key"],
+                    None if detail["rate"] is None else (int(detail["rate"][0]), float(detail["rate"][1])),
+                    None
+                    if detail["rate_per_key"] is None
+                    else (int(detail["rate_per_key"][0]), float(detail["rate_per_key"][1])),
+                )
+            )
+        elif kind == "spawn":
+            spawned[pid] = (worker, tuple(detail["queues"]), int(detail["concurrency"]), math.inf)
+        elif kind == "ready" and pid in spawned:
+            spawned[pid] = (*spawned[pid][:3], at)
+        elif kind == "gone":
+            gone.setdefault(pid, at)
+        elif kind == "kill":
+            gone[pid] = at
+            h.faults.append(Window(f"kill {pid}", at, at))
+        elif kind == "stop":
+            stops[pid] = at
+        elif kind == "cont":
+            start = stops.pop(pid, at)
+            h.frozen.append(Window(str(pid), start, at))
+            h.faults.append(Window(f"freeze {pid}", start, at))
+        elif kind == "terminate":
+            h.faults.append(Window("terminate", at, at))
+        elif kind == "pause":
+            pauses[detail["queue"]] = at
+        elif kind == "resume" and detail["queue"] in pauses:
+            h.paused.append(Window(detail["queue"], pauses.pop(detail["queue"]), at))
+    for pid, at in stops.items():
+        h.frozen.append(Window(str(pid), at, gone.get(pid, at)))
+    for pid, (worker, queues, concurrency, at) in spawned.items():
+        h.processes.append(Process(pid, worker, queues, concurrency, at, gone.get(pid)))
+    for run_id, (job_id, attempt, worker, pid, at) in starts.items():
+        job = jobs.get(job_id)
+        end, outcome = ends.get(run_id, (None, "open"))
+        h.runs.append(
+            Run(
+                run_id,
+                job_id,
+                job.type if job else "?",
+                job.queue if job else "?",
+                job.key if job else None,
+                attempt,
+                worker,
+                pid,
+                at,
+                end,
+                outcome,
+            )
+        )
+    for job_id, name, at in log.execute(
+        "SELECT job_id::text, name, extract(epoch FROM created_at)::float8 FROM jobbus.job_step"
+        " WHERE name IN ('a', 'b')"
+    ).fetchall():
+        h.stored_steps[(job_id, name)] = at
+    return h
+
+
+def check_seed(
+    seed: int, dsn: str, duration: float = 25.0, *, single_queue_workers: bool = False
+) -> tuple[Topology, Report]:
+    """Generate, run and check one seed on `dsn`; the report explains every broken guarantee."""
+    topology = generate(seed, duration, single_queue_workers=single_queue_workers)
+    history = asyncio.run(run(topology, dsn))
+    return topology, check(history)
+
+
+def explain(topology: Topology, report: Report) -> str:
+    """What a failure prints: the seed that reproduces it, its topology, and each broken guarantee."""
+    verdict = "PASS" if report.ok else f"FAIL ({', '.join(sorted(report.guarantees()))})"
+    return (
+        f"model check seed {topology.seed}: {verdict}\n"
+        f"reproduce: python -m tests.model --seed {topology.seed} --duration {topology.duration:g}"
+        f"{' --single-queue-workers' if topology.single_queue_workers else ''}\n"
+        f"{topology.describe()}\n{report.text()}"
+    )

@@ -1,0 +1,378 @@
+"""The checker's own correctness: synthetic histories with one known violation each, and a clean one.
+
+A checker that cannot fail proves nothing: each guarantee has a history that breaks it, and the
+checker must name that guarantee (and only that one) for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.model.history import (
+    FAIRNESS_BOUND,
+    Effect,
+    History,
+    JobRow,
+    Limits,
+    Process,
+    Run,
+    Window,
+    check,
+)
+
+T0 = 1_000_000.0
+PID = 100
+
+
+def job(n: int, *, queue: str = "q", key: str | None = None, status: str = "completed", **config: Any) -> JobRow:
+    return JobRow(
+        id=f"j{n}",
+        type="model.work",
+        queue=queue,
+        key=key,
+        status=status,
+        name=config.pop("name", None),
+        available_at=config.pop("available_at", T0),
+        created_at=config.pop("created_at", T0),
+        finished_at=config.pop("finished_at", None),
+        group_id=config.pop("group_id", None),
+        configuration=config,
+    )
+
+
+def run(n: int, start: float, end: float | None, *, queue: str = "q", key: str | None = None, **kw: Any) -> Run:
+    return Run(
+        run_id=kw.get("run_id", f"r{n}-{start}"),
+        job_id=f"j{n}",
+        type="model.work",
+        queue=queue,
+        key=key,
+        attempt=kw.get("attempt", 1),
+        worker=kw.get("worker", "w0"),
+        pid=kw.get("pid", PID),
+        start=T0 + start,
+        end=None if end is None else T0 + end,
+        outcome=kw.get("outcome", "returned"),
+    )
+
+
+def clean() -> History:
+    """Two queues, one of them per key; a chain, a group with its callback, a periodic, a step, an event."""
+    h = History()
+    h.processes = [Process(PID, "w0", (), 4, T0 - 10, None)]
+    h.limits = [
+        Limits(T0 - 5, "q", concurrency=2, rate=(3, 2.0)),
+        Limits(T0 - 5, "k", concurrency=3, per_key=1),
+    ]
+    h.jobs = [
+        job(1, finished_at=T0 + 1, chain="c1"),
+        job(2, finished_at=T0 + 1.5),
+        job(3, finished_at=T0 + 2.5, after="c1", created_at=T0 + 1.01),
+        job(4, queue="k", key="a", finished_at=T0 + 1),
+        job(5, queue="k", key="b", finished_at=T0 + 1),
+        job(6, queue="k", key="a", finished_at=T0 + 2.2),
+        job(7, group_id="g", group_has_then=True, finished_at=T0 + 3.5),
+        job(8, callback_of="g", created_at=T0 + 3.51, finished_at=T0 + 4.5),
+        job(9, name="tick", available_at=T0 + 4.0, created_at=T0 + 4.0, finished_at=T0 + 5),
+        job(10, name="tick", available_at=T0 + 6.0, created_at=T0 + 6.0, finished_at=T0 + 7),
+        job(11, steps=["a"], finished_at=T0 + 8),
+    ]
+    h.runs = [
+        run(1, 0.0, 1.0),
+        run(2, 0.5, 1.5),
+        run(3, 3.1, 3.3),  # the rate lets 3 + 1 starts in any 2 s: q has 4 by +3.1 (0, 0.5, 3.1, 3.2)
+        run(4, 0.0, 1.0, queue="k", key="a"),
+        run(5, 0.1, 1.0, queue="k", key="b"),
+        run(6, 1.1, 2.2, queue="k", key="a"),
+        run(7, 3.2, 3.5),
+        run(8, 4.2, 4.5),
+        run(9, 4.6, 5.0),
+        run(10, 6.5, 7.0),
+        run(11, 7.0, 7.5, outcome="parked", attempt=1),
+        run(11, 7.6, 8.0, attempt=1, run_id="r11b"),
+    ]
+    h.completions = {j.id: [(j.finished_at or T0) + 0.01] for j in h.jobs}
+    h.effects = [Effect("j11", "a", 1, PID, T0 + 7.1)]
+    h.stored_steps = {("j11", "a"): T0 + 7.2}
+    h.emitted = {"e": [{"n": 1}, {"n": 2}]}
+    h.received = [("j11", "e", {"n": 1})]
+    h.periodic_every = {"tick": 2.0}
+    h.periodic_next = {"tick": (T0 + 8.0, T0 + 6.0)}
+    h.expected = {j.id: "completed" for j in h.jobs if j.name is None and "after" not in j.configuration}
+    h.late_group_adds = [("g", "refused")]
+    h.quiet_from = T0 + 9
+    return h
+
+
+def broken(h: History) -> set[str]:
+    report = check(h)
+    return report.guarantees()
+
+
+def test_a_clean_history_passes() -> None:
+    report = check(clean())
+    assert report.ok, report.text()
+    assert report.measures["frozen_overrun_max_s"] == 0
+
+
+def test_overlap_above_the_queue_limit() -> None:
+    h = clean()
+    h.runs.append(run(12, 0.6, 0.9))  # a third handler of q beside j1 and j2 under concurrency=2
+    h.jobs.append(job(12))
+    h.completions["j12"] = [T0 + 1]
+    report = check(h)
+    assert "concurrency" in report.guarantees()
+    text = report.text()
+    assert "3 handlers ran at once under a limit of 2" in text and "job j12" in text and "+0.60s" in text
+
+
+def test_overlap_above_the_key_limit() -> None:
+    h = clean()
+    h.runs[5] = run(6, 0.9, 2.2, queue="k", key="a")  # starts while j4 (key a) still runs
+    assert broken(h) == {"concurrency_per_key"}
+
+
+def test_a_limit_lowered_at_runtime_binds_after_the_grace() -> None:
+    h = clean()
+    # Lowered to 1 just before j2 starts beside j1 (the old limit is still within the grace), raised at +2.
+    h.limits += [Limits(T0 - 1, "q", concurrency=1, rate=(3, 2.0)), Limits(T0 + 2, "q", concurrency=2, rate=(3, 2.0))]
+    assert broken(h) == set()
+    # Lowered long before: j2 beside j1 breaks it.
+    h.limits[0] = replace(h.limits[0], at=T0 - 40)
+    h.limits[2] = replace(h.limits[2], at=T0 - 30)
+    assert broken(h) == {"concurrency"}
+
+
+def test_a_frozen_worker_is_left_out_of_the_overlap_and_measured() -> None:
+    h = clean()
+    # j1 ran on a frozen worker (pid 200) on and on; its re-run on pid 100 overlaps it.
+    h.processes.append(Process(200, "w1", (), 4, T0 - 10, T0 + 20))
+    h.frozen = [Window("200", T0 + 0.2, T0 + 8.0)]
+    h.runs[0] = run(1, 0.0, 9.0, pid=200, worker="w1")
+    h.runs.append(run(1, 8.5, 8.7, attempt=2, run_id="r1b"))
+    h.jobs[2] = replace(h.jobs[2], created_at=T0 + 8.71, finished_at=T0 + 8.9)  # the re-run's follow-up
+    h.runs[2] = run(3, 8.75, 8.85)
+    report = check(h)
+    assert report.ok, report.text()
+    assert report.measures["frozen_overrun_max_s"] == pytest.approx(1.0)
+    assert report.measures["frozen_duplicate_overlap_max_s"] == pytest.approx(0.2)
+
+
+def test_two_live_attempts_at_once() -> None:
+    h = clean()
+    h.runs.append(run(1, 0.8, 1.2, attempt=2, run_id="r1b", pid=300))
+    assert "exclusive" in broken(h)
+
+
+def test_rate_exceeded() -> None:
+    h = clean()
+    for n in (20, 21, 22):
+        h.jobs.append(job(n))
+        h.completions[f"j{n}"] = [T0 + 2]
+    h.runs += [run(20, 1.0, 1.05), run(21, 1.1, 1.15), run(22, 1.2, 1.25)]  # 5 starts in 1.2 s under 3 per 2 s
+    assert broken(h) == {"rate_limit"}
+
+
+def test_double_completion() -> None:
+    h = clean()
+    h.completions["j2"].append(T0 + 3)
+    assert broken(h) == {"completed_once"}
+
+
+def test_completed_without_a_handler_returning() -> None:
+    h = clean()
+    h.runs[1] = replace(h.runs[1], outcome="raised")
+    assert broken(h) == {"completed_once"}
+
+
+def test_duplicate_periodic_tick() -> None:
+    h = clean()
+    h.jobs.append(job(30, name="tick", available_at=T0 + 6.0, created_at=T0 + 6.3, finished_at=T0 + 7))
+    h.runs.append(run(30, 6.4, 6.6))
+    report = check(h)
+    assert report.guarantees() == {"periodic_once"}
+    assert "x2" in report.text()
+
+
+def test_next_run_at_not_after_the_last_tick() -> None:
+    h = clean()
+    h.periodic_next["tick"] = (T0 + 6.0, T0 + 6.0)
+    assert broken(h) == {"periodic_once"}
+
+
+def test_early_callback() -> None:
+    h = clean()
+    h.jobs[7] = replace(h.jobs[7], created_at=T0 + 3.3)  # written before member j7 finished at +3.5
+    assert broken(h) == {"callback"}
+
+
+def test_callback_while_a_member_is_queued() -> None:
+    h = clean()
+    h.jobs.append(job(31, group_id="g", group_has_then=True, status="queued"))
+    h.expected["j31"] = "completed"
+    assert {"callback", "nothing_lost"} <= broken(h)
+
+
+def test_a_group_that_takes_a_late_member() -> None:
+    h = clean()
+    h.late_group_adds.append(("g", "accepted as job j40"))
+    assert broken(h) == {"group_closed"}
+
+
+def test_follow_up_of_a_failed_job() -> None:
+    h = clean()
+    h.jobs[0] = replace(h.jobs[0], status="failed")
+    h.expected["j1"] = "failed"
+    assert broken(h) == {"follow_up"}
+
+
+def test_missing_follow_up() -> None:
+    h = clean()
+    del h.jobs[2]
+    del h.runs[2]
+    assert broken(h) == {"follow_up"}
+
+
+def test_step_side_effect_after_its_result_was_stored() -> None:
+    h = clean()
+    h.effects.append(Effect("j11", "a", 2, PID, T0 + 7.7))
+    report = check(h)
+    assert report.guarantees() == {"steps"}
+    assert "after its result was stored" in report.text()
+
+
+def test_step_stored_without_its_side_effect() -> None:
+    h = clean()
+    h.effects.clear()
+    assert broken(h) == {"steps"}
+
+
+def test_event_payload_not_the_first_emitted() -> None:
+    h = clean()
+    h.received = [("j11", "e", {"n": 2})]
+    assert broken(h) == {"events"}
+
+
+def test_lost_job() -> None:
+    h = clean()
+    h.expected["j99"] = "completed"
+    report = check(h)
+    assert report.guarantees() == {"nothing_lost"}
+    assert "j99 was scheduled and is gone" in report.text()
+
+
+def test_stuck_job() -> None:
+    h = clean()
+    h.jobs.append(job(50, name="tick", status="queued", available_at=T0 + 8.0))
+    assert broken(h) == {"nothing_stuck"}
+
+
+def test_job_started_in_a_paused_queue() -> None:
+    h = clean()
+    h.paused = [Window("q", T0 - 10, T0 + 5)]
+    assert "pause" in broken(h)
+
+
+def test_a_runnable_key_kept_waiting() -> None:
+    h = clean()
+    # Key b of queue k is below its limit, the queue has a free slot, the worker has free slots: yet
+    # j60 waits far longer than the bound.
+    wait = FAIRNESS_BOUND + 5
+    h.jobs.append(job(60, queue="k", key="b", created_at=T0 + 1.0, finished_at=T0 + wait + 2))
+    h.runs.append(run(60, 1.0 + wait, 1.5 + wait, queue="k", key="b"))
+    h.completions["j60"] = [T0 + wait + 2]
+    h.quiet_from = T0 + wait + 5
+    report = check(h)
+    assert report.guarantees() == {"fairness"}
+    assert report.measures["fairness_blocked_max_s"] > FAIRNESS_BOUND
+
+
+def test_a_key_at_its_limit_may_wait() -> None:
+    h = clean()
+    # j61 of key a waits while j62 of key a holds the only slot of its key: legitimate.
+    wait = FAIRNESS_BOUND + 5
+    h.jobs.append(job(62, queue="k", key="a", created_at=T0 + 2.3, finished_at=T0 + wait + 1))
+    h.runs.append(run(62, 2.3, 1.0 + wait, queue="k", key="a"))
+    h.jobs.append(job(61, queue="k", key="a", created_at=T0 + 2.4, finished_at=T0 + wait + 2))
+    h.runs.append(run(61, 1.1 + wait, 1.5 + wait, queue="k", key="a"))
+    h.completions.update({"j61": [T0 + wait + 2], "j62": [T0 + wait + 1]})
+    h.quiet_from = T0 + wait + 5
+    assert check(h).ok
+
+
+def test_a_worker_that_exits_unasked() -> None:
+    h = clean()
+    h.unexpected_exits = [("w0", PID, 70)]
+    assert broken(h) == {"workers_survive"}
+
+
+def test_a_wait_right_after_a_fault_on_its_queue_is_not_unfair() -> None:
+    h = clean()
+    wait = FAIRNESS_BOUND + 3
+    h.jobs.append(job(60, queue="k", key="b", created_at=T0 + 1.0, finished_at=T0 + wait + 2))
+    h.runs.append(run(60, 1.0 + wait, 1.5 + wait, queue="k", key="b"))
+    h.completions["j60"] = [T0 + wait + 2]
+    h.quiet_from = T0 + wait + 5
+    h.faults = [Window(f"kill {PID + 1}", T0 + 1.0, T0 + 1.0)]
+    h.processes.append(Process(PID + 1, "w1", ("k",), 2, T0 - 10, T0 + 1.0))
+    assert check(h).ok
+    h.processes[-1] = Process(PID + 1, "w1", ("q",), 2, T0 - 10, T0 + 1.0)  # it did not serve k
+    assert broken(h) == {"fairness"}
+
+
+def test_a_retried_tick_is_judged_by_the_tick_it_was_enqueued_for() -> None:
+    h = clean()
+    # j10 was recovered and retried: the column moved to its retry time, its first attempt saw the tick.
+    h.jobs[9] = replace(h.jobs[9], available_at=T0 + 6.37, attempts=2)
+    h.first_available["j10"] = T0 + 6.0
+    assert check(h).ok
+    h.jobs.append(job(30, name="tick", available_at=T0 + 6.0, finished_at=T0 + 7))
+    h.runs.append(run(30, 6.4, 6.6))
+    assert broken(h) == {"periodic_once"}
+
+
+def test_a_job_off_the_ticks() -> None:
+    h = clean()
+    h.jobs[9] = replace(h.jobs[9], available_at=T0 + 6.5)
+    report = check(h)
+    assert report.guarantees() == {"periodic_once"}
+    assert "not ticks of every=2 s" in report.text()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    limit=st.integers(1, 4),
+    durations=st.lists(st.floats(0.05, 3.0), min_size=1, max_size=25),
+    gaps=st.lists(st.floats(0.0, 0.5), min_size=25, max_size=25),
+)
+def test_a_scheduler_within_its_limit_passes_and_one_run_more_fails(
+    limit: int, durations: list[float], gaps: list[float]
+) -> None:
+    """Histories of a correct scheduler (each job starts when one of `limit` slots is free) pass the
+    concurrency check; one extra run at the busiest instant breaks it."""
+    h = History()
+    h.processes = [Process(PID, "w0", (), limit + 1, T0 - 10, None)]
+    h.limits = [Limits(T0 - 10, "q", concurrency=limit)]
+    free = [0.0] * limit
+    for n, duration in enumerate(durations):
+        slot = min(range(limit), key=lambda i: free[i])
+        start = free[slot] + gaps[n] + 0.01
+        free[slot] = start + duration
+        h.jobs.append(job(n, finished_at=T0 + free[slot]))
+        h.runs.append(run(n, start, start + duration))
+        h.completions[f"j{n}"] = [T0 + free[slot]]
+        h.expected[f"j{n}"] = "completed"
+    assert check(h).ok
+    busiest = max(h.runs, key=lambda r: sum(1 for o in h.runs if o.start <= r.start < (o.end or 0)))
+    live = sum(1 for o in h.runs if o.start <= busiest.start < (o.end or 0))
+    for extra in range(limit + 1 - live):
+        n = 100 + extra
+        h.jobs.append(job(n, finished_at=busiest.start + 0.02))
+        h.runs.append(replace(busiest, run_id=f"x{n}", job_id=f"j{n}", end=busiest.start + 0.01))
+        h.completions[f"j{n}"] = [busiest.start + 0.02]
+    assert "concurrency" in broken(h)

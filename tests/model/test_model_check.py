@@ -1,0 +1,85 @@
+"""The model check in CI: a few fixed seeds, each a topology of queues, limits, keys, periodic jobs,
+chains, groups and workflows run by real worker processes under faults, its history checked against
+every guarantee (tests/model/history.py). A failure prints the seed and how to reproduce it.
+
+`make verify VERIFY_MINUTES=20` sweeps new seeds for as long as it is given.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.model.history import Violation
+from tests.model.run import check_seed, explain, generate
+
+#: (seed, single_queue_workers): three full models and one whose workers serve one queue each, where
+#: the limits are checked strictly today (item 1 of issue 21 needs a worker serving several queues).
+CASES = [(1, False), (4, False), (8, False), (30, True)]
+DURATION = 15.0
+
+#: Violations that today's code is known to produce, with the item that fixes each: (guarantee, a
+#: text the explanation contains, reason). A seed whose violations are all listed here is an expected
+#: failure, and every other guarantee is still checked. Remove an entry once its fix is merged: the
+#: seeds that hit it then must pass.
+KNOWN_HOLES: list[tuple[str, str, str]] = [
+    ("concurrency", "", "issue 21 item 1: a worker serving several queues exceeds a queue's concurrency (SPEC 16)"),
+    ("concurrency_per_key", "", "issue 21 item 1: a worker serving several queues exceeds concurrency_per_key"),
+    ("rate_limit", "", "issue 21 item 1: a worker serving several queues exceeds a rate limit (SPEC 16)"),
+    ("rate_limit_per_key", "", "issue 21 item 1: a worker serving several queues exceeds a per-key rate limit"),
+    ("group_closed", "", "issue 21 item 3: a job added to a group that has a callback is accepted (SPEC 16)"),
+    ("callback", "", "issue 21 item 3: a late member makes a group's callback fire early (SPEC 16)"),
+    (
+        "nothing_lost",
+        "terminating connection due to administrator command",
+        "a workflow call (step, sleep, spawn, wait) on a terminated backend fails its attempt instead of being "
+        "retried, so a job can end failed (SPEC 1: a dropped connection never loses a job)",
+    ),
+]
+#: The holes above that only a worker serving several queues opens.
+MULTI_QUEUE_HOLES = {"concurrency", "concurrency_per_key", "rate_limit", "rate_limit_per_key"}
+
+
+def known_hole(violation: Violation, single_queue_workers: bool) -> str | None:
+    for guarantee, text, reason in KNOWN_HOLES:
+        if single_queue_workers and guarantee in MULTI_QUEUE_HOLES:
+            continue
+        if violation.guarantee == guarantee and text in violation.explanation:
+            return reason
+    return None
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize(
+    ("seed", "single_queue_workers"), CASES, ids=[f"{s}{'-single' if o else ''}" for s, o in CASES]
+)
+def test_model_check(seed: int, single_queue_workers: bool, dsn: str) -> None:
+    topology, report = check_seed(seed, dsn, DURATION, single_queue_workers=single_queue_workers)
+    print(explain(topology, report))
+    reasons = [known_hole(v, single_queue_workers) for v in report.violations]
+    unknown = [v for v, reason in zip(report.violations, reasons, strict=True) if reason is None]
+    assert not unknown, explain(topology, report)
+    if report.violations:
+        pytest.xfail("; ".join(sorted({r for r in reasons if r})))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_seed_fixes_the_topology_and_every_queue_is_served(seed: int) -> None:
+    topology = generate(seed)
+    assert topology == generate(seed)
+    served = {q for w in topology.workers for q in w.queues}
+    if all(w.queues for w in topology.workers):
+        assert served == {q.name for q in topology.queues}
+    assert any(q.concurrency is not None for q in topology.queues)
+    assert topology.timeline == sorted(topology.timeline, key=lambda a: a.at)
+
+
+def test_only_the_listed_holes_are_expected_failures() -> None:
+    dropped = Violation(
+        "nothing_lost", "job j1 ended failed (last error: '... terminating connection due to administrator command')"
+    )
+    assert known_hole(dropped, single_queue_workers=False) is not None
+    assert known_hole(Violation("nothing_lost", "job j1 was scheduled and is gone"), single_queue_workers=False) is None
+    over = Violation("concurrency", "queue q0: 3 handlers ran at once under a limit of 2")
+    assert known_hole(over, single_queue_workers=False) is not None
+    assert known_hole(over, single_queue_workers=True) is None
+    assert known_hole(Violation("exclusive", "job j1 ran in two live attempts at once"), False) is None
