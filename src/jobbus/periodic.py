@@ -2,15 +2,24 @@
 
 A schedule is either a standard 5-field cron expression evaluated in an IANA time zone, or a fixed
 interval. Cron expressions are evaluated by `cronsim`, a small, maintained library written for a
-service that evaluates millions of cron schedules: it takes the standard syntax, and on DST days it
-behaves like cron (a 02:30 job in Europe/Paris runs once at 03:00 when 02:30 does not exist, and once
-when 02:30 happens twice). Intervals tick at whole multiples of the interval since the Unix epoch, so
-every worker, and every restart, agrees on the ticks without storing an anchor.
+service that evaluates millions of cron schedules, with the rules of Debian's (Vixie) cron on DST days:
+
+- An expression at fixed times (neither its minute nor its hour field starts with `*`, e.g. `30 2 * * *`)
+  follows the wall clock. A time that happens twice when clocks go back runs once, at its first
+  occurrence (02:30 summer time in Europe/Paris); a time that does not exist when clocks go forward
+  runs once, at the first minute that exists after it (03:00 in Europe/Paris).
+- An expression with `*` in its minute or hour field (e.g. `*/15 * * * *`, `0 * * * *`) follows real
+  time: it runs at every instant whose local time matches, so the ticks of a repeated hour run in
+  both passes (each pass is its own instants), and a skipped hour has none.
+
+Intervals tick at whole multiples of the interval since the Unix epoch (counted in microseconds), so
+every worker, and every restart, agrees on the ticks without storing an anchor. Either way
+`next_after` is strictly later than the moment it is given: the enqueuer relies on it to move a
+periodic job past every tick it enqueues.
 """
 
 from __future__ import annotations
 
-import math
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -24,6 +33,9 @@ from jobbus.requests import INT32_MAX, INT32_MIN, MAX_TYPE_BYTES, configuration_
 
 #: The shortest interval a periodic job may have.
 MIN_EVERY_SECONDS = 1.0
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,20 +70,41 @@ class Schedule:
     def next_after(self, moment: datetime) -> datetime:
         """The first tick strictly after `moment`."""
         if self.every_seconds is not None:
-            ticks = math.floor(moment.timestamp() / self.every_seconds) + 1
-            return datetime.fromtimestamp(ticks * self.every_seconds, UTC)
+            return self._interval_tick(moment, 1)
         assert self.cron is not None
-        local = moment.astimezone(_zone(self.timezone))
-        return next(CronSim(self.cron, local)).astimezone(UTC)
+        # cronsim walks a fixed-time expression on the wall clock from the wall time of `moment`, which
+        # forgets which pass of a repeated hour `moment` is in: from 02:10 of the second pass, the
+        # 02:30 it finds is the first pass's, already over. Ticks come in order, so the first one
+        # later than `moment` is the answer.
+        for tick in CronSim(self.cron, moment.astimezone(_zone(self.timezone))):
+            if (found := tick.astimezone(UTC)) > moment:
+                return found
+        raise InvalidJobError(f"cron {self.cron!r} has no tick in the 50 years after {moment.isoformat()}")
 
     def latest_until(self, moment: datetime) -> datetime:
         """The last tick at or before `moment` (after downtime: the one tick that still runs)."""
         if self.every_seconds is not None:
-            ticks = math.floor(moment.timestamp() / self.every_seconds)
-            return datetime.fromtimestamp(ticks * self.every_seconds, UTC)
+            return self._interval_tick(moment, 0)
         assert self.cron is not None
-        local = moment.astimezone(_zone(self.timezone))
-        return next(CronSim(self.cron, local, reverse=True)).astimezone(UTC)
+        # Walking back from the wall time of `moment` may land a tick too early (the first pass of a
+        # repeated hour is missed from its second pass) and never includes `moment` itself: take a tick
+        # at or before `moment`, then walk forward with `next_after`, so both directions agree.
+        for tick in CronSim(self.cron, moment.astimezone(_zone(self.timezone)), reverse=True):
+            if (latest := tick.astimezone(UTC)) <= moment:
+                break
+        else:
+            raise InvalidJobError(f"cron {self.cron!r} has no tick in the 50 years before {moment.isoformat()}")
+        while (following := self.next_after(latest)) <= moment:
+            latest = following
+        return latest
+
+    def _interval_tick(self, moment: datetime, ahead: int) -> datetime:
+        """The interval's tick at or before `moment` (`ahead` = 0) or the one after it (1), counted in
+        whole microseconds: float seconds would make `next_after` of a tick of `every=1.1` that tick."""
+        assert self.every_seconds is not None
+        every = max(1, round(self.every_seconds * 1_000_000))
+        elapsed = (moment - _EPOCH) // _MICROSECOND
+        return _EPOCH + (elapsed // every + ahead) * every * _MICROSECOND
 
 
 @dataclass(frozen=True, slots=True)

@@ -56,7 +56,9 @@ SELECT extract(epoch FROM min(next_run_at) - now())::float8 FROM {schema}.period
 -- One tick of one periodic job, exactly once: the row is locked and must still be due at the expected
 -- next_run_at (another leader, or a redefinition, moves it); it moves to the next tick, and the job is
 -- inserted in the same statement unless overlap is off and the previous job is still queued or
--- running. %(job_id)s is NULL for `run` (an extra run now, which leaves the schedule alone).
+-- running. The tick must not be before the row's next run, and the next run must be later than the
+-- tick: each enqueue moves next_run_at strictly forward, so the ticks enqueued for a row only ever
+-- increase and none is enqueued twice, whatever the leaders computed.
 WITH due AS (
     SELECT p.name,
            p.overlap OR NOT EXISTS (
@@ -64,6 +66,7 @@ WITH due AS (
            ) AS enqueue
     FROM {schema}.periodic AS p
     WHERE p.name = %(name)s AND p.next_run_at = %(expected)s AND p.enabled
+      AND %(tick)s::timestamptz >= p.next_run_at AND %(next_run_at)s::timestamptz > %(tick)s::timestamptz
     FOR UPDATE OF p
 ), advanced AS (
     UPDATE {schema}.periodic AS p

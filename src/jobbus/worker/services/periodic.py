@@ -2,11 +2,13 @@
 
 Each due periodic job is moved to its next tick by one statement that also inserts the tick's job
 (`enqueue_tick`): the row must still be at the tick this leader read, so a second leader, or a
-redefinition meanwhile, makes the statement a no-op. Ticks missed for less than the catch-up window
-(a leader failover: twice `worker_dead_after_seconds`) each still get their job, so a failover leaves
-no gap; after a longer downtime only the latest missed tick runs (its `available_at` is the tick),
-never a burst. With `overlap=False` a tick is skipped while the previous job of the same periodic is
-queued or running. Ticks come from the database's clock.
+redefinition meanwhile, makes the statement a no-op; and the next tick it stores must be later than
+the tick it enqueues (`Schedule.next_after` is strictly after), so a row never comes back to a tick
+it has had. Ticks missed for less than the catch-up window (a leader failover: twice
+`worker_dead_after_seconds`) each still get their job, so a failover leaves no gap; after a longer
+downtime only the latest missed tick runs (its `available_at` is the tick), never a burst. With
+`overlap=False` a tick is skipped while the previous job of the same periodic is queued or running.
+Ticks come from the database's clock, never the worker's.
 """
 
 from __future__ import annotations
