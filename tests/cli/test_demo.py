@@ -218,6 +218,31 @@ def test_demo_dashboard_serves_the_demo_data_until_interrupted_then_stops_the_se
     assert reset.returncode == 0 and not data.exists(), reset.stderr
 
 
+def test_sigterm_during_the_demo_stops_the_embedded_server(
+    tmp_path: Path, started: list[subprocess.Popen[str]]
+) -> None:
+    pytest.importorskip("pgserver")
+    cache = tmp_path / "cache"
+    data = cache / "jobbus" / "demo-pgdata"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobbus", "demo"],
+        cwd=ROOT,
+        env=cli_env(None, XDG_CACHE_HOME=str(cache)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    started.append(proc)
+    server_pid = wait_until(lambda: embedded.running_server_pid(data), timeout=120, what="the embedded server")
+    proc.send_signal(signal.SIGTERM)
+    # an exit, not death by the signal: "aborted" (1) while the server starts, "interrupted" (70) while the
+    # demo runs, 0 if it had already finished
+    code = wait_exit(proc, timeout=60)
+    assert code in (0, 1, 70), (code, proc.communicate()[1])
+    wait_until(lambda: not _alive(server_pid), timeout=30, what=f"the embedded server (pid {server_pid}) to end")
+    assert embedded.running_server_pid(data) is None
+
+
 def test_demo_dashboard_on_a_port_in_use_exits_69_before_running_the_demo(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

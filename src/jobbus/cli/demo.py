@@ -16,10 +16,12 @@ import os
 import random
 import shlex
 import shutil
+import signal
 import socket
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -187,7 +189,8 @@ def demo_command(
         from jobbus.embedded import start_embedded
 
         try:
-            dsn = start_embedded(data_dir)
+            with _signals_after_start():
+                dsn = start_embedded(data_dir)
         except RuntimeError as exc:
             sys.exit(fail(str(exc), exit_codes.CONFIG))
     assert dsn is not None
@@ -201,6 +204,22 @@ def demo_command(
     finally:
         if sock is not None:
             sock.close()
+
+
+@contextlib.contextmanager
+def _signals_after_start() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM back while the embedded server starts (interrupted half-way, it would be
+    left running with nobody to stop it), then act on one that came; from then on SIGTERM is Ctrl-C:
+    by default it would end the process with no exit handler, so the server would not be stopped."""
+    received: list[int] = []
+    previous = {sig: signal.signal(sig, lambda sig, _: received.append(sig)) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous[signal.SIGINT])
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+    if received:
+        raise KeyboardInterrupt
 
 
 def _reset(data_dir: Path) -> int:
