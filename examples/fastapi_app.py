@@ -1,12 +1,7 @@
 """A FastAPI app that enqueues a typed task in the same transaction as the order it writes.
 
-Run it (the worker runs inside the server here; production runs `jobbus worker` beside it)::
-
-    export JOBBUS_DSN=postgresql://localhost/shop
-    jobbus migrate
-    python -m examples.fastapi_app --print-schema | psql "$JOBBUS_DSN"
-    uvicorn examples.fastapi_app:api
-
+How to install, seed and run it: examples/README.md (tests/test_examples.py follows those steps as
+written). The worker runs inside the server here; production runs `jobbus worker` beside it.
 tests/contrib/test_asgi.py drives it with FastAPI's test client.
 """
 
@@ -29,6 +24,11 @@ app = jobbus.App()  # JOBBUS_DSN from the environment
 SCHEMA = """
 CREATE TABLE orders (id bigserial PRIMARY KEY, email text NOT NULL, sku text NOT NULL, total numeric NOT NULL);
 CREATE TABLE stock (sku text PRIMARY KEY, quantity int NOT NULL CHECK (quantity >= 0));
+"""
+
+#: Something to sell: without stock every order answers 409 "out of stock".
+SEED = """
+INSERT INTO stock (sku, quantity) VALUES ('mug', 10);
 """
 
 
@@ -85,4 +85,4 @@ async def job_status(job_id: uuid.UUID) -> dict[str, object]:
 
 
 if __name__ == "__main__" and "--print-schema" in sys.argv:
-    print(SCHEMA)
+    print(SCHEMA + SEED)  # the tables, and 10 mugs in stock

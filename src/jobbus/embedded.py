@@ -7,6 +7,8 @@ Production always names a real server; this exists so a new user on a bare lapto
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import sys
 import warnings
 from pathlib import Path
@@ -15,6 +17,55 @@ from typing import Any
 logger = logging.getLogger("jobbus.embedded")
 
 _servers: dict[Path, Any] = {}
+
+
+def demo_data_dir() -> Path:
+    """Where `jobbus demo` keeps the embedded server's data: the user's cache directory.
+
+    `$XDG_CACHE_HOME/jobbus/demo-pgdata`, or `~/.cache/jobbus/demo-pgdata` when `XDG_CACHE_HOME` is
+    unset, empty or relative (the XDG base directory rules); never the working directory.
+    """
+    cache = os.environ.get("XDG_CACHE_HOME", "")
+    base = Path(cache) if cache and Path(cache).is_absolute() else Path.home() / ".cache"
+    return base / "jobbus" / "demo-pgdata"
+
+
+def running_server_pid(data_dir: Path) -> int | None:
+    """The pid of a PostgreSQL server running on `data_dir` (from its `postmaster.pid`), or None."""
+    try:
+        first = (data_dir / "postmaster.pid").read_text().split("\n", 1)[0]
+        pid = int(first)
+    except (OSError, ValueError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:  # alive, owned by another user
+        return pid
+    return pid
+
+
+def remove_data_dir(data_dir: Path) -> bool:
+    """Delete an embedded server's data directory; False when there was none.
+
+    Refuses (RuntimeError, nothing removed) a directory that is not a PostgreSQL data directory (no
+    `PG_VERSION`, and not empty), so a mistyped path is never wiped, and one a server still runs on.
+    """
+    if not data_dir.exists():
+        return False
+    if not data_dir.is_dir():
+        raise RuntimeError(f"{data_dir} is not a directory: not removing it")
+    if not (data_dir / "PG_VERSION").is_file() and any(data_dir.iterdir()):
+        raise RuntimeError(f"{data_dir} is not a PostgreSQL data directory (no PG_VERSION): not removing it")
+    pid = running_server_pid(data_dir)
+    if pid is not None:
+        raise RuntimeError(
+            f"a PostgreSQL server (pid {pid}) still runs on {data_dir}: stop the demo using it (Ctrl-C) "
+            f"or that server (kill {pid}), then try again"
+        )
+    shutil.rmtree(data_dir)
+    return True
 
 
 def start_embedded(data_dir: Path, *, announce: bool = True) -> str:

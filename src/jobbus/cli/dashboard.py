@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import ipaddress
 import logging
+import signal
+import socket
 import sys
+import threading
+from collections.abc import Iterator
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import click
 
-from jobbus.cli.errors import UsageProblem, probe_database, run
+from jobbus.cli.errors import PortInUse, UsageProblem, probe_database, run
 from jobbus.cli.loading import open_app
+
+if TYPE_CHECKING:
+    from jobbus.app import App
 
 #: How long a stopping dashboard waits for open requests (live event streams never finish by themselves).
 SHUTDOWN_SECONDS = 2
@@ -61,13 +71,9 @@ def dashboard_command(
     It answers only to requests for a loopback name (localhost, 127.0.0.1, [::1]) and the
     --allowed-host names; with a token and no --allowed-host, to any name.
     """
-    try:
-        import uvicorn
+    require_dashboard_extra("jobbus dashboard")
+    from jobbus.dashboard.security import allowed_host
 
-        from jobbus.dashboard import create_app
-        from jobbus.dashboard.security import allowed_host
-    except ImportError as exc:
-        raise UsageProblem(f"jobbus dashboard: {exc} (pip install 'jobbus[dashboard]')") from None
     if token is not None and not token.strip():
         raise UsageProblem("--token must not be empty")
     try:
@@ -85,36 +91,114 @@ def dashboard_command(
     async def body() -> int:
         async with open_app(app_spec, dsn) as app:
             await probe_database(app.dsn)
-            asgi = create_app(app, read_only=read_only, token=token, allowed_hosts=hosts or None)
-            # Open event streams never end on their own: at shutdown they get SHUTDOWN_SECONDS, then close.
-            config = uvicorn.Config(
-                asgi,
-                host=host,
-                port=port,
-                log_level=log_level.lower(),
-                access_log=False,
-                timeout_graceful_shutdown=SHUTDOWN_SECONDS,
-            )
-            live = asgi.state.dashboard.live
-
-            class Server(uvicorn.Server):
-                def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-                    live.end_streams()  # open tabs reconnect to whatever serves next
-                    super().handle_exit(sig, frame)
-
-            server = Server(config)
+            sock = listen(host, port)
             logging.getLogger("jobbus.dashboard").info(
-                "dashboard on http://%s:%d/%s%s%s",
-                host,
-                port,
+                "dashboard on %s%s%s",
+                url_of(sock),
                 " (read-only)" if read_only else "",
                 " (token required)" if token else "",
                 f" (also answers to {', '.join(hosts)})" if hosts else "",
             )
-            await server.serve()
+            await serve_dashboard(
+                app, sock, read_only=read_only, token=token, allowed_hosts=hosts or None, log_level=log_level
+            )
         return 0
 
     sys.exit(run(body))
+
+
+async def serve_dashboard(
+    app: App,
+    sock: socket.socket,
+    *,
+    read_only: bool = False,
+    token: str | None = None,
+    allowed_hosts: list[str] | None = None,
+    log_level: str = "INFO",
+) -> None:
+    """Serve the dashboard of `app` on the listening `sock` until SIGINT or SIGTERM, then return, so
+    that the command exits 0. The socket is closed at the end."""
+    import uvicorn
+
+    from jobbus.dashboard import create_app
+
+    try:
+        asgi = create_app(app, read_only=read_only, token=token, allowed_hosts=allowed_hosts)
+        # Open event streams never end on their own: at shutdown they get SHUTDOWN_SECONDS, then close.
+        config = uvicorn.Config(
+            asgi, log_level=log_level.lower(), access_log=False, timeout_graceful_shutdown=SHUTDOWN_SECONDS
+        )
+        live = asgi.state.dashboard.live
+
+        class Server(uvicorn.Server):
+            def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+                live.end_streams()  # open tabs reconnect to whatever serves next
+                super().handle_exit(sig, frame)
+
+        with _stopping_is_success():
+            await Server(config).serve(sockets=[sock])
+    finally:
+        sock.close()
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A socket listening on host:port (port 0: one the system picks); `PortInUse` (exit 69) naming the
+    port when something else listens there."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as exc:
+        raise UsageProblem(f"--host {host}: {exc.strerror}") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # still refuses a port something listens on
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise PortInUse(
+                f"port {port} on {host} is in use: stop what listens there, or choose another with --port"
+            ) from None
+        raise PortInUse(f"cannot listen on {host} port {port}: {exc.strerror or exc}") from None
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    """The dashboard's address on a listening socket, e.g. `http://127.0.0.1:8787/`."""
+    host, port = sock.getsockname()[:2]
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/"
+
+
+@contextlib.contextmanager
+def _stopping_is_success() -> Iterator[None]:
+    """uvicorn raises the stopping signal again once it has shut down, so that the default action
+    (KeyboardInterrupt, or death by SIGTERM) runs: with these handlers in place of the defaults the
+    signal it raises again does nothing, and the command ends normally with exit 0."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, _ignore) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _ignore(sig: int, frame: FrameType | None) -> None:
+    pass
+
+
+def require_dashboard_extra(command: str) -> None:
+    """A usage error (exit 64) naming the extra when the dashboard's dependencies are missing."""
+    try:
+        import uvicorn  # noqa: F401
+
+        import jobbus.dashboard  # noqa: F401
+    except ImportError as exc:
+        raise UsageProblem(f"{command}: {exc} (pip install 'jobbus[dashboard]')") from None
 
 
 def _loopback(host: str) -> bool:

@@ -16,9 +16,12 @@ import os
 import random
 import shlex
 import shutil
+import signal
+import socket
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -31,7 +34,8 @@ from rich.text import Text
 
 from jobbus.app import App
 from jobbus.cli import exit_codes
-from jobbus.cli.errors import fail, probe_database, run
+from jobbus.cli.dashboard import listen, require_dashboard_extra, serve_dashboard, url_of
+from jobbus.cli.errors import PortInUse, UsageProblem, fail, probe_database, run
 from jobbus.cli.output import console, one_line, styled
 from jobbus.errors import NonRetryableError, Snooze
 from jobbus.execution import JobExecution, SyncJobExecution
@@ -128,23 +132,44 @@ class _Group:
 @click.option(
     "--data-dir",
     type=click.Path(file_okay=False, path_type=Path),
-    default=Path(".jobbus/demo-pgdata"),
-    show_default=True,
-    help="Where the embedded PostgreSQL keeps its data.",
+    help="Where the embedded PostgreSQL keeps its data.  [default: $XDG_CACHE_HOME/jobbus/demo-pgdata, "
+    "or ~/.cache/jobbus/demo-pgdata]",
 )
 @click.option("--concurrency", type=click.IntRange(1, 64), default=16, show_default=True, help="Jobs at once.")
+@click.option(
+    "--dashboard",
+    is_flag=True,
+    help="After the demo, serve the dashboard on its data (and keep the embedded server) until Ctrl-C.",
+)
+@click.option(
+    "--port", type=click.IntRange(0, 65535), default=8787, show_default=True, help="The dashboard's port (127.0.0.1)."
+)
+@click.option("--reset", is_flag=True, help="Remove the embedded server's data directory, then exit.")
 @click.option("--verbose", is_flag=True, help="Show the worker's log lines.")
-def demo_command(dsn: str | None, data_dir: Path, concurrency: int, verbose: bool) -> None:
+def demo_command(
+    dsn: str | None, data_dir: Path | None, concurrency: int, dashboard: bool, port: int, reset: bool, verbose: bool
+) -> None:
     """A guided run: schedule a realistic mix of jobs, work them off with live progress, show the result.
 
     With no --dsn and no JOBBUS_DSN it starts the embedded PostgreSQL (the `embedded` extra) in
-    --data-dir, says so in one line, and stops it at exit. Takes a few seconds.
+    --data-dir, says so in one line, and stops it at exit. Takes a few seconds. With --dashboard the
+    server stays up after the demo and the dashboard (the `dashboard` extra) serves its jobs on
+    http://127.0.0.1:8787 until Ctrl-C or SIGTERM (exit 0).
 
     \b
     Examples:
       jobbus demo
+      jobbus demo --dashboard
+      jobbus demo --reset
       JOBBUS_DSN=postgresql://localhost/scratch jobbus demo
     """
+    from jobbus.embedded import demo_data_dir
+
+    data_dir = data_dir if data_dir is not None else demo_data_dir()
+    if reset:
+        if dashboard:
+            raise UsageProblem("--reset removes the demo's data and exits: run `jobbus demo --dashboard` after it")
+        sys.exit(_reset(data_dir))
     logging.basicConfig(
         level=logging.INFO if verbose else logging.CRITICAL,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -152,24 +177,65 @@ def demo_command(dsn: str | None, data_dir: Path, concurrency: int, verbose: boo
     )
     if not verbose:
         logging.getLogger("jobbus").setLevel(logging.CRITICAL)
+    sock: socket.socket | None = None
+    if dashboard:  # before the demo runs: a missing extra or a taken port is said at once
+        require_dashboard_extra("jobbus demo --dashboard")
+        try:
+            sock = listen("127.0.0.1", port)
+        except PortInUse as exc:
+            sys.exit(fail(str(exc), exit_codes.UNAVAILABLE))
     embedded = not dsn
     if embedded:
         from jobbus.embedded import start_embedded
 
         try:
-            dsn = start_embedded(data_dir)
+            with _signals_after_start():
+                dsn = start_embedded(data_dir)
         except RuntimeError as exc:
             sys.exit(fail(str(exc), exit_codes.CONFIG))
     assert dsn is not None
 
     async def body() -> int:
         await probe_database(dsn)
-        return await _demo(create_app(dsn), embedded=embedded, concurrency=concurrency)
+        return await _demo(create_app(dsn), embedded=embedded, concurrency=concurrency, dashboard=sock, verbose=verbose)
 
-    sys.exit(run(body))
+    try:
+        sys.exit(run(body))
+    finally:
+        if sock is not None:
+            sock.close()
 
 
-async def _demo(app: App, *, embedded: bool, concurrency: int) -> int:
+@contextlib.contextmanager
+def _signals_after_start() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM back while the embedded server starts (interrupted half-way, it would be
+    left running with nobody to stop it), then act on one that came; from then on SIGTERM is Ctrl-C:
+    by default it would end the process with no exit handler, so the server would not be stopped."""
+    received: list[int] = []
+    previous = {sig: signal.signal(sig, lambda sig, _: received.append(sig)) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous[signal.SIGINT])
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+    if received:
+        raise KeyboardInterrupt
+
+
+def _reset(data_dir: Path) -> int:
+    from jobbus.embedded import remove_data_dir
+
+    try:
+        removed = remove_data_dir(data_dir)
+    except RuntimeError as exc:
+        return fail(str(exc), exit_codes.FAILURE)
+    console().print(f"removed {data_dir}" if removed else f"nothing to remove: {data_dir} does not exist")
+    return exit_codes.OK
+
+
+async def _demo(
+    app: App, *, embedded: bool, concurrency: int, dashboard: socket.socket | None = None, verbose: bool = False
+) -> int:
     out = console()
     async with app:
         applied = await app.migrate()
@@ -206,10 +272,20 @@ async def _demo(app: App, *, embedded: bool, concurrency: int) -> int:
         elapsed = time.monotonic() - started
         out.print(await _summary(app, groups, final))
         out.print(await _notable(app, groups))
-    out.print(Text(f"done in {elapsed:.1f} s (worker exit code {code})", style="bold"))
-    out.print(_next_steps(embedded, _jobbus_command()))
-    if problem is not None:
-        return fail(problem, exit_codes.FAILURE)
+        out.print(Text(f"done in {elapsed:.1f} s (worker exit code {code})", style="bold"))
+        jobbus = _jobbus_command()
+        if embedded and dashboard is None:
+            out.print(f"look at these jobs in the dashboard: {jobbus} demo --dashboard  (jobbus[dashboard])")
+        out.print(_next_steps(embedded, jobbus, dashboard=dashboard is not None))
+        if problem is not None:
+            return fail(problem, exit_codes.FAILURE)
+        if dashboard is not None:
+            out.print(
+                Text(f"dashboard on {url_of(dashboard)} with the demo's jobs; Ctrl-C stops it", style="bold")
+                + Text(" and the embedded PostgreSQL" if embedded else "", style="bold")
+            )
+            await serve_dashboard(app, dashboard, log_level="INFO" if verbose else "WARNING")
+            out.print("dashboard stopped" + (", stopping the embedded PostgreSQL" if embedded else ""))
     return exit_codes.OK
 
 
@@ -368,11 +444,16 @@ def _relative(path: Path) -> str:
     return str(absolute)
 
 
-def _next_steps(embedded: bool, jobbus: str) -> Text:
+def _next_steps(embedded: bool, jobbus: str, *, dashboard: bool = False) -> Text:
     """A walk-through a new user can follow literally, each step building on the one before."""
     text = Text()
     text.append("\nNext, against your own PostgreSQL", style="bold")
-    text.append(" (the embedded demo server stops now)" if embedded else "")
+    if embedded:
+        text.append(
+            " (the embedded demo server stops with the dashboard)"
+            if dashboard
+            else " (the embedded demo server stops now)"
+        )
     text.append(":\n", style="bold")
     activate = Path(sys.executable).parent / "activate"
     if jobbus != "jobbus" and activate.exists():

@@ -35,6 +35,10 @@ class BadDsn(Exception):
     """The DSN itself cannot be used (a malformed connection string): a configuration error."""
 
 
+class PortInUse(Exception):
+    """A server command cannot listen where it was told to (the port is taken): exit 69."""
+
+
 class UsageProblem(click.UsageError):
     """Bad input found after parsing (invalid JSON, a bad duration): exit 64."""
 
@@ -73,7 +77,7 @@ def run(coroutine_factory: Callable[[], Coroutine[Any, Any, int]]) -> int:
         raise
     except (AppLoadError, BadDsn, SchemaError, WorkerIdInUseError) as exc:
         return fail(str(exc), exit_codes.CONFIG)
-    except DatabaseUnavailable as exc:
+    except (DatabaseUnavailable, PortInUse) as exc:
         return fail(str(exc), exit_codes.UNAVAILABLE)
     except InvalidStateError as exc:
         return fail(str(exc), exit_codes.FAILURE)
