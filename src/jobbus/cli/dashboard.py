@@ -93,7 +93,7 @@ def dashboard_command(
             await probe_database(app.dsn)
             sock = listen(host, port)
             logging.getLogger("jobbus.dashboard").info(
-                "dashboard on %s%s%s",
+                "dashboard on %s%s%s%s",
                 url_of(sock),
                 " (read-only)" if read_only else "",
                 " (token required)" if token else "",
