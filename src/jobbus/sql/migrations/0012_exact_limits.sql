@@ -10,7 +10,7 @@
 --    longest ago first, so a key at its limit is never read and never keeps another key waiting.
 --    Claims of the queue are serialised on its settings row (take_limited), so they alone write its rows.
 -- 3. Producers and outcomes never touch queue_key: they append to queue_key_note (a key got a queued
---    job, or a job of the key stopped running), which never waits for any lock, and the next claim of the
+--    job, or a job of the key stopped running), which waits for no row lock, and the next claim of the
 --    queue reads the notes. Only jobs with a concurrency key in a queue with per-key limits write notes.
 
 CREATE TABLE {schema}.queue_key (
