@@ -280,3 +280,31 @@ def test_limits_hold_for_any_topology_of_queues_and_concurrent_claimers(
                 write(sync_app, conn, job, JobStatus.COMPLETED)
             if not jobs:
                 time.sleep(0.1)
+
+
+def test_a_key_at_its_limit_runs_again_as_soon_as_its_job_ends(dsn: str, sync_app: jobbus.App) -> None:
+    sync_app.sync.set_queue("a", concurrency_per_key=1)
+    _jobs(sync_app, "a", 3, key="k")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for _ in range(3):
+            [job] = claim(sync_app, conn, 5)
+            assert claim(sync_app, conn, 5) == []  # at its limit until the lease ends...
+            assert write(sync_app, conn, job, JobStatus.COMPLETED)  # ...or the job does
+        assert claim(sync_app, conn, 5) == []
+
+
+def test_a_job_enqueued_while_per_key_limits_are_set_is_not_lost(dsn: str, sync_app: jobbus.App) -> None:
+    """A producer's transaction that adds a keyed job before the queue has per-key limits and commits
+    after they are set: the change waits for it, and the job's key is kept."""
+    with psycopg.connect(dsn) as producer, psycopg.connect(dsn, autocommit=True) as conn:
+        producer.execute(
+            "INSERT INTO jobbus.job (id, type, queue, max_attempts, concurrency_key) VALUES (gen_random_uuid(), 't', 'a', 3, 'k')"
+        )
+        setter = threading.Thread(target=lambda: sync_app.sync.set_queue("a", concurrency_per_key=1))
+        setter.start()
+        setter.join(timeout=1)
+        assert setter.is_alive()  # waiting for the producer
+        producer.commit()
+        setter.join(timeout=30)
+        assert not setter.is_alive()
+        assert len(claim(sync_app, conn, 5)) == 1
