@@ -298,7 +298,8 @@ def test_a_job_enqueued_while_per_key_limits_are_set_is_not_lost(dsn: str, sync_
     after they are set: the change waits for it, and the job's key is kept."""
     with psycopg.connect(dsn) as producer, psycopg.connect(dsn, autocommit=True) as conn:
         producer.execute(
-            "INSERT INTO jobbus.job (id, type, queue, max_attempts, concurrency_key) VALUES (gen_random_uuid(), 't', 'a', 3, 'k')"
+            "INSERT INTO jobbus.job (id, type, queue, max_attempts, concurrency_key)"
+            " VALUES (gen_random_uuid(), 't', 'a', 3, 'k')"
         )
         setter = threading.Thread(target=lambda: sync_app.sync.set_queue("a", concurrency_per_key=1))
         setter.start()
