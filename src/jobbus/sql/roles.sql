@@ -17,13 +17,20 @@ GRANT EXECUTE ON FUNCTION {schema}.claim_jobs(text, integer, text[], text[], dou
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.leader TO {worker}, {operator};
 GRANT SELECT, INSERT, DELETE ON {schema}.queue_stat TO {worker}, {operator};
 GRANT EXECUTE ON FUNCTION {schema}.delete_finished_jobs(text, double precision, integer) TO {worker}, {operator};
--- Flow control: claims of limited queues lock their settings row, record starts and move the cursor.
+-- Flow control: claims of limited queues lock their settings row, record starts and take turns of jobs
+-- without a key.
 GRANT SELECT, UPDATE ON {schema}.queue_setting TO {worker};
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.queue_setting TO {operator};
 GRANT SELECT, INSERT, DELETE ON {schema}.queue_start TO {worker}, {operator};
-GRANT EXECUTE ON FUNCTION {schema}.take_limited(text, text[], integer, uuid[]),
-    {schema}.take_per_key({schema}.queue_setting, text[], integer, uuid[], timestamptz),
-    {schema}.take_from_key(text, text, text[], integer, uuid[])
+-- Keyed claims keep the keys of their queue and read the notes producers and outcomes leave (which the
+-- triggers write as the schema owner).
+GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.queue_key TO {worker}, {operator};
+GRANT SELECT, DELETE ON {schema}.queue_key_note TO {worker}, {operator};
+GRANT EXECUTE ON FUNCTION {schema}.take_limited(text, text[], integer, uuid[], double precision),
+    {schema}.take_per_key({schema}.queue_setting, text[], integer, uuid[], timestamptz, double precision),
+    {schema}.take_from_key(text, text, text[], integer, uuid[]),
+    {schema}.take_unkeyed(text, text[], integer, uuid[], timestamptz),
+    {schema}.read_key_notes(text), {schema}.key_next_at(text, text)
     TO {worker}, {operator};
 -- Periodic jobs: workers store the ones their code declares and the leader enqueues their ticks.
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.periodic TO {worker}, {operator};
