@@ -103,7 +103,9 @@ class Monitor:
             await self._on_registration_lost()
             return
         if declared_dead:
-            self._declared_dead(sent)
+            # The leader took back what this worker had started before declaring it dead, and nothing
+            # it claimed since: a renewal now tells which attempts are over.
+            await self._renew_leases()
         self.last_contact = sent
         if self.fenced:
             logger.warning("worker %s reached the database again: claiming again", self.worker_id)
@@ -129,12 +131,6 @@ class Monitor:
             elif attempt.phase is Phase.RUNNING:
                 # Once the handler returned, a missing lease means its outcome was written meanwhile.
                 self._lose(attempt, "expired or taken over")
-
-    def _declared_dead(self, sent: float) -> None:
-        """The leader recovered this worker's jobs while it was silent: those attempts are over."""
-        for attempt in self._attempts():
-            if attempt.started < sent and attempt.phase is Phase.RUNNING:
-                self._lose(attempt, "recovered while this worker was silent")
 
     def _lose(self, attempt: Attempt, why: str) -> None:
         if StopReason.LEASE_LOST in attempt.signals:

@@ -189,7 +189,6 @@ class Worker:
                 Rescuer(
                     jobs=self.store,
                     workers=self.workers,
-                    maintenance=self.maintenance,
                     run=self._run,
                     events=app.events,
                     interval=self.poll_interval,
@@ -349,9 +348,7 @@ class Worker:
         self.control.acked_generation = acked
         self.monitor.last_contact = time.monotonic()
         recovered = await self._starting(
-            lambda: self._run(
-                self.workers.recover_worker_jobs([self.worker_id], "reclaimed when a new process took over its id")
-            )
+            lambda: self._run(self.workers.reclaim_predecessor_jobs(self.worker_id, self.instance_id))
         )
         await self._starting(self._sync_periodics)
         if recovered:
