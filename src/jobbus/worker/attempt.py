@@ -43,6 +43,10 @@ class Attempt:
     #: Seconds the handler may run; None: no limit.
     timeout: float | None = None
     timer: asyncio.TimerHandle | None = field(default=None, repr=False)
+    #: The lease monitor has interrupted this attempt for a lost lease / for the worker's fence (the
+    #: signals alone do not say: the watchdog's thread may set them first, after a freeze).
+    lost: bool = False
+    fenced: bool = False
     #: When a cancellation was seen: cancels an async handler's task at the end of its grace.
     cancel_timer: asyncio.TimerHandle | None = field(default=None, repr=False)
 

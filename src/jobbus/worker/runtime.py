@@ -188,7 +188,7 @@ class Worker:
             on_fatal=self._fatal,
             on_registration_lost=self._registration_lost,
         )
-        self.watchdog = LoopWatchdog(self._in_flight.values, self.worker_id)
+        self.watchdog = LoopWatchdog(self._in_flight.values, self.worker_id, on_freeze=self.monitor.after_freeze)
         self.leadership = Leadership(
             settings=self.settings,
             store=self.maintenance,
