@@ -12,6 +12,7 @@ import os
 import signal
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -60,6 +61,28 @@ async def cooperative(job: jobbus.JobExecution) -> str:
         if step % 10 == 0:
             await job.checkpoint({"step": step})
     return "done"
+
+
+def _tick(job: jobbus.JobExecution | jobbus.SyncJobExecution) -> None:
+    """A side effect outside the database (a line in a file): what fencing cannot undo."""
+    with Path(job.configuration["path"]).open("a") as ticks:
+        ticks.write(f"{job.id} {job.attempt} {os.getpid()} {time.time()!r}\n")
+
+
+@app.job("ticker")
+async def ticker(job: jobbus.JobExecution) -> None:
+    """A side effect every 50 ms, ignoring cancellation: only the worker cancelling its task stops it."""
+    while True:
+        _tick(job)
+        await asyncio.sleep(0.05)
+
+
+@app.job("ticker_sync")
+def ticker_sync(job: jobbus.SyncJobExecution) -> None:
+    """A side effect every 50 ms in a thread, until `cancellation_requested`."""
+    while not job.cancellation_requested:
+        _tick(job)
+        time.sleep(0.05)
 
 
 @app.job("stubborn")

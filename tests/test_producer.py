@@ -510,3 +510,25 @@ def test_a_copied_batch_sync_twin(sync_app: jobbus.App, dsn: str) -> None:
     sync_app.sync._run(operation)
     sync_app.sync._run(operation)
     assert _count(dsn) == 2 * size
+
+
+def _closed_port_dsn() -> str:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"postgresql://postgres@127.0.0.1:{port}/nowhere"
+
+
+async def test_opening_an_app_while_the_database_is_down_waits_database_wait_seconds_then_says_so() -> None:
+    import time
+
+    app = jobbus.App(dsn=_closed_port_dsn(), database_wait_seconds=1)
+    started = time.monotonic()
+    with pytest.raises(jobbus.DatabaseUnavailableError, match=r"database_wait_seconds \(1 s\).*refused"):
+        await app.open()
+    with pytest.raises(jobbus.DatabaseUnavailableError, match=r"database_wait_seconds \(1 s\)"):
+        app.sync.schedule("t")
+    assert time.monotonic() - started < 20  # twice 1 s, not twice psycopg_pool's 30 s
+    assert app._pool is None and app.sync._pool is None

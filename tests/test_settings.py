@@ -159,3 +159,16 @@ def test_settings_repr_hides_passwords(dsn: str) -> None:
         assert "hunter2" not in text
         assert "db.internal" in text and "***" in text
     assert s.dsn == dsn  # only the display is redacted
+
+
+def test_cancel_grace_defaults_to_30_s_takes_none_and_is_validated() -> None:
+    assert Settings.load({}, environ={}).cancel_grace_seconds == 30
+    assert Settings.load({}, environ={"JOBBUS_CANCEL_GRACE_SECONDS": "2.5"}).cancel_grace_seconds == 2.5
+    assert Settings.load({}, environ={"JOBBUS_CANCEL_GRACE_SECONDS": "none"}).cancel_grace_seconds is None
+    assert App(cancel_grace_seconds=None).settings.cancel_grace_seconds is None
+    assert App(cancel_grace_seconds=0).settings.cancel_grace_seconds == 0
+    for bad in (-1, "soon", math.inf, True):
+        with pytest.raises(ValueError, match=r"^cancel_grace_seconds must be "):
+            App(cancel_grace_seconds=bad)
+    with pytest.raises(ValueError, match=r"^cancel_grace_seconds must be "):
+        Settings.load({}, environ={"JOBBUS_CANCEL_GRACE_SECONDS": "-3"})

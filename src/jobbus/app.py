@@ -40,7 +40,7 @@ from jobbus.requests import (
     specs_sharing,
     validate_text,
 )
-from jobbus.resilience import Backoff, first_line, is_transient
+from jobbus.resilience import Backoff, first_line, is_transient, open_pool, open_pool_sync
 from jobbus.settings import Settings
 from jobbus.store import CancelResult, Copy, JobStore, Statement, run_async, run_sync
 from jobbus.store.periodic import PeriodicStore
@@ -288,8 +288,12 @@ class App:
             raise ValueError("dsn: no database given; pass App(dsn=...) or set JOBBUS_DSN")
         return self.settings.dsn
 
-    async def open(self, *, timeout: float = 30.0) -> None:
-        """Open the connection pool (idempotent, reference-counted with `close`)."""
+    async def open(self, *, timeout: float | None = None) -> None:
+        """Open the connection pool (idempotent, reference-counted with `close`).
+
+        Waits at most `timeout` seconds (default `database_wait_seconds`) for the database, then raises
+        `DatabaseUnavailableError` naming why it could not connect; nothing stays open then.
+        """
         self._pool_users += 1
         if self._pool is None:
             pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
@@ -302,7 +306,7 @@ class App:
                 name=f"jobbus-{self.settings.schema}",
             )
             try:
-                await pool.open(wait=True, timeout=timeout)
+                await open_pool(pool, self.dsn, self.settings.database_wait_seconds if timeout is None else timeout)
             except BaseException:
                 self._pool_users -= 1
                 await pool.close()
@@ -825,7 +829,7 @@ class SyncApp:
                     open=False,
                     name=f"jobbus-sync-{self._app.settings.schema}",
                 )
-                pool.open(wait=True, timeout=30.0)
+                open_pool_sync(pool, self._app.dsn, self._app.settings.database_wait_seconds)
                 self._pool = pool
             return self._pool
 

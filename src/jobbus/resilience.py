@@ -23,10 +23,13 @@ import enum
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import psycopg
 import psycopg_pool
+
+from jobbus.errors import DatabaseUnavailableError
+from jobbus.settings import redact
 
 logger = logging.getLogger("jobbus.worker")
 T = TypeVar("T")
@@ -152,3 +155,46 @@ async def retrying(call: Callable[[], Awaitable[T]], outage: Outage, *, deadline
             continue
         outage.recovered()
         return result
+
+
+#: A pool is given at least this long to make its first connection, whatever `database_wait_seconds`.
+OPEN_MIN_SECONDS = 1.0
+#: After a pool could not connect, one more connection is tried for this long, to name the reason.
+PROBE_SECONDS = 2
+
+
+async def open_pool(pool: psycopg_pool.AsyncConnectionPool[Any], dsn: str, seconds: float) -> None:
+    """Open `pool` (of `dsn`), waiting at most `seconds` (`database_wait_seconds`) for its first
+    connections; then `DatabaseUnavailableError` naming why it could not connect (the pool is closed)."""
+    try:
+        await pool.open(wait=True, timeout=max(seconds, OPEN_MIN_SECONDS))
+    except psycopg_pool.PoolTimeout:
+        reason = None
+        try:
+            conn = await psycopg.AsyncConnection.connect(dsn, connect_timeout=PROBE_SECONDS)
+        except Exception as exc:
+            reason = exc
+        else:
+            await conn.close()
+        raise _could_not_connect(seconds, reason) from reason
+
+
+def open_pool_sync(pool: psycopg_pool.ConnectionPool[Any], dsn: str, seconds: float) -> None:
+    """The blocking twin of `open_pool`."""
+    try:
+        pool.open(wait=True, timeout=max(seconds, OPEN_MIN_SECONDS))
+    except psycopg_pool.PoolTimeout:
+        reason = None
+        try:
+            psycopg.Connection.connect(dsn, connect_timeout=PROBE_SECONDS).close()
+        except Exception as exc:
+            reason = exc
+        raise _could_not_connect(seconds, reason) from reason
+
+
+def _could_not_connect(seconds: float, reason: BaseException | None) -> DatabaseUnavailableError:
+    why = f" ({type(reason).__name__}: {redact(first_line(reason))})" if reason is not None else ""
+    return DatabaseUnavailableError(
+        f"the database is unavailable: no connection within database_wait_seconds ({seconds:g} s){why}; "
+        "check that the server is up and reachable, or wait longer with a larger database_wait_seconds"
+    )

@@ -111,6 +111,7 @@ BOUNDS: dict[str, Bounds] = {
     "retention_cancelled_seconds": Bounds(0, 100 * YEAR, "seconds"),
     "retention_failed_seconds": Bounds(0, 100 * YEAR, "seconds"),
     "stats_interval_seconds": Bounds(0.1, DAY, "seconds"),
+    "cancel_grace_seconds": Bounds(0, 7 * DAY, "seconds"),
 }
 
 
@@ -161,6 +162,9 @@ class Settings:
     #: How long a producer or admin call waits for an unreachable database (a connection from the pool,
     #: repeats of statements that are safe to repeat) before raising `DatabaseUnavailableError`.
     database_wait_seconds: float = 10.0
+    #: How long an async handler may run on after `cancel()` is seen (its `cancellation_requested` is
+    #: true) before its task is cancelled; None never cancels it. Sync handlers are never interrupted.
+    cancel_grace_seconds: float | None = 30.0
 
     def __post_init__(self) -> None:
         validate_schema_name(self.schema)

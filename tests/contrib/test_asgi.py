@@ -127,3 +127,30 @@ async def test_a_worker_that_cannot_start_fails_the_startup(empty_dsn: str) -> N
             pass
     await asyncio.sleep(0)
     assert app._pool is None
+
+
+def _closed_port_dsn() -> str:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"postgresql://postgres@127.0.0.1:{port}/nowhere"
+
+
+@pytest.mark.parametrize("with_worker", [False, True], ids=["app", "app-and-worker"])
+async def test_the_lifespan_with_the_database_down_raises_database_unavailable_within_the_wait(
+    with_worker: bool,
+) -> None:
+    app = jobbus.App(dsn=_closed_port_dsn(), database_wait_seconds=1.5)
+
+    @app.job("t")
+    async def handler(job: jobbus.JobExecution) -> None:
+        return None
+
+    started = time.monotonic()
+    with pytest.raises(jobbus.DatabaseUnavailableError, match=r"database_wait_seconds \(1.5 s\).*refused"):
+        async with lifespan(app, worker=with_worker)(FastAPI()):
+            pytest.fail("the lifespan started without a database")
+    assert time.monotonic() - started < 15  # 1.5 s, not psycopg_pool's 30 s
+    assert app._pool is None  # nothing left open: a later start tries again from scratch

@@ -22,10 +22,6 @@ DURATION = 15.0
 #: failure, and every other guarantee is still checked. Remove an entry once its fix is merged: the
 #: seeds that hit it then must pass.
 KNOWN_HOLES: list[tuple[str, str, str]] = [
-    ("concurrency", "", "issue 21 item 1: a worker serving several queues exceeds a queue's concurrency (SPEC 16)"),
-    ("concurrency_per_key", "", "issue 21 item 1: a worker serving several queues exceeds concurrency_per_key"),
-    ("rate_limit", "", "issue 21 item 1: a worker serving several queues exceeds a rate limit (SPEC 16)"),
-    ("rate_limit_per_key", "", "issue 21 item 1: a worker serving several queues exceeds a per-key rate limit"),
     ("group_closed", "", "issue 21 item 3: a job added to a group that has a callback is accepted (SPEC 16)"),
     ("callback", "", "issue 21 item 3: a late member makes a group's callback fire early (SPEC 16)"),
     (

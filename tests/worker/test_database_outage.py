@@ -129,3 +129,28 @@ def _registered(dsn: str) -> bool:
         return bool(query(dsn, "SELECT 1 FROM jobbus.worker WHERE id = 'pod-out'"))
     except psycopg.OperationalError:
         return False
+
+
+def test_idle_workers_stop_promptly_on_sigterm_while_their_database_is_down(cluster: Cluster) -> None:
+    """Nothing in flight, the server stopped: SIGTERM ends each worker (the leader and a follower)
+    within its bounded housekeeping, exit 0, instead of waiting out connection timeouts (35 s)."""
+    with workers(cluster.dsn, 2) as procs:
+        wait_until(lambda: len(_workers(cluster.dsn)) == 2, what="the workers to register")
+        time.sleep(1.0)
+        cluster.stop("fast")
+        time.sleep(3.0)  # well into the outage: every loop of the workers is waiting for the database
+        for worker in procs:
+            worker.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        results = [finish(worker, timeout=90) for worker in procs]
+        took = time.monotonic() - started
+    assert [code for code, _ in results] == [0, 0], [out[-3000:] for _, out in results]
+    # The housekeeping is bounded by 5 s; generous beside it, far below the connection timeouts.
+    assert took < 15, f"took {took:.1f} s to exit: {results[0][1][-3000:]}"
+
+
+def _workers(dsn: str) -> list[str]:
+    try:
+        return [str(r[0]) for r in query(dsn, "SELECT id FROM jobbus.worker")]
+    except psycopg.OperationalError:
+        return []

@@ -8,6 +8,7 @@ import sys
 import time
 import uuid
 from collections import Counter
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -82,6 +83,49 @@ def test_stopped_worker_past_its_lease_cannot_overwrite_the_new_attempt(db: str,
     job = sync_app.sync.find(job_id)
     assert job is not None
     assert (job.status, job.attempts, job.result) == (jobbus.JobStatus.COMPLETED, 2, {"pid": fresh_pid, "attempt": 2})
+
+
+def test_a_resumed_worker_stops_its_expired_handlers_before_they_go_on(
+    db: str, sync_app: jobbus.App, tmp_path: Path
+) -> None:
+    """Frozen (SIGSTOP) past its leases, a worker's handlers would resume beside their re-runs: their
+    side effects are not fenced. At SIGCONT the worker tells them at once; an async handler that
+    ignores it is cancelled without grace, a sync one that polls `cancellation_requested` stops.
+    The window that remains (side effects after SIGCONT) is counted, and printed for the docs."""
+    path = tmp_path / "ticks"
+    path.touch()
+    env = {**SHORT_LEASE, "JOBBUS_WORKER_DEAD_AFTER_SECONDS": "3"}
+    ids = {
+        "async": sync_app.sync.schedule("ticker", {"path": str(path)}),
+        "sync": sync_app.sync.schedule("ticker_sync", {"path": str(path)}),
+    }
+    with workers(db, 1, "--concurrency", "2", env=env) as (frozen,):
+        wait_until(lambda: len(_ticks(path, frozen.pid)) == 2, what="both handlers to tick")
+        frozen.send_signal(signal.SIGSTOP)
+        time.sleep(4)  # past the 2 s leases and the 2 s fence
+        resumed_at = time.time()
+        frozen.send_signal(signal.SIGCONT)
+        time.sleep(3)
+        ticks = _ticks(path, frozen.pid)
+        frozen.send_signal(signal.SIGTERM)
+        code, out = finish(frozen)
+    assert code == 0, out
+    after = {kind: [t for t in ticks.get(job_id, []) if t > resumed_at] for kind, job_id in ids.items()}
+    windows = {kind: max(times) - resumed_at if times else 0.0 for kind, times in after.items()}
+    print(f"RESUME WINDOW ticks after SIGCONT: { {k: len(v) for k, v in after.items()} }, seconds: {windows}")
+    # Each handler ticks every 50 ms; with the old half-second grace the async one ticked ~10 times.
+    assert len(after["async"]) <= 2, after
+    assert len(after["sync"]) <= 3, after
+
+
+def _ticks(path: Path, pid: int) -> dict[uuid.UUID, list[float]]:
+    """Wall-clock times of first-attempt side effects of process `pid`, per job."""
+    ticks: dict[uuid.UUID, list[float]] = {}
+    for line in path.read_text().splitlines():
+        job_id, attempt, by, at = line.split()
+        if int(attempt) == 1 and int(by) == pid:
+            ticks.setdefault(uuid.UUID(job_id), []).append(float(at))
+    return ticks
 
 
 @pytest.mark.smoke

@@ -20,7 +20,7 @@ import psycopg_pool
 from jobbus.cli import exit_codes
 from jobbus.cli.loading import AppLoadError
 from jobbus.cli.text import visible
-from jobbus.errors import InvalidJobError, InvalidStateError, SchemaError
+from jobbus.errors import DatabaseUnavailableError, InvalidJobError, InvalidStateError, SchemaError
 from jobbus.settings import redact
 from jobbus.worker import WorkerIdInUseError
 
@@ -77,7 +77,7 @@ def run(coroutine_factory: Callable[[], Coroutine[Any, Any, int]]) -> int:
         raise
     except (AppLoadError, BadDsn, SchemaError, WorkerIdInUseError) as exc:
         return fail(str(exc), exit_codes.CONFIG)
-    except (DatabaseUnavailable, PortInUse) as exc:
+    except (DatabaseUnavailable, DatabaseUnavailableError, PortInUse) as exc:
         return fail(str(exc), exit_codes.UNAVAILABLE)
     except InvalidStateError as exc:
         return fail(str(exc), exit_codes.FAILURE)

@@ -3,12 +3,13 @@
 from jobbus.store.jobs import CancelResult, JobStore, Outcome, RecoveredJob
 from jobbus.store.maintenance import MaintenanceStore, QueueSample
 from jobbus.store.statements import Copy, Row, Statement, dumps, queries, run_async, run_sync
-from jobbus.store.workers import ControlState, Registration, WorkerStore
+from jobbus.store.workers import ControlState, DeadWorker, Registration, WorkerStore
 
 __all__ = [
     "CancelResult",
     "ControlState",
     "Copy",
+    "DeadWorker",
     "JobStore",
     "MaintenanceStore",
     "Outcome",

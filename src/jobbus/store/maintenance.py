@@ -38,14 +38,6 @@ class MaintenanceStore:
     def resign_leadership(self, instance_id: uuid.UUID) -> Statement[None]:
         return Statement(self._q["resign_leadership"], {"instance_id": instance_id}, lambda rows, _: None)
 
-    def declare_dead_workers(self) -> Statement[list[tuple[str, float]]]:
-        """Mark silent workers dead; returns (id, seconds silent) of each newly declared one."""
-
-        def decode(rows: list[Row], _: int) -> list[tuple[str, float]]:
-            return [(r[0], float(r[1])) for r in rows]
-
-        return Statement(self._q["declare_dead_workers"], {}, decode)
-
     def delete_finished_jobs(self, status: str, older_than_seconds: float, limit: int) -> Statement[int]:
         params = {"status": status, "older_than_seconds": older_than_seconds, "limit": limit}
         return Statement(self._q["delete_finished_jobs"], params, lambda rows, _: int(rows[0][0]))

@@ -38,6 +38,15 @@ class Registration:
 
 
 @dataclass(frozen=True, slots=True)
+class DeadWorker:
+    """A worker the rescuer declared dead, how long it had been silent, and the jobs taken back from it."""
+
+    worker_id: str
+    silent_seconds: float
+    recovered: list[RecoveredJob]
+
+
+@dataclass(frozen=True, slots=True)
 class IdHolder:
     """The live process that holds a worker id another process asked for."""
 
@@ -146,8 +155,22 @@ class WorkerStore:
         }
         return Statement(self._q["read_control"], params, _decode_control(worker_id))
 
-    def recover_worker_jobs(self, worker_ids: Sequence[str], why: str) -> Statement[list[RecoveredJob]]:
-        """Take back every job the given (dead) workers hold: requeued, failed when out of attempts, or
-        cancelled when cancellation was asked for."""
-        params = {"worker_ids": list(worker_ids), "why": why, "channel": self.channel}
-        return Statement(self._q["recover_worker_jobs"], params, decode_recovered, prepare=False)
+    def declare_dead_workers(self) -> Statement[list[DeadWorker]]:
+        """Declare silent workers dead and take back the jobs they held since before that instant, in one
+        statement: never a job claimed by a worker that came back, nor by a new process under its id."""
+
+        def decode(rows: list[Row], _: int) -> list[DeadWorker]:
+            dead: dict[str, DeadWorker] = {}
+            for row in rows:
+                worker = dead.setdefault(row[0], DeadWorker(row[0], float(row[1]), []))
+                if row[2] is not None:
+                    worker.recovered.extend(decode_recovered([row[2:]], 1))
+            return list(dead.values())
+
+        return Statement(self._q["declare_dead_workers"], {"channel": self.channel}, decode)
+
+    def reclaim_predecessor_jobs(self, worker_id: str, instance_id: uuid.UUID) -> Statement[list[RecoveredJob]]:
+        """Take back what earlier processes under this worker id left running: only jobs that started
+        before `instance_id` registered."""
+        params = {"worker_id": worker_id, "instance_id": instance_id, "channel": self.channel}
+        return Statement(self._q["reclaim_predecessor_jobs"], params, decode_recovered, prepare=False)

@@ -43,6 +43,12 @@ class Attempt:
     #: Seconds the handler may run; None: no limit.
     timeout: float | None = None
     timer: asyncio.TimerHandle | None = field(default=None, repr=False)
+    #: The lease monitor has interrupted this attempt for a lost lease / for the worker's fence (the
+    #: signals alone do not say: the watchdog's thread may set them first, after a freeze).
+    lost: bool = False
+    fenced: bool = False
+    #: When a cancellation was seen: cancels an async handler's task at the end of its grace.
+    cancel_timer: asyncio.TimerHandle | None = field(default=None, repr=False)
 
     @property
     def id(self) -> Any:
@@ -61,6 +67,22 @@ class Attempt:
             asyncio.get_running_loop().call_later(grace, self._cancel_task, reason)
         else:
             self._cancel_task(reason)
+
+    def cancel_requested(self, grace: float | None) -> None:
+        """`cancel()` was called: the handler sees `cancellation_requested` and may return on its own
+        (cooperative first); an async handler still running `grace` seconds later has its task
+        cancelled (None: never). A thread cannot be cancelled: a sync handler runs until it returns.
+        Either way the attempt ends as `cancelled`. Seen again later, nothing new happens."""
+        self.signals.request(StopReason.CANCELLED)
+        if grace is None or self.cancel_timer is not None or not self.handler.is_async:
+            return
+        self.cancel_timer = asyncio.get_running_loop().call_later(grace, self._cancel_task, StopReason.CANCELLED)
+
+    def stop_timers(self) -> None:
+        """The handler is done: nothing is cancelled or timed out any more."""
+        for timer in (self.timer, self.cancel_timer):
+            if timer is not None:
+                timer.cancel()
 
     def _cancel_task(self, reason: StopReason) -> None:
         if (

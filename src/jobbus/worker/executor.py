@@ -101,8 +101,7 @@ class Executor:
         except Exception:
             logger.exception("job %s: internal error in the worker", attempt.id, extra=self._extra(attempt))
         finally:
-            if attempt.timer is not None:
-                attempt.timer.cancel()
+            attempt.stop_timers()
             attempt.signals.close()
             tracing.attempt_ended(span, kind, error)
             self._on_finished(attempt, status, kind)

@@ -64,18 +64,22 @@ class Leadership:
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="jobbus-leadership")
 
-    async def close(self, timeout: float) -> None:
-        """Stop the services and hand the lease back, so another worker takes over at once."""
+    async def stop(self, timeout: float) -> None:
+        """Stop taking part in the election and stop the services (no database call); `resign` then
+        hands the lease back."""
         if self._task is not None:
             await stop_tasks([self._task], timeout)
-        await self._stop_services()
+        await self._stop_services(timeout)
+
+    async def resign(self, timeout: float) -> None:
+        """Hand the lease back, if held, waiting at most `timeout` seconds for the database."""
         if self.is_leader:
             self.is_leader = False
             if self._on_change is not None:
                 self._on_change(False)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._run(self.store.resign_leadership(self.instance_id)), timeout)
-            logger.info("worker %s handed leadership back", self.worker_id, extra={"worker_id": self.worker_id})
+                logger.info("worker %s handed leadership back", self.worker_id, extra={"worker_id": self.worker_id})
 
     async def _loop(self) -> None:
         outage = Outage("leadership")
@@ -135,9 +139,9 @@ class Leadership:
         self._held_since = None
         await self._stop_services()
 
-    async def _stop_services(self) -> None:
+    async def _stop_services(self, timeout: float = SERVICE_STOP_SECONDS) -> None:
         tasks, self._service_tasks = self._service_tasks, []
-        await stop_tasks(tasks, SERVICE_STOP_SECONDS)
+        await stop_tasks(tasks, min(timeout, SERVICE_STOP_SECONDS))
 
     async def _run_service(self, service: Service) -> None:
         """One service, every `service.interval` seconds, for as long as this worker leads."""

@@ -2,12 +2,15 @@
 
 Three loops:
 - `leases` (every heartbeat interval): renews the leases of every running handler in one statement
-  and refreshes their cancellation flags.
+  and refreshes their cancellation flags: a cancelled handler is told, and an async one still
+  running `cancel_grace_seconds` later has its task cancelled.
 - `registry` (every heartbeat interval): refreshes the worker's registry row. Separate from the
   leases, so a job row someone holds locked delays that job's renewal, not the worker's liveness.
 - `watch` (several times a second, no database): a handler whose lease has surely expired is told so
   (`lease_lost`); when the registry row could not be refreshed for `fence_after_seconds`, every
   running handler is fenced, before the leader may declare the worker dead and recover its jobs.
+  After a freeze of the whole process (noticed by the loop watchdog's thread, `after_freeze`), both
+  happen at once and async handlers are cancelled without grace.
 """
 
 from __future__ import annotations
@@ -31,8 +34,10 @@ T = TypeVar("T")
 #: How often the watch loop compares deadlines with the clock.
 WATCH_INTERVAL_SECONDS = 0.25
 #: A handler told that its lease is lost (or that the worker is fenced) gets this long to see
-#: `cancellation_requested` and return before its task is cancelled.
+#: `cancellation_requested` and return before its task is cancelled; after a freeze, none.
 LOSS_GRACE_SECONDS = 0.5
+#: A loop tick or watchdog look this much later than due means the process was frozen.
+FREEZE_SECONDS = 1.0
 
 
 class Monitor:
@@ -62,8 +67,10 @@ class Monitor:
         self.last_contact = time.monotonic()
         self.fenced = False
         self._tasks: list[asyncio.Task[None]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
         self._tasks = [
             asyncio.create_task(self._every_heartbeat("lease monitor", self._renew_leases), name="jobbus-leases"),
             asyncio.create_task(self._every_heartbeat("worker registry", self.refresh), name="jobbus-registry"),
@@ -103,7 +110,9 @@ class Monitor:
             await self._on_registration_lost()
             return
         if declared_dead:
-            self._declared_dead(sent)
+            # The leader took back what this worker had started before declaring it dead, and nothing
+            # it claimed since: a renewal now tells which attempts are over.
+            await self._renew_leases()
         self.last_contact = sent
         if self.fenced:
             logger.warning("worker %s reached the database again: claiming again", self.worker_id)
@@ -125,21 +134,16 @@ class Monitor:
             if job_id in live:
                 attempt.lease_deadline = sent + self.settings.lease_seconds
                 if live[job_id]:
-                    attempt.interrupt(StopReason.CANCELLED)
+                    attempt.cancel_requested(self.settings.cancel_grace_seconds)
             elif attempt.phase is Phase.RUNNING:
                 # Once the handler returned, a missing lease means its outcome was written meanwhile.
                 self._lose(attempt, "expired or taken over")
 
-    def _declared_dead(self, sent: float) -> None:
-        """The leader recovered this worker's jobs while it was silent: those attempts are over."""
-        for attempt in self._attempts():
-            if attempt.started < sent and attempt.phase is Phase.RUNNING:
-                self._lose(attempt, "recovered while this worker was silent")
-
-    def _lose(self, attempt: Attempt, why: str) -> None:
-        if StopReason.LEASE_LOST in attempt.signals:
+    def _lose(self, attempt: Attempt, why: str, grace: float = LOSS_GRACE_SECONDS) -> None:
+        if attempt.lost:
             return
-        attempt.interrupt(StopReason.LEASE_LOST, grace=LOSS_GRACE_SECONDS)
+        attempt.lost = True
+        attempt.interrupt(StopReason.LEASE_LOST, grace=grace)
         logger.warning(
             "job %s: lease lost during attempt %d (%s); its outcome is not written",
             attempt.id,
@@ -151,9 +155,32 @@ class Monitor:
     # -- deadlines ----------------------------------------------------------------------------------
 
     async def _watch_loop(self) -> None:
+        last = time.monotonic()
         while True:
             await asyncio.sleep(WATCH_INTERVAL_SECONDS)
-            self.check_deadlines()
+            now = time.monotonic()
+            # Much later than asked: the process was stopped (SIGSTOP, a VM pause) or starved.
+            self.check_deadlines(grace=0.0 if now - last > WATCH_INTERVAL_SECONDS + FREEZE_SECONDS else None)
+            last = now
+
+    def after_freeze(self) -> None:
+        """Called from the loop watchdog's thread when that thread itself was not scheduled for a while:
+        the process was frozen (SIGSTOP, a VM pause), and handlers are resuming beside their re-runs on
+        other workers. Every running handler whose lease expired meanwhile, or of a worker silent long
+        enough to be fenced, is told at once, before the loop gets to it (a sync handler sees
+        `cancellation_requested` and `lease_lost` at its next look); the loop then cancels the async
+        ones without grace. Signals only, from this thread: the loop does the rest."""
+        now = time.monotonic()
+        fenced = now - self.last_contact >= self.settings.fence_after_seconds
+        try:
+            attempts = list(self._attempts())
+        except RuntimeError:  # changed under us by the loop: the loop's own check below covers it
+            attempts = []
+        for attempt in attempts:
+            if attempt.phase is Phase.RUNNING and (fenced or now > attempt.lease_deadline):
+                attempt.signals.request(StopReason.FENCED if fenced else StopReason.LEASE_LOST)
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self.check_deadlines, 0.0)
 
     def check(self, attempt: Attempt) -> None:
         """Before an attempt's outcome is decided: a lease that surely expired, or a worker that was cut
@@ -164,7 +191,10 @@ class Monitor:
         elif now - self.last_contact >= self.settings.fence_after_seconds:
             attempt.signals.request(StopReason.FENCED)
 
-    def check_deadlines(self) -> None:
+    def check_deadlines(self, grace: float | None = None) -> None:
+        """Handlers whose lease surely expired, or of a worker fenced for its silence, are told, and
+        async ones cancelled after `grace` (None: LOSS_GRACE_SECONDS; 0 after a freeze: at once)."""
+        grace = LOSS_GRACE_SECONDS if grace is None else grace
         now = time.monotonic()
         silent = now - self.last_contact
         if silent >= self.settings.fence_after_seconds:
@@ -179,8 +209,9 @@ class Monitor:
                     extra={"worker_id": self.worker_id},
                 )
             for attempt in self._attempts():
-                if attempt.phase is Phase.RUNNING and StopReason.FENCED not in attempt.signals:
-                    attempt.interrupt(StopReason.FENCED, grace=LOSS_GRACE_SECONDS)
+                if attempt.phase is Phase.RUNNING and not attempt.fenced:
+                    attempt.fenced = True
+                    attempt.interrupt(StopReason.FENCED, grace=grace)
         for attempt in self._attempts():
             if attempt.phase is Phase.RUNNING and now > attempt.lease_deadline:
-                self._lose(attempt, "its lease expired before it could be renewed")
+                self._lose(attempt, "its lease expired before it could be renewed", grace)

@@ -30,12 +30,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from jobbus.errors import JobbusError
 from jobbus.execution import AttemptSignals, JobExecution, StopReason
 from jobbus.models import ClaimedJob, JobStatus
-from jobbus.resilience import Backoff, Outage, first_line, is_transient, retrying
+from jobbus.resilience import Backoff, Outage, first_line, is_transient, open_pool, retrying
 from jobbus.store import MaintenanceStore, Registration, Statement, WorkerStore, run_async
 from jobbus.store.statements import configure_async
 from jobbus.worker.attempt import Attempt, Phase
@@ -73,8 +73,17 @@ COOPERATIVE_GRACE_SECONDS = 3.0
 #: (after a second signal, or a fatal error: RELEASE_HURRY_SECONDS).
 RELEASE_WAIT_SECONDS = 10.0
 RELEASE_HURRY_SECONDS = 2.0
-#: Closing the listener and marking the registry row stopped may take this long at exit, no more.
+#: Everything the worker does at exit after its jobs ended (stopping its loops, handing leadership
+#: back, marking its registry row stopped, closing its pools) takes this long at most, in all: during
+#: an outage none of it can reach the database, and none of it may keep the worker from exiting.
 HOUSEKEEPING_TIMEOUT_SECONDS = 5.0
+#: Closing a pool gets at least this long, even once the housekeeping deadline has passed.
+POOL_CLOSE_SECONDS = 0.5
+#: How long a worker statement waits for a connection of the worker's pool (psycopg_pool's default).
+CONNECTION_WAIT_SECONDS = 30.0
+#: While that wait lasts (an outage), a claim or control read looks this often whether the worker was
+#: asked to stop: nothing was sent yet, so it gives up and the worker stops at once.
+STOP_CHECK_SECONDS = 0.5
 #: How long start-up statements are retried when the connection drops (the server was reachable).
 STARTUP_RETRY_SECONDS = 60.0
 #: Connections of the worker's own pool: claims, outcomes, renewals, control, maintenance. Separate
@@ -129,6 +138,7 @@ class Worker:
         self._ready = asyncio.Event()
         self._task: asyncio.Task[int] | None = None
         self._write_lock = asyncio.Lock()
+        self._housekeeping_deadline: float | None = None
         self._threads = ThreadPoolExecutor(max_workers=self.options.concurrency, thread_name_prefix="jobbus-job")
         self._pool: AsyncConnectionPool[Any] | None = None
         self._handler_pool: AsyncConnectionPool[Any] | None = None
@@ -150,7 +160,7 @@ class Worker:
             store=self.store,
             maintenance=self.maintenance,
             queue_settings=app.queue_store,
-            run=self._run,
+            run=self._run_unless_stopping,
             settings=self.settings,
             worker_id=self.worker_id,
             types=self.types,
@@ -160,7 +170,7 @@ class Worker:
         )
         self.control = ControlReader(
             store=self.workers,
-            run=self._run,
+            run=self._run_unless_stopping,
             worker_id=self.worker_id,
             queues=self.options.queues,
             on_drain=self.request_drain,
@@ -178,7 +188,7 @@ class Worker:
             on_fatal=self._fatal,
             on_registration_lost=self._registration_lost,
         )
-        self.watchdog = LoopWatchdog(self._in_flight.values, self.worker_id)
+        self.watchdog = LoopWatchdog(self._in_flight.values, self.worker_id, on_freeze=self.monitor.after_freeze)
         self.leadership = Leadership(
             settings=self.settings,
             store=self.maintenance,
@@ -189,7 +199,6 @@ class Worker:
                 Rescuer(
                     jobs=self.store,
                     workers=self.workers,
-                    maintenance=self.maintenance,
                     run=self._run,
                     events=app.events,
                     interval=self.poll_interval,
@@ -286,8 +295,14 @@ class Worker:
             for pool in (self._pool, self._handler_pool):
                 if pool is not None:
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(pool.close(), HOUSEKEEPING_TIMEOUT_SECONDS)
+                        await asyncio.wait_for(pool.close(), max(self._housekeeping_left(), POOL_CLOSE_SECONDS))
             await self.app.close()
+
+    def _housekeeping_left(self) -> float:
+        """Seconds left of the exit's housekeeping (all of it before the exit started)."""
+        if self._housekeeping_deadline is None:
+            return HOUSEKEEPING_TIMEOUT_SECONDS
+        return max(0.0, self._housekeeping_deadline - time.monotonic())
 
     async def _open_pool(self, name: str, min_size: int, max_size: int) -> AsyncConnectionPool[Any]:
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
@@ -299,13 +314,30 @@ class Worker:
             open=False,
             name=f"{name}-{self.settings.schema}",
         )
-        await pool.open(wait=min_size > 0, timeout=30.0)
+        if min_size > 0:
+            await open_pool(pool, self.app.dsn, self.settings.database_wait_seconds)
+        else:
+            await pool.open(wait=False)
         return pool
 
     async def _run(self, statement: Statement[T]) -> T:
         assert self._pool is not None
         async with self._pool.connection() as conn:
             return await run_async(conn, statement)
+
+    async def _run_unless_stopping(self, statement: Statement[T]) -> T:
+        """Claims and control reads, which a stopping worker no longer needs: while the pool has no
+        connection to give (an outage), the wait for one ends once a stop is asked for (PoolTimeout,
+        nothing sent), so SIGTERM is not held up by `CONNECTION_WAIT_SECONDS`."""
+        assert self._pool is not None
+        deadline = time.monotonic() + CONNECTION_WAIT_SECONDS
+        while True:
+            try:
+                async with self._pool.connection(timeout=STOP_CHECK_SECONDS) as conn:
+                    return await run_async(conn, statement)
+            except PoolTimeout:
+                if self._stop_claiming or time.monotonic() >= deadline:
+                    raise
 
     async def _run_for_handler(self, statement: Statement[T]) -> T:
         """Fenced writes a handler asks for (checkpoint, progress, heartbeat): their own pool, so many
@@ -349,9 +381,7 @@ class Worker:
         self.control.acked_generation = acked
         self.monitor.last_contact = time.monotonic()
         recovered = await self._starting(
-            lambda: self._run(
-                self.workers.recover_worker_jobs([self.worker_id], "reclaimed when a new process took over its id")
-            )
+            lambda: self._run(self.workers.reclaim_predecessor_jobs(self.worker_id, self.instance_id))
         )
         await self._starting(self._sync_periodics)
         if recovered:
@@ -415,20 +445,21 @@ class Worker:
             await self._main_loop()
             await self._shutdown()
         finally:
-            await self.leadership.close(HOUSEKEEPING_TIMEOUT_SECONDS)
-            await self.monitor.close(HOUSEKEEPING_TIMEOUT_SECONDS)
+            # Housekeeping, within one deadline: it never keeps a stopping worker from exiting.
+            # The loops first (no database call), then the writes, side by side.
+            self._housekeeping_deadline = time.monotonic() + HOUSEKEEPING_TIMEOUT_SECONDS
+            await self.leadership.stop(self._housekeeping_left())
+            await self.monitor.close(self._housekeeping_left())
             self.watchdog.stop()
-            await self.completer.close(HOUSEKEEPING_TIMEOUT_SECONDS)
-            # The rest is housekeeping: it never keeps a stopping worker from exiting.
             if self._listener is not None:
-                await self._listener.close(HOUSEKEEPING_TIMEOUT_SECONDS)
+                await self._listener.close(self._housekeeping_left())
             self._remove_signals(installed)
+            await self.completer.close(self._housekeeping_left())
             self.abandoned = len(self._in_flight)
             # Jobs still running in threads keep their leases until this process exits: the row is not
             # marked stopped, so it goes silent and the leader recovers them once the process is gone.
             final_state = "stopped" if not self.abandoned else "stopping"
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._touch(final_state), HOUSEKEEPING_TIMEOUT_SECONDS)
+            await asyncio.gather(self.leadership.resign(self._housekeeping_left()), self._final_touch(final_state))
         logger.info(
             "worker %s stopped: %d completed, %d failed, exit %d",
             self.worker_id,
@@ -653,6 +684,10 @@ class Worker:
 
     async def _acknowledge(self) -> None:
         await self._touch()
+
+    async def _final_touch(self, state: str) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._touch(state), self._housekeeping_left())
 
     async def _touch(self, state: str | None = None) -> bool | None:
         return await self._run(

@@ -5,7 +5,9 @@ stops every other job of the worker, its lease renewals and its registry refresh
 blocked longer than the worker's dead-after time, the worker is treated as dead and its jobs run
 elsewhere. A thread checks that the loop keeps ticking; when it does not, it reads the loop thread's
 stack to find the handler responsible and logs its job id and type, once when the stall is noticed
-and once when it ends.
+and once when it ends. When the thread itself was not scheduled for a while, the whole process was
+frozen (SIGSTOP, a VM pause): it tells the lease monitor at once, so that handlers whose leases
+expired meanwhile learn it before they go on (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -26,12 +28,21 @@ logger = logging.getLogger("jobbus.worker")
 TICK_SECONDS = 0.1
 #: A loop that has not ticked for this long is reported as blocked.
 BLOCKED_AFTER_SECONDS = 1.0
+#: The thread itself waking this much later than asked means the process was frozen.
+FROZEN_AFTER_SECONDS = 1.0
 
 
 class LoopWatchdog:
-    def __init__(self, attempts: Callable[[], Iterable[Attempt]], worker_id: str) -> None:
+    def __init__(
+        self,
+        attempts: Callable[[], Iterable[Attempt]],
+        worker_id: str,
+        *,
+        on_freeze: Callable[[], None] | None = None,
+    ) -> None:
         self._attempts = attempts
         self.worker_id = worker_id
+        self._on_freeze = on_freeze
         self._last_tick = time.monotonic()
         self._stopped = threading.Event()
         self._handle: asyncio.TimerHandle | None = None
@@ -59,8 +70,18 @@ class LoopWatchdog:
 
     def _watch(self) -> None:
         blocked_since: float | None = None
+        looked = time.monotonic()
         while not self._stopped.wait(TICK_SECONDS):
-            lag = time.monotonic() - self._last_tick
+            now = time.monotonic()
+            if now - looked > TICK_SECONDS + FROZEN_AFTER_SECONDS:
+                # This thread was not scheduled either: the whole process was frozen (SIGSTOP, a VM
+                # pause), not blocked by a handler. Its handlers are told before they go on.
+                looked = now
+                if self._on_freeze is not None:
+                    self._on_freeze()
+                continue
+            looked = now
+            lag = now - self._last_tick
             if lag > BLOCKED_AFTER_SECONDS and blocked_since is None:
                 blocked_since = self._last_tick
                 self.stalls += 1

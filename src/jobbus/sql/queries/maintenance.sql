@@ -18,16 +18,6 @@ RETURNING elected_at;
 -- A leader that stops hands the lease back at once, so another worker takes over without waiting.
 DELETE FROM {schema}.leader WHERE name = 'maintenance' AND instance_id = %(instance_id)s;
 
--- name: declare_dead_workers
--- Workers whose registry row has been silent longer than their own dead-after time are declared dead
--- (once); the rescuer then takes back the jobs they hold. A worker that speaks again clears the mark.
-UPDATE {schema}.worker
-SET declared_dead_at = now()
-WHERE declared_dead_at IS NULL
-  AND state <> 'stopped'
-  AND last_seen_at < now() - make_interval(secs => dead_after_seconds)
-RETURNING id, extract(epoch FROM now() - last_seen_at)::float8;
-
 -- name: delete_finished_jobs
 SELECT {schema}.delete_finished_jobs(%(status)s, %(older_than_seconds)s, %(limit)s);
 

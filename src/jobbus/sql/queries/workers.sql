@@ -36,13 +36,14 @@ WHERE id = %(id)s;
 
 -- name: touch_worker
 -- Refreshes this instance's row; no row back means the id now belongs to another instance (or the row
--- was forgotten). `was_declared_dead` tells the worker that its jobs were recovered while it was silent.
+-- was forgotten). `was_declared_dead` tells the worker that its jobs were recovered while it was silent
+-- (the row is read locked: a refresh that waited for a declaration sees it).
 UPDATE {schema}.worker AS w
 SET last_seen_at = now(), state = %(state)s, in_flight = %(in_flight)s, completed = %(completed)s,
     failed = %(failed)s, acked_generation = greatest(w.acked_generation, %(acked_generation)s),
     stopped_at = CASE WHEN %(state)s = 'stopped' THEN now() END,
     declared_dead_at = NULL
-FROM (SELECT declared_dead_at FROM {schema}.worker WHERE id = %(id)s) AS before
+FROM (SELECT declared_dead_at FROM {schema}.worker WHERE id = %(id)s FOR UPDATE) AS before
 WHERE w.id = %(id)s AND w.instance_id = %(instance_id)s
 RETURNING before.declared_dead_at IS NOT NULL;
 
@@ -63,10 +64,64 @@ WHERE generation > %(acked_generation)s
 UNION ALL
 SELECT 'latest', '', '', coalesce(max(generation), 0) FROM {schema}.command;
 
--- name: recover_worker_jobs
--- Takes back what dead workers held, at once instead of after lease expiry: a job whose cancellation
--- was asked for becomes cancelled, one out of attempts fails, the others are queued again (the attempt
--- already counted at claim time).
+-- name: declare_dead_workers
+-- One statement declares silent workers dead and takes back what they held, so nothing can happen
+-- between the two: a worker whose registry row has been silent longer than its own dead-after time is
+-- declared dead (once; a worker that speaks again clears the mark), and the jobs it holds that started
+-- before that instant are requeued at once instead of after lease expiry. A job whose cancellation was
+-- asked for becomes cancelled, one out of attempts fails (the attempt was counted at claim time).
+--
+-- Never a job of a live worker: the worker row is locked by the declaration, so a refresh that
+-- committed first leaves the row not silent (it is re-read under the lock) and one that comes later
+-- sees the mark; a job claimed by a process that resumed, or by a new process under the same id, has
+-- a started_at later than the declaration (both read the database's clock) or a claim this statement's
+-- snapshot cannot see, and is left to its lease. One row per declared worker with each job taken back
+-- (a worker that held none: one row of NULL job columns).
+WITH declared AS (
+    UPDATE {schema}.worker
+    SET declared_dead_at = now()
+    WHERE declared_dead_at IS NULL
+      AND state <> 'stopped'
+      AND last_seen_at < now() - make_interval(secs => dead_after_seconds)
+    RETURNING id, declared_dead_at, extract(epoch FROM now() - last_seen_at)::float8 AS silent
+), held AS (
+    SELECT j.id, format('declared dead after %%s s of silence', round(d.silent::numeric)) AS why
+    FROM {schema}.job AS j
+    JOIN declared AS d ON d.id = j.worker_id
+    WHERE j.status = 'running' AND j.started_at < d.declared_dead_at
+    ORDER BY j.id
+    FOR UPDATE OF j SKIP LOCKED
+), recovered AS (
+    UPDATE {schema}.job AS j
+    SET status = CASE WHEN j.cancellation_requested_at IS NOT NULL THEN 'cancelled'
+                      WHEN j.attempts >= j.max_attempts THEN 'failed'
+                      ELSE 'queued' END,
+        finished_at = CASE WHEN j.cancellation_requested_at IS NOT NULL OR j.attempts >= j.max_attempts
+                           THEN now() END,
+        available_at = now(),
+        last_error = format('worker %%s died during attempt %%s of %%s (%%s)',
+                            j.worker_id, j.attempts, j.max_attempts, held.why),
+        lease_token = NULL,
+        lease_expires_at = NULL,
+        history = (CASE WHEN jsonb_array_length(j.history) >= 50 THEN j.history - 0 ELSE j.history END)
+                  || jsonb_build_array(jsonb_build_object(
+                         'attempt', j.attempts, 'outcome', 'recovered', 'at', now(), 'worker_id', j.worker_id,
+                         'error', held.why))
+    FROM held
+    WHERE j.id = held.id
+    RETURNING j.id, j.worker_id, j.type, j.queue, j.status, j.attempts, j.last_error,
+              (SELECT pg_notify(%(channel)s, json_build_array(j.queue, j.type)::text) IS NULL) AS notified
+)
+SELECT d.id, d.silent, r.id, r.type, r.queue, r.status, r.attempts, r.last_error, r.notified
+FROM declared AS d
+LEFT JOIN recovered AS r ON r.worker_id = d.id
+ORDER BY d.id, r.id;
+
+-- name: reclaim_predecessor_jobs
+-- A process that took over a worker id takes back, at once, what an earlier process under that id
+-- left running: only jobs that started before this instance registered (its row's started_at), so a
+-- job claimed under the id since, by this process, is never touched. Requeued, failed when out of
+-- attempts, cancelled when cancellation was asked for, as above.
 UPDATE {schema}.job AS j
 SET status = CASE WHEN j.cancellation_requested_at IS NOT NULL THEN 'cancelled'
                   WHEN j.attempts >= j.max_attempts THEN 'failed'
@@ -74,20 +129,23 @@ SET status = CASE WHEN j.cancellation_requested_at IS NOT NULL THEN 'cancelled'
     finished_at = CASE WHEN j.cancellation_requested_at IS NOT NULL OR j.attempts >= j.max_attempts
                        THEN now() END,
     available_at = now(),
-    last_error = format('worker %%s died during attempt %%s of %%s (%%s)',
-                        j.worker_id, j.attempts, j.max_attempts, %(why)s::text),
+    last_error = format('worker %%s died during attempt %%s of %%s (reclaimed when a new process took over its id)',
+                        j.worker_id, j.attempts, j.max_attempts),
     lease_token = NULL,
     lease_expires_at = NULL,
     history = (CASE WHEN jsonb_array_length(j.history) >= 50 THEN j.history - 0 ELSE j.history END)
               || jsonb_build_array(jsonb_build_object(
                      'attempt', j.attempts, 'outcome', 'recovered', 'at', now(), 'worker_id', j.worker_id,
-                     'error', %(why)s::text))
+                     'error', 'reclaimed when a new process took over its id'))
 FROM (
-    SELECT id FROM {schema}.job
-    WHERE worker_id = ANY(%(worker_ids)s::text[]) AND status = 'running'
-    ORDER BY id
-    FOR UPDATE SKIP LOCKED
-) AS dead
-WHERE j.id = dead.id
+    SELECT j.id
+    FROM {schema}.job AS j
+    JOIN {schema}.worker AS w ON w.id = j.worker_id
+    WHERE w.id = %(worker_id)s AND w.instance_id = %(instance_id)s
+      AND j.status = 'running' AND j.started_at < w.started_at
+    ORDER BY j.id
+    FOR UPDATE OF j SKIP LOCKED
+) AS left_behind
+WHERE j.id = left_behind.id
 RETURNING j.id, j.type, j.queue, j.status, j.attempts, j.last_error,
           (SELECT pg_notify(%(channel)s, json_build_array(j.queue, j.type)::text) IS NULL);

@@ -1,9 +1,10 @@
 """The rescuer: takes back the jobs of workers that died, and of leases that expired.
 
 - A worker whose registry row has been silent longer than its own `worker_dead_after_seconds`
-  (default 15 s) is declared dead and every job it holds is taken back at once, long before the
-  leases expire: a worker killed with a new id each time (a pod, an autoscaled instance) costs its
-  jobs seconds, not `lease_seconds`. Such a worker fenced itself before that point.
+  (default 15 s) is declared dead and every job it started before that instant is taken back at
+  once, in the same statement, long before the leases expire: a worker killed with a new id each
+  time (a pod, an autoscaled instance) costs its jobs seconds, not `lease_seconds`. Such a worker
+  fenced itself before that point; one that comes back keeps whatever it claims afterwards.
 - A lease that expired (a hung or partitioned worker that still refreshes its row, a worker whose row
   was forgotten) is taken back too.
 
@@ -18,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from jobbus.events import EventHub
-from jobbus.store import JobStore, MaintenanceStore, RecoveredJob, Statement, WorkerStore
+from jobbus.store import DeadWorker, JobStore, RecoveredJob, Statement, WorkerStore
 from jobbus.worker.recovery import announce_recovered
 
 logger = logging.getLogger("jobbus.worker")
@@ -35,31 +36,27 @@ class Rescuer:
         *,
         jobs: JobStore,
         workers: WorkerStore,
-        maintenance: MaintenanceStore,
         run: Callable[[Statement[Any]], Awaitable[Any]],
         events: EventHub,
         interval: float,
     ) -> None:
         self.jobs = jobs
         self.workers = workers
-        self.maintenance = maintenance
         self._run = run
         self.events = events
         self.interval = interval
 
     async def run_once(self) -> None:
-        for worker_id, silent in await self._run(self.maintenance.declare_dead_workers()):
-            recovered: list[RecoveredJob] = await self._run(
-                self.workers.recover_worker_jobs([worker_id], f"declared dead after {silent:.0f} s of silence")
-            )
+        dead: list[DeadWorker] = await self._run(self.workers.declare_dead_workers())
+        for worker in dead:
             logger.warning(
                 "worker %s declared dead (silent for %.0f s): %d job(s) taken back",
-                worker_id,
-                silent,
-                len(recovered),
-                extra={"worker_id": worker_id},
+                worker.worker_id,
+                worker.silent_seconds,
+                len(worker.recovered),
+                extra={"worker_id": worker.worker_id},
             )
-            await self._announce(recovered)
+            await self._announce(worker.recovered)
         while True:
             expired: list[RecoveredJob] = await self._run(self.jobs.recover_expired_leases(BATCH))
             await self._announce(expired)
