@@ -31,14 +31,10 @@ KNOWN_HOLES: list[tuple[str, str, str]] = [
         "retried, so a job can end failed (SPEC 1: a dropped connection never loses a job)",
     ),
 ]
-#: The holes above that only a worker serving several queues opens.
-MULTI_QUEUE_HOLES = {"concurrency", "concurrency_per_key", "rate_limit", "rate_limit_per_key"}
 
 
-def known_hole(violation: Violation, single_queue_workers: bool) -> str | None:
+def known_hole(violation: Violation) -> str | None:
     for guarantee, text, reason in KNOWN_HOLES:
-        if single_queue_workers and guarantee in MULTI_QUEUE_HOLES:
-            continue
         if violation.guarantee == guarantee and text in violation.explanation:
             return reason
     return None
@@ -51,7 +47,7 @@ def known_hole(violation: Violation, single_queue_workers: bool) -> str | None:
 def test_model_check(seed: int, single_queue_workers: bool, dsn: str) -> None:
     topology, report = check_seed(seed, dsn, DURATION, single_queue_workers=single_queue_workers)
     print(explain(topology, report))
-    reasons = [known_hole(v, single_queue_workers) for v in report.violations]
+    reasons = [known_hole(v) for v in report.violations]
     unknown = [v for v, reason in zip(report.violations, reasons, strict=True) if reason is None]
     assert not unknown, explain(topology, report)
     if report.violations:
@@ -73,9 +69,7 @@ def test_only_the_listed_holes_are_expected_failures() -> None:
     dropped = Violation(
         "nothing_lost", "job j1 ended failed (last error: '... terminating connection due to administrator command')"
     )
-    assert known_hole(dropped, single_queue_workers=False) is not None
-    assert known_hole(Violation("nothing_lost", "job j1 was scheduled and is gone"), single_queue_workers=False) is None
-    over = Violation("concurrency", "queue q0: 3 handlers ran at once under a limit of 2")
-    assert known_hole(over, single_queue_workers=False) is not None
-    assert known_hole(over, single_queue_workers=True) is None
-    assert known_hole(Violation("exclusive", "job j1 ran in two live attempts at once"), False) is None
+    assert known_hole(dropped) is not None
+    assert known_hole(Violation("nothing_lost", "job j1 was scheduled and is gone")) is None
+    assert known_hole(Violation("concurrency", "queue q0: 3 handlers ran at once under a limit of 2")) is None
+    assert known_hole(Violation("exclusive", "job j1 ran in two live attempts at once")) is None
