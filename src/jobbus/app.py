@@ -46,7 +46,7 @@ from jobbus.store import CancelResult, Copy, JobStore, Statement, run_async, run
 from jobbus.store.periodic import PeriodicStore
 from jobbus.store.queues import QueueStore
 from jobbus.store.statements import channel_name, configure_async, configure_connection
-from jobbus.waiting import FinishedJobs, SyncFinishedJobs, timeout_message
+from jobbus.waiting import FinishedJobs, SyncFinishedJobs, timeout_message, vanished_message
 
 if TYPE_CHECKING:
     from jobbus.store.maintenance import QueueSample
@@ -554,7 +554,8 @@ class App:
         """The job once it is terminal (with its result, error and steps); `TimeoutError` after `timeout`.
 
         Woken by the notification of the transaction that finished the job, through one listening
-        connection per App however many callers wait; an unknown id raises `InvalidStateError`.
+        connection per App however many callers wait; an unknown id raises `InvalidStateError`, and so
+        does a job deleted before it was read terminal (retention, prune), saying so.
         """
         job_id = _uuid(job_id)
         seconds = seconds_or_none("timeout", timeout)
@@ -562,14 +563,16 @@ class App:
         deadline = None if seconds is None else loop.time() + seconds
         finished = self._finished_jobs()
         await finished.started(self.settings.database_wait_seconds)
+        seen = notified = False
         while True:
             woken = finished.register(job_id)
             try:
                 job = await self.find(job_id)
                 if job is None:
-                    raise InvalidStateError(f"job {job_id} does not exist")
+                    raise InvalidStateError(vanished_message(job_id, seen=seen, woken=notified or woken.done()))
                 if job.status.is_terminal:
                     return job
+                seen = True
                 left = None if deadline is None else deadline - loop.time()
                 if left is not None and left <= 0:
                     raise TimeoutError(timeout_message(job_id, job.status.value, seconds or 0.0))
@@ -578,6 +581,7 @@ class App:
                     left = poll if left is None else min(left, poll)
                 try:
                     await asyncio.wait_for(woken, left)
+                    notified = True
                 except TimeoutError:
                     if not finished.polling:
                         raise TimeoutError(timeout_message(job_id, job.status.value, seconds or 0.0)) from None
@@ -951,21 +955,24 @@ class SyncApp:
                 )
             finished = self._finished
         finished.started(settings.database_wait_seconds)
+        seen = notified = False
         while True:
             woken = finished.register(job_id)
             try:
                 job = self.find(job_id)
                 if job is None:
-                    raise InvalidStateError(f"job {job_id} does not exist")
+                    raise InvalidStateError(vanished_message(job_id, seen=seen, woken=notified or woken.is_set()))
                 if job.status.is_terminal:
                     return job
+                seen = True
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise TimeoutError(timeout_message(job_id, job.status.value, seconds or 0.0))
                 if finished.polling:
                     poll = settings.poll_interval_seconds
                     left = poll if left is None else min(left, poll)
-                if not woken.wait(left) and not finished.polling:
+                notified = woken.wait(left)
+                if not notified and not finished.polling:
                     raise TimeoutError(timeout_message(job_id, job.status.value, seconds or 0.0))
             finally:
                 finished.unregister(job_id, woken)
