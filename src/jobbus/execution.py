@@ -142,6 +142,8 @@ class JobExecution:
         self._steps: dict[str, Any] | None = None
         #: `spawn` calls so far in this run of the handler, per spawned (type, configuration).
         self._spawned: dict[str, int] = {}
+        #: `wait_for_children` calls so far in this run of the handler.
+        self._children_waits = 0
 
     # -- identity ----------------------------------------------------------------------------------
     @property
@@ -342,12 +344,27 @@ class JobExecution:
         return uuid.UUID(str(child))
 
     async def wait_for_children(self) -> list[Job]:
-        """The terminal `Job`s of every child once none is queued or running; parks the job until then."""
+        """The terminal `Job`s of every child once none is queued or running; parks the job until then.
+
+        The answer is kept with the job when the wait resolves: the k-th call of every later run of the
+        handler returns the same children (ids, statuses, results), also after retention deleted them.
+        """
+        self.check_open("wait for its children")
+        index = self._children_waits
+        self._children_waits += 1
+        stored: tuple[str, list[Job]] = await self._run(
+            self._store.children_snapshot(self.id, self.lease_token, index, take=False)
+        )
+        if stored[0] == "ready":
+            return stored[1]
         self.check_open("wait for its children")
         state = await self._run(self._store.wait_for_children(self.id, self.lease_token))
         self._after_wait(state, "its children")
-        children: list[Job] = await self._run(self._store.list_children(self.id))
-        return children
+        taken: tuple[str, list[Job]] = await self._run(
+            self._store.children_snapshot(self.id, self.lease_token, index, take=True)
+        )
+        self._after_wait(taken[0], "its children")
+        return taken[1]
 
     def _after_wait(self, state: str, what: str) -> None:
         if state == "lost":

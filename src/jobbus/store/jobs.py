@@ -269,8 +269,18 @@ class JobStore:
         params = {"id": job_id, "token": token}
         return Statement(self._q["wait_for_children"], params, lambda rows, _: str(rows[0][0]))
 
-    def list_children(self, job_id: uuid.UUID) -> Statement[list[Job]]:
-        return Statement(self._q["list_children"], {"id": job_id}, lambda rows, _: [_job(r) for r in rows])
+    def children_snapshot(
+        self, job_id: uuid.UUID, token: uuid.UUID, index: int, *, take: bool
+    ) -> Statement[tuple[str, list[Job]]]:
+        """The children the `index`-th `wait_for_children` of a run answers: ('ready', jobs) when stored
+        (or, with `take`, stored now from the children as they are), ('none', []) or ('lost', [])."""
+
+        def decode(rows: list[Row], _: int) -> tuple[str, list[Job]]:
+            state, children = rows[0]
+            return str(state), [job_from_json(child) for child in children or ()]
+
+        params = {"id": job_id, "token": token, "index": index, "take": take}
+        return Statement(self._q["children_snapshot"], params, decode)
 
     def record_outcomes(self, outcomes: Sequence[Outcome]) -> Statement[set[uuid.UUID]]:
         """Fenced outcome writes for many jobs; returns the ids whose write applied.
@@ -402,6 +412,28 @@ def _job(row: Row) -> Job:
     values["status"] = JobStatus(values["status"])
     values["parent_id"] = row[-2]
     values["steps"] = row[-1] or {}
+    return Job(**values)
+
+
+def job_from_json(data: Mapping[str, Any]) -> Job:
+    """A `Job` from a job row as PostgreSQL's `to_jsonb` writes it (with `parent_id` and `steps`): ids,
+    times and numbers read back as a read of the row returns them; columns `Job` lacks are ignored."""
+    values: dict[str, Any] = {}
+    for name, spec in Job.__dataclass_fields__.items():
+        value = data.get(name)
+        kind = str(spec.type)
+        if value is None:
+            pass
+        elif "uuid.UUID" in kind:
+            value = uuid.UUID(value)
+        elif "datetime" in kind:
+            value = datetime.fromisoformat(value)
+        elif kind.startswith("float"):
+            value = float(value)
+        values[name] = value
+    values["status"] = JobStatus(values["status"])
+    values["history"] = values["history"] or []
+    values["steps"] = values["steps"] or {}
     return Job(**values)
 
 

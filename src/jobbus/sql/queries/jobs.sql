@@ -366,8 +366,5 @@ SELECT state, child FROM {schema}.spawn_child(%(id)s, %(token)s, %(step)s, %(spe
 -- name: wait_for_children
 SELECT {schema}.wait_for_children(%(id)s, %(token)s);
 
--- name: list_children
-SELECT {columns}, (SELECT c.parent_id FROM {schema}.job_child AS c WHERE c.child_id = j.id),
-       (SELECT jsonb_object_agg(s.name, s.result) FROM {schema}.job_step AS s WHERE s.job_id = j.id)
-FROM {schema}.job_child AS child JOIN {schema}.job AS j ON j.id = child.child_id
-WHERE child.parent_id = %(id)s ORDER BY j.id;
+-- name: children_snapshot
+SELECT state, children FROM {schema}.children_snapshot(%(id)s, %(token)s, %(index)s, %(take)s);

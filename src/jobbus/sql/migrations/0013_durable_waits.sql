@@ -1,0 +1,99 @@
+-- Durable waits stay durable (SPEC 16).
+--
+-- 1. A timed-out `wait_for_event` leaves nothing a later `emit_event` could wake: the wait's row in
+--    `event_wait` goes when the timeout is recorded (under the key's advisory lock, like the emit), so a
+--    job retried or snoozed after its wait timed out keeps its backoff when the event comes later.
+CREATE OR REPLACE FUNCTION {schema}.wait_for_event(p_id uuid, p_token uuid, p_key text, p_step text, p_timeout float8)
+RETURNS TABLE (state text, step jsonb)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_attempts integer;
+    v_step jsonb;
+    v_until timestamptz;
+    v_payload jsonb;
+BEGIN
+    PERFORM pg_advisory_xact_lock({schema}.wait_lock('event:' || p_key));
+    v_attempts := {schema}.held_attempts(p_id, p_token);
+    IF v_attempts IS NULL THEN
+        RETURN QUERY SELECT 'lost', NULL::jsonb;
+        RETURN;
+    END IF;
+    SELECT result INTO v_step FROM {schema}.job_step WHERE job_id = p_id AND name = p_step;
+    IF v_step ? 'payload' OR v_step ? 'timed_out' THEN
+        RETURN QUERY SELECT CASE WHEN v_step ? 'payload' THEN 'ready' ELSE 'timeout' END, v_step;
+        RETURN;
+    END IF;
+    SELECT e.payload INTO v_payload FROM {schema}.event AS e WHERE e.key = p_key;
+    IF FOUND THEN
+        v_step := jsonb_build_object('payload', v_payload);
+        INSERT INTO {schema}.job_step (job_id, name, result, attempt) VALUES (p_id, p_step, v_step, v_attempts)
+        ON CONFLICT (job_id, name) DO UPDATE SET result = EXCLUDED.result;
+        DELETE FROM {schema}.event_wait WHERE key = 'event:' || p_key AND job_id = p_id;
+        RETURN QUERY SELECT 'ready', v_step;
+        RETURN;
+    END IF;
+    IF v_step IS NULL THEN
+        v_step := jsonb_build_object('until', now() + make_interval(secs => p_timeout));
+        INSERT INTO {schema}.job_step (job_id, name, result, attempt) VALUES (p_id, p_step, v_step, v_attempts);
+    END IF;
+    v_until := (v_step ->> 'until')::timestamptz;
+    IF v_until <= now() THEN
+        v_step := jsonb_build_object('timed_out', true);
+        UPDATE {schema}.job_step SET result = v_step WHERE job_id = p_id AND name = p_step;
+        DELETE FROM {schema}.event_wait WHERE key = 'event:' || p_key AND job_id = p_id;
+        RETURN QUERY SELECT 'timeout', v_step;
+        RETURN;
+    END IF;
+    INSERT INTO {schema}.event_wait (key, job_id) VALUES ('event:' || p_key, p_id) ON CONFLICT DO NOTHING;
+    PERFORM {schema}.park_job(p_id, coalesce(v_until, {schema}.never()), 'event ' || p_key);
+    RETURN QUERY SELECT 'parked', v_step;
+END
+$$;
+
+
+-- 2. `wait_for_children()` answers the same on every later run of the handler, also once retention has
+--    deleted the children: the children's terminal rows are kept with the parent when a wait resolves,
+--    by wait number within a run of the handler ("0", "1", ...). A column of job_parent, which goes with
+--    the parent (trigger job_deleted); adding a nullable column rewrites nothing.
+ALTER TABLE {schema}.job_parent ADD COLUMN snapshots jsonb;
+
+-- The answer of the `p_index`-th `wait_for_children()` of a run: the stored one if any; else, with
+-- `p_take` and while `p_token` holds the lease, the children as they are now (each row of the job table
+-- as JSON, with `parent_id` and `steps`), stored for good. Returns (state, children): 'ready' with the
+-- children, 'none' (nothing stored, `p_take` false) or 'lost'. The parent's row is locked first, in the
+-- order wait_for_children and the trigger job_finished take it.
+CREATE FUNCTION {schema}.children_snapshot(p_id uuid, p_token uuid, p_index integer, p_take boolean)
+RETURNS TABLE (state text, children jsonb)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_snapshots jsonb;
+    v_children jsonb;
+BEGIN
+    IF NOT p_take THEN
+        SELECT p.snapshots -> p_index::text INTO v_children FROM {schema}.job_parent AS p WHERE p.parent_id = p_id;
+        RETURN QUERY SELECT CASE WHEN v_children IS NULL THEN 'none' ELSE 'ready' END, v_children;
+        RETURN;
+    END IF;
+    SELECT p.snapshots INTO v_snapshots FROM {schema}.job_parent AS p WHERE p.parent_id = p_id FOR UPDATE;
+    IF {schema}.held_attempts(p_id, p_token) IS NULL THEN
+        RETURN QUERY SELECT 'lost', NULL::jsonb;
+        RETURN;
+    END IF;
+    IF v_snapshots ? p_index::text THEN
+        RETURN QUERY SELECT 'ready', v_snapshots -> p_index::text;
+        RETURN;
+    END IF;
+    SELECT coalesce(jsonb_agg(to_jsonb(j) || jsonb_build_object(
+               'parent_id', p_id,
+               'steps', coalesce((SELECT jsonb_object_agg(s.name, s.result) FROM {schema}.job_step AS s
+                                  WHERE s.job_id = j.id), '{{}}'::jsonb))
+               ORDER BY j.id), '[]'::jsonb)
+    INTO v_children
+    FROM {schema}.job_child AS c JOIN {schema}.job AS j ON j.id = c.child_id
+    WHERE c.parent_id = p_id;
+    UPDATE {schema}.job_parent AS p
+    SET snapshots = coalesce(p.snapshots, '{{}}'::jsonb) || jsonb_build_object(p_index::text, v_children)
+    WHERE p.parent_id = p_id;
+    RETURN QUERY SELECT 'ready', v_children;
+END
+$$;
