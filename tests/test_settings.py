@@ -159,3 +159,15 @@ def test_settings_repr_hides_passwords(dsn: str) -> None:
         assert "hunter2" not in text
         assert "db.internal" in text and "***" in text
     assert s.dsn == dsn  # only the display is redacted
+
+
+def test_retention_event_seconds_from_keyword_and_environment() -> None:
+    assert Settings.load({}, environ={}).retention_event_seconds == 604800.0
+    assert Settings.load({}, environ={"JOBBUS_RETENTION_EVENT_SECONDS": "3600"}).retention_event_seconds == 3600.0
+    assert Settings.load({}, environ={"JOBBUS_RETENTION_EVENT_SECONDS": "none"}).retention_event_seconds is None
+    assert App(dsn="postgresql://x/y", retention_event_seconds=None).settings.retention_event_seconds is None
+    for bad in (-1, math.inf, "soon", True):
+        with pytest.raises((ValueError, TypeError), match="retention_event_seconds"):
+            Settings.load({"retention_event_seconds": bad}, environ={})
+    with pytest.raises(ValueError, match="retention_event_seconds"):
+        Settings.load({}, environ={"JOBBUS_RETENTION_EVENT_SECONDS": "-5"})

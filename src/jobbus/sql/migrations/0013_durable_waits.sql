@@ -97,3 +97,50 @@ BEGIN
     RETURN QUERY SELECT 'ready', v_children;
 END
 $$;
+
+-- 3. Emitted events and finished groups' bookkeeping are deleted by the leader's cleaner once
+--    `retention_event_seconds` has passed (SPEC 16): in batches by primary key, oldest first, skipping
+--    rows someone holds, like delete_finished_jobs. SECURITY DEFINER: the worker role needs no DELETE
+--    right. The indexes are built in this transaction: both tables are small next to the job table
+--    (one row per event key, one per group with a callback).
+CREATE INDEX event_emitted_idx ON {schema}.event (emitted_at);
+CREATE INDEX job_group_scheduled_idx ON {schema}.job_group (scheduled_at) WHERE scheduled_at IS NOT NULL;
+
+CREATE FUNCTION {schema}.delete_old_events(p_older_than_seconds double precision, p_limit integer)
+RETURNS integer
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH deleted AS (
+        DELETE FROM {schema}.event
+        WHERE key = ANY (ARRAY(
+            SELECT key FROM {schema}.event
+            WHERE emitted_at < now() - make_interval(secs => p_older_than_seconds)
+            ORDER BY emitted_at
+            LIMIT p_limit
+            FOR UPDATE SKIP LOCKED
+        ))
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM deleted
+$$;
+
+-- A group is finished once its callback is scheduled (`scheduled_at`).
+CREATE FUNCTION {schema}.delete_finished_groups(p_older_than_seconds double precision, p_limit integer)
+RETURNS integer
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH deleted AS (
+        DELETE FROM {schema}.job_group
+        WHERE group_id = ANY (ARRAY(
+            SELECT group_id FROM {schema}.job_group
+            WHERE scheduled_at < now() - make_interval(secs => p_older_than_seconds)
+            ORDER BY scheduled_at
+            LIMIT p_limit
+            FOR UPDATE SKIP LOCKED
+        ))
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM deleted
+$$;

@@ -31,6 +31,12 @@ RETURNING id, extract(epoch FROM now() - last_seen_at)::float8;
 -- name: delete_finished_jobs
 SELECT {schema}.delete_finished_jobs(%(status)s, %(older_than_seconds)s, %(limit)s);
 
+-- name: delete_old_events
+SELECT {schema}.delete_old_events(%(older_than_seconds)s, %(limit)s);
+
+-- name: delete_finished_groups
+SELECT {schema}.delete_finished_groups(%(older_than_seconds)s, %(limit)s);
+
 -- name: queued_pairs
 SELECT queue, type FROM {schema}.queued_pairs();
 
