@@ -43,6 +43,7 @@ from jobbus.requests import (
 from jobbus.resilience import Backoff, first_line, is_transient
 from jobbus.settings import Settings
 from jobbus.store import CancelResult, Copy, JobStore, Statement, run_async, run_sync
+from jobbus.store.jobs import GROUP_REFUSED
 from jobbus.store.periodic import PeriodicStore
 from jobbus.store.queues import QueueStore
 from jobbus.store.statements import channel_name, configure_async, configure_connection
@@ -347,7 +348,11 @@ class App:
         if connection is not None:
             if not isinstance(connection, psycopg.AsyncConnection):
                 raise TypeError("connection= must be a psycopg.AsyncConnection here (use app.sync with a sync one)")
-            return await run_async(connection, statement)
+            try:
+                return await run_async(connection, statement)
+            except psycopg.Error as exc:
+                refused(exc)
+                raise
         waiting = _Waiting(self.settings.database_wait_seconds)
         while True:
             try:
@@ -526,7 +531,7 @@ class App:
 
     def _group(
         self, requests: Iterable[JobItem], group_id: uuid.UUID | None, then: JobRequest | None
-    ) -> tuple[uuid.UUID, list[JobSpec], list[int], tuple[uuid.UUID, str] | None]:
+    ) -> tuple[uuid.UUID, list[JobSpec], list[int], tuple[uuid.UUID, str | None]]:
         group = new_job_id() if group_id is None else _uuid(group_id)
         specs, order = self._specs(requests, None, {"group_id": group})
         if not specs:
@@ -539,8 +544,8 @@ class App:
                 raise InvalidJobError(f"then must be a jobbus.JobRequest, got {then!r:.80}")
             if any(spec.unique_key is not None for spec in specs):
                 raise InvalidJobError("schedule_group with then=: members cannot have a unique_key")
-            callback = (group, spec_json(self.build_job_spec(then)))
-        return group, specs, order, callback
+            callback = spec_json(self.build_job_spec(then))
+        return group, specs, order, (group, callback)
 
     # -- reads and admin ---------------------------------------------------------------------------
 
@@ -859,7 +864,11 @@ class SyncApp:
         if connection is not None:
             if not isinstance(connection, psycopg.Connection):
                 raise TypeError("connection= must be a sync psycopg.Connection here (use await app.schedule otherwise)")
-            return run_sync(connection, statement)
+            try:
+                return run_sync(connection, statement)
+            except psycopg.Error as exc:
+                refused(exc)
+                raise
         waiting = _Waiting(self._app.settings.database_wait_seconds)
         while True:
             try:
@@ -1187,6 +1196,7 @@ class _Waiting:
 
     def after(self, exc: Exception, repeatable: bool) -> float:
         """Re-raise what cannot be waited out; otherwise how long to sleep before the next try."""
+        refused(exc)
         if not is_transient(exc):
             raise exc
         left = self.deadline - time.monotonic()
@@ -1198,6 +1208,12 @@ class _Waiting:
                 written=written,
             ) from exc
         return min(self.backoff.next_delay(), left)
+
+
+def refused(exc: Exception) -> None:
+    """Raise the schema's refusal of a group (SQLSTATE `GROUP_REFUSED`) as `InvalidStateError`."""
+    if isinstance(exc, psycopg.Error) and exc.sqlstate == GROUP_REFUSED:
+        raise InvalidStateError(exc.diag.message_primary or str(exc)) from None
 
 
 def _set_queue_statements(

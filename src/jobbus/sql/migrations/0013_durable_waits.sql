@@ -144,3 +144,67 @@ AS $$
     )
     SELECT count(*)::integer FROM deleted
 $$;
+
+-- 4. Groups are what they were scheduled as (SPEC 16). `schedule_group` with a group id that already has
+--    jobs, and any other insert of a job into a group that has a callback, is refused (SQLSTATE JB409,
+--    `InvalidStateError` in Python) and writes nothing. Both sides take the group's advisory lock before
+--    they look, so of two concurrent calls the second sees what the first committed (READ COMMITTED:
+--    each statement of a function reads with a new snapshot): exactly one of two schedule_group calls
+--    on one id wins, and a job racing the creation of a callback is either refused or counted.
+--    `created_in`/`created_stmt` name the statement that wrote a group's row: its own members (the
+--    statement's rows, checked when it ends) are the only jobs let into a group with a callback.
+ALTER TABLE {schema}.job_group
+    ADD COLUMN created_in xid8 NOT NULL DEFAULT pg_current_xact_id(),
+    ADD COLUMN created_stmt timestamptz NOT NULL DEFAULT statement_timestamp();
+
+-- Called by the App's insert of a group (query insert_group), after its members are inserted: refuses
+-- an id that already has other jobs, then writes the callback's row (counting the inserted members).
+-- A repeat of the statement (every member already there, none inserted) changes nothing.
+CREATE FUNCTION {schema}.group_scheduled(p_group uuid, p_ids uuid[], p_inserted integer, p_spec jsonb)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock({schema}.wait_lock('group:' || p_group::text));
+    IF p_inserted = 0 THEN
+        RETURN;
+    END IF;
+    IF EXISTS (SELECT 1 FROM {schema}.job AS j WHERE j.group_id = p_group AND NOT (j.id = ANY (p_ids)))
+       OR EXISTS (SELECT 1 FROM {schema}.job_group AS g WHERE g.group_id = p_group) THEN
+        RAISE EXCEPTION 'group % already has jobs: schedule_group makes a new group (pick another group_id)',
+            p_group USING ERRCODE = 'JB409';
+    END IF;
+    IF p_spec IS NOT NULL THEN
+        INSERT INTO {schema}.job_group (group_id, spec, remaining) VALUES (p_group, p_spec, p_inserted);
+    END IF;
+END
+$$;
+
+-- After each inserted row that names a group (the WHEN clause: a job without a group costs nothing, and
+-- an AFTER trigger leaves COPY's batched inserts as they were). A job inserted while another job
+-- finishes (a follow-up, `then=`, whose group got a callback after it was scheduled) is counted in the
+-- group instead of refused: the outcome that inserts it must not fail.
+CREATE FUNCTION {schema}.job_grouped() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_own boolean;
+BEGIN
+    PERFORM pg_advisory_xact_lock({schema}.wait_lock('group:' || NEW.group_id::text));
+    IF pg_trigger_depth() > 1 THEN
+        UPDATE {schema}.job_group SET remaining = remaining + 1
+        WHERE group_id = NEW.group_id AND scheduled_at IS NULL;
+        RETURN NULL;
+    END IF;
+    SELECT g.created_in = pg_current_xact_id() AND g.created_stmt = statement_timestamp() INTO v_own
+    FROM {schema}.job_group AS g WHERE g.group_id = NEW.group_id;
+    IF FOUND AND NOT v_own THEN
+        RAISE EXCEPTION 'group % has a callback: its members are the jobs schedule_group scheduled with it',
+            NEW.group_id USING ERRCODE = 'JB409';
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER job_grouped
+    AFTER INSERT ON {schema}.job
+    FOR EACH ROW WHEN (NEW.group_id IS NOT NULL)
+    EXECUTE FUNCTION {schema}.job_grouped();
