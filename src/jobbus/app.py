@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
+import json
 import threading
 import time
 import uuid
@@ -431,6 +432,7 @@ class App:
         """
         if not specs:
             return []
+        await self._check_follow_up_groups(specs, connection)
         with tracing.producing(specs) as specs:
             found = await self._insert(specs, connection)
             for _ in range(DEDUPE_ROUNDS):
@@ -521,6 +523,7 @@ class App:
         whatever the members' outcomes (a group has at most one callback).
         """
         group, specs, order, callback = self._group(requests, group_id, then)
+        await self._check_follow_up_groups(specs, connection)
         found = await self._run(self.store.insert_jobs(specs, callback=callback), connection)
         if _missing(specs, found):
             found.update(await self._insert(_missing(specs, found), connection))
@@ -528,6 +531,15 @@ class App:
             for spec in _inserted(specs, found):
                 await self.events.emit(JobScheduled(spec.id, spec.type, spec.queue))
         return group, _resolve_ids(specs, order, found)
+
+    async def _check_follow_up_groups(
+        self, specs: Sequence[JobSpec], connection: psycopg.AsyncConnection[Any] | None
+    ) -> None:
+        """`then=` naming a group that has a callback is refused before anything is written (one more
+        round trip, only for follow-ups that name a group)."""
+        groups = follow_up_groups(specs)
+        if groups:
+            refuse_follow_up_groups(await self._run(self.store.groups_with_callbacks(groups), connection))
 
     def _group(
         self, requests: Iterable[JobItem], group_id: uuid.UUID | None, then: JobRequest | None
@@ -930,6 +942,9 @@ class SyncApp:
         app = self._app
         if not specs:
             return []
+        groups = follow_up_groups(specs)
+        if groups:
+            refuse_follow_up_groups(self._run(app.store.groups_with_callbacks(groups), connection))
         with tracing.producing(specs) as specs:
             found = self._run(app.store.insert_jobs(specs), connection)
             for _ in range(DEDUPE_ROUNDS):
@@ -1001,6 +1016,9 @@ class SyncApp:
     ) -> tuple[uuid.UUID, list[uuid.UUID]]:
         app = self._app
         group, specs, order, callback = app._group(requests, group_id, then)
+        groups = follow_up_groups(specs)
+        if groups:
+            refuse_follow_up_groups(self._run(app.store.groups_with_callbacks(groups), connection))
         found = self._run(app.store.insert_jobs(specs, callback=callback), connection)
         if _missing(specs, found):
             again = app.store.insert_jobs(_missing(specs, found))
@@ -1208,6 +1226,26 @@ class _Waiting:
                 written=written,
             ) from exc
         return min(self.backoff.next_delay(), left)
+
+
+def follow_up_groups(specs: Sequence[JobSpec]) -> list[uuid.UUID]:
+    """The group ids the follow-ups (`then=`, at any depth) of `specs` name."""
+    groups: set[uuid.UUID] = set()
+    for spec in specs:
+        then = json.loads(spec.then) if spec.then is not None else None
+        while isinstance(then, dict):
+            if then.get("group_id") is not None:
+                groups.add(uuid.UUID(then["group_id"]))
+            then = then.get("then")
+    return sorted(groups)
+
+
+def refuse_follow_up_groups(groups: list[uuid.UUID]) -> None:
+    if groups:
+        raise InvalidStateError(
+            f"group {groups[0]} has a callback: its members are the jobs schedule_group scheduled with it "
+            "(a then= follow-up cannot join it)"
+        )
 
 
 def refused(exc: Exception) -> None:

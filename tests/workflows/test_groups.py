@@ -255,3 +255,34 @@ def test_concurrent_calls_on_one_group_id_cannot_both_win(
     assert _jobs_of(dsn, group_id) == expected
     callbacks = query(dsn, "SELECT remaining FROM jobbus.job_group WHERE group_id = %s", (group_id,))
     assert callbacks == ([(2,)] if first == "group+then" else [])
+
+
+async def test_a_follow_up_cannot_name_a_group_with_a_callback(app: jobbus.App, dsn: str) -> None:
+    group_id, _ = await app.schedule_group([JobRequest("t")], then=JobRequest("merge", {"group": "g"}))
+    deep = JobRequest("t", then=JobRequest("t", then=JobRequest("t", group_id=group_id)))
+    for then in (JobRequest("t", group_id=group_id), deep):
+        with pytest.raises(jobbus.InvalidStateError, match="has a callback"):
+            await app.schedule("t", then=then)
+        with pytest.raises(jobbus.InvalidStateError, match="has a callback"):
+            await asyncio.to_thread(app.sync.schedule, "t", then=then)
+        with pytest.raises(jobbus.InvalidStateError, match="has a callback"):
+            await app.schedule_group([JobRequest("t", then=then)])
+    assert len(await app.list_jobs()) == 1
+
+
+async def test_a_follow_up_that_joins_a_group_after_its_callback_was_set_is_counted(app: jobbus.App, dsn: str) -> None:
+    """The follow-up was scheduled before the group had a callback; it is inserted when its parent
+    completes: it is counted, and the callback waits for it."""
+    group_id = uuid.uuid4()
+    await app.schedule("first", then=JobRequest("t", {"follow": True}, group_id=group_id))
+    await app.schedule_group([JobRequest("t")], group_id=group_id, then=JobRequest("merge", {"group": "g"}))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        (parent,) = claim(app, conn, types=("first",))
+        assert write(app, conn, parent, JobStatus.COMPLETED)
+        assert _jobs_of(dsn, group_id) == 2
+        member, follow_up = sorted(claim(app, conn, limit=2), key=lambda job: bool(job.configuration_data))
+        assert follow_up.configuration_data == {"follow": True}
+        assert write(app, conn, member, JobStatus.COMPLETED)
+        assert _callbacks(dsn) == []  # the follow-up is still running
+        assert write(app, conn, follow_up, JobStatus.COMPLETED)
+    assert _callbacks(dsn) == ["g"]

@@ -275,6 +275,12 @@ class JobStore:
         params = {"id": job_id, "token": token}
         return Statement(self._q["wait_for_children"], params, lambda rows, _: str(rows[0][0]))
 
+    def groups_with_callbacks(self, group_ids: Sequence[uuid.UUID]) -> Statement[list[uuid.UUID]]:
+        """Which of `group_ids` have a callback (a row in `job_group`)."""
+        return Statement(
+            self._q["groups_with_callbacks"], {"ids": list(group_ids)}, lambda rows, _: [r[0] for r in rows]
+        )
+
     def children_snapshot(
         self, job_id: uuid.UUID, token: uuid.UUID, index: int, *, take: bool
     ) -> Statement[tuple[str, list[Job]]]:

@@ -405,5 +405,8 @@ SELECT state, child FROM {schema}.spawn_child(%(id)s, %(token)s, %(step)s, %(spe
 -- name: wait_for_children
 SELECT {schema}.wait_for_children(%(id)s, %(token)s);
 
+-- name: groups_with_callbacks
+SELECT group_id FROM {schema}.job_group WHERE group_id = ANY (%(ids)s::uuid[]) ORDER BY group_id;
+
 -- name: children_snapshot
 SELECT state, children FROM {schema}.children_snapshot(%(id)s, %(token)s, %(index)s, %(take)s);
