@@ -352,17 +352,9 @@ class JobExecution:
         self.check_open("wait for its children")
         index = self._children_waits
         self._children_waits += 1
-        stored: tuple[str, list[Job]] = await self._run(
-            self._store.children_snapshot(self.id, self.lease_token, index, take=False)
-        )
-        if stored[0] == "ready":
-            return stored[1]
-        self.check_open("wait for its children")
         state = await self._run(self._store.wait_for_children(self.id, self.lease_token))
         self._after_wait(state, "its children")
-        taken: tuple[str, list[Job]] = await self._run(
-            self._store.children_snapshot(self.id, self.lease_token, index, take=True)
-        )
+        taken: tuple[str, list[Job]] = await self._run(self._store.children_snapshot(self.id, self.lease_token, index))
         self._after_wait(taken[0], "its children")
         return taken[1]
 

@@ -281,17 +281,15 @@ class JobStore:
             self._q["groups_with_callbacks"], {"ids": list(group_ids)}, lambda rows, _: [r[0] for r in rows]
         )
 
-    def children_snapshot(
-        self, job_id: uuid.UUID, token: uuid.UUID, index: int, *, take: bool
-    ) -> Statement[tuple[str, list[Job]]]:
-        """The children the `index`-th `wait_for_children` of a run answers: ('ready', jobs) when stored
-        (or, with `take`, stored now from the children as they are), ('none', []) or ('lost', [])."""
+    def children_snapshot(self, job_id: uuid.UUID, token: uuid.UUID, index: int) -> Statement[tuple[str, list[Job]]]:
+        """The children the `index`-th `wait_for_children` of a run answers, once none is active:
+        ('ready', jobs) as stored by an earlier run, or as they are now (and stored), or ('lost', [])."""
 
         def decode(rows: list[Row], _: int) -> tuple[str, list[Job]]:
             state, children = rows[0]
             return str(state), [job_from_json(child) for child in children or ()]
 
-        params = {"id": job_id, "token": token, "index": index, "take": take}
+        params = {"id": job_id, "token": token, "index": index}
         return Statement(self._q["children_snapshot"], params, decode)
 
     def record_outcomes(self, outcomes: Sequence[Outcome]) -> Statement[set[uuid.UUID]]:

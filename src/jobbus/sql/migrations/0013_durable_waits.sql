@@ -57,23 +57,18 @@ $$;
 --    the parent (trigger job_deleted); adding a nullable column rewrites nothing.
 ALTER TABLE {schema}.job_parent ADD COLUMN snapshots jsonb;
 
--- The answer of the `p_index`-th `wait_for_children()` of a run: the stored one if any; else, with
--- `p_take` and while `p_token` holds the lease, the children as they are now (each row of the job table
--- as JSON, with `parent_id` and `steps`), stored for good. Returns (state, children): 'ready' with the
--- children, 'none' (nothing stored, `p_take` false) or 'lost'. The parent's row is locked first, in the
--- order wait_for_children and the trigger job_finished take it.
-CREATE FUNCTION {schema}.children_snapshot(p_id uuid, p_token uuid, p_index integer, p_take boolean)
+-- The answer of the `p_index`-th `wait_for_children()` of a run, called once wait_for_children said
+-- 'ready': the stored one if any; else, while `p_token` holds the lease, the children as they are now
+-- (each row of the job table as JSON, with `parent_id` and `steps`), stored for good. Returns (state,
+-- children): 'ready' with the children, or 'lost'. The parent's row is locked first, in the order
+-- wait_for_children and the trigger job_finished take it.
+CREATE FUNCTION {schema}.children_snapshot(p_id uuid, p_token uuid, p_index integer)
 RETURNS TABLE (state text, children jsonb)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_snapshots jsonb;
     v_children jsonb;
 BEGIN
-    IF NOT p_take THEN
-        SELECT p.snapshots -> p_index::text INTO v_children FROM {schema}.job_parent AS p WHERE p.parent_id = p_id;
-        RETURN QUERY SELECT CASE WHEN v_children IS NULL THEN 'none' ELSE 'ready' END, v_children;
-        RETURN;
-    END IF;
     SELECT p.snapshots INTO v_snapshots FROM {schema}.job_parent AS p WHERE p.parent_id = p_id FOR UPDATE;
     IF {schema}.held_attempts(p_id, p_token) IS NULL THEN
         RETURN QUERY SELECT 'lost', NULL::jsonb;

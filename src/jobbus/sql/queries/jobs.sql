@@ -409,4 +409,4 @@ SELECT {schema}.wait_for_children(%(id)s, %(token)s);
 SELECT group_id FROM {schema}.job_group WHERE group_id = ANY (%(ids)s::uuid[]) ORDER BY group_id;
 
 -- name: children_snapshot
-SELECT state, children FROM {schema}.children_snapshot(%(id)s, %(token)s, %(index)s, %(take)s);
+SELECT state, children FROM {schema}.children_snapshot(%(id)s, %(token)s, %(index)s);
