@@ -172,3 +172,15 @@ def test_cancel_grace_defaults_to_30_s_takes_none_and_is_validated() -> None:
             App(cancel_grace_seconds=bad)
     with pytest.raises(ValueError, match=r"^cancel_grace_seconds must be "):
         Settings.load({}, environ={"JOBBUS_CANCEL_GRACE_SECONDS": "-3"})
+
+
+def test_retention_event_seconds_from_keyword_and_environment() -> None:
+    assert Settings.load({}, environ={}).retention_event_seconds == 604800.0
+    assert Settings.load({}, environ={"JOBBUS_RETENTION_EVENT_SECONDS": "3600"}).retention_event_seconds == 3600.0
+    assert Settings.load({}, environ={"JOBBUS_RETENTION_EVENT_SECONDS": "none"}).retention_event_seconds is None
+    assert App(dsn="postgresql://x/y", retention_event_seconds=None).settings.retention_event_seconds is None
+    for bad in (-1, math.inf, "soon", True):
+        with pytest.raises((ValueError, TypeError), match="retention_event_seconds"):
+            Settings.load({"retention_event_seconds": bad}, environ={})
+    with pytest.raises(ValueError, match="retention_event_seconds"):
+        Settings.load({}, environ={"JOBBUS_RETENTION_EVENT_SECONDS": "-5"})

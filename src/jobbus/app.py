@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
+import json
 import threading
 import time
 import uuid
@@ -43,10 +44,11 @@ from jobbus.requests import (
 from jobbus.resilience import Backoff, first_line, is_transient, open_pool, open_pool_sync
 from jobbus.settings import Settings
 from jobbus.store import CancelResult, Copy, JobStore, Statement, run_async, run_sync
+from jobbus.store.jobs import GROUP_REFUSED
 from jobbus.store.periodic import PeriodicStore
 from jobbus.store.queues import QueueStore
 from jobbus.store.statements import channel_name, configure_async, configure_connection
-from jobbus.waiting import FinishedJobs, SyncFinishedJobs, timeout_message
+from jobbus.waiting import FinishedJobs, SyncFinishedJobs, timeout_message, vanished_message
 
 if TYPE_CHECKING:
     from jobbus.store.maintenance import QueueSample
@@ -351,7 +353,11 @@ class App:
         if connection is not None:
             if not isinstance(connection, psycopg.AsyncConnection):
                 raise TypeError("connection= must be a psycopg.AsyncConnection here (use app.sync with a sync one)")
-            return await run_async(connection, statement)
+            try:
+                return await run_async(connection, statement)
+            except psycopg.Error as exc:
+                refused(exc)
+                raise
         waiting = _Waiting(self.settings.database_wait_seconds)
         while True:
             try:
@@ -430,6 +436,7 @@ class App:
         """
         if not specs:
             return []
+        await self._check_follow_up_groups(specs, connection)
         with tracing.producing(specs) as specs:
             found = await self._insert(specs, connection)
             for _ in range(DEDUPE_ROUNDS):
@@ -520,6 +527,7 @@ class App:
         whatever the members' outcomes (a group has at most one callback).
         """
         group, specs, order, callback = self._group(requests, group_id, then)
+        await self._check_follow_up_groups(specs, connection)
         found = await self._run(self.store.insert_jobs(specs, callback=callback), connection)
         if _missing(specs, found):
             found.update(await self._insert(_missing(specs, found), connection))
@@ -528,9 +536,18 @@ class App:
                 await self.events.emit(JobScheduled(spec.id, spec.type, spec.queue))
         return group, _resolve_ids(specs, order, found)
 
+    async def _check_follow_up_groups(
+        self, specs: Sequence[JobSpec], connection: psycopg.AsyncConnection[Any] | None
+    ) -> None:
+        """`then=` naming a group that has a callback is refused before anything is written (one more
+        round trip, only for follow-ups that name a group)."""
+        groups = follow_up_groups(specs)
+        if groups:
+            refuse_follow_up_groups(await self._run(self.store.groups_with_callbacks(groups), connection))
+
     def _group(
         self, requests: Iterable[JobItem], group_id: uuid.UUID | None, then: JobRequest | None
-    ) -> tuple[uuid.UUID, list[JobSpec], list[int], tuple[uuid.UUID, str] | None]:
+    ) -> tuple[uuid.UUID, list[JobSpec], list[int], tuple[uuid.UUID, str | None]]:
         group = new_job_id() if group_id is None else _uuid(group_id)
         specs, order = self._specs(requests, None, {"group_id": group})
         if not specs:
@@ -543,8 +560,8 @@ class App:
                 raise InvalidJobError(f"then must be a jobbus.JobRequest, got {then!r:.80}")
             if any(spec.unique_key is not None for spec in specs):
                 raise InvalidJobError("schedule_group with then=: members cannot have a unique_key")
-            callback = (group, spec_json(self.build_job_spec(then)))
-        return group, specs, order, callback
+            callback = spec_json(self.build_job_spec(then))
+        return group, specs, order, (group, callback)
 
     # -- reads and admin ---------------------------------------------------------------------------
 
@@ -558,7 +575,8 @@ class App:
         """The job once it is terminal (with its result, error and steps); `TimeoutError` after `timeout`.
 
         Woken by the notification of the transaction that finished the job, through one listening
-        connection per App however many callers wait; an unknown id raises `InvalidStateError`.
+        connection per App however many callers wait; an unknown id raises `InvalidStateError`, and so
+        does a job deleted before it was read terminal (retention, prune), saying so.
         """
         job_id = _uuid(job_id)
         seconds = seconds_or_none("timeout", timeout)
@@ -566,14 +584,16 @@ class App:
         deadline = None if seconds is None else loop.time() + seconds
         finished = self._finished_jobs()
         await finished.started(self.settings.database_wait_seconds)
+        seen = notified = False
         while True:
             woken = finished.register(job_id)
             try:
                 job = await self.find(job_id)
                 if job is None:
-                    raise InvalidStateError(f"job {job_id} does not exist")
+                    raise InvalidStateError(vanished_message(job_id, seen=seen, woken=notified or woken.done()))
                 if job.status.is_terminal:
                     return job
+                seen = True
                 left = None if deadline is None else deadline - loop.time()
                 if left is not None and left <= 0:
                     raise TimeoutError(timeout_message(job_id, job.status.value, seconds or 0.0))
@@ -582,6 +602,7 @@ class App:
                     left = poll if left is None else min(left, poll)
                 try:
                     await asyncio.wait_for(woken, left)
+                    notified = True
                 except TimeoutError:
                     if not finished.polling:
                         raise TimeoutError(timeout_message(job_id, job.status.value, seconds or 0.0)) from None
@@ -859,7 +880,11 @@ class SyncApp:
         if connection is not None:
             if not isinstance(connection, psycopg.Connection):
                 raise TypeError("connection= must be a sync psycopg.Connection here (use await app.schedule otherwise)")
-            return run_sync(connection, statement)
+            try:
+                return run_sync(connection, statement)
+            except psycopg.Error as exc:
+                refused(exc)
+                raise
         waiting = _Waiting(self._app.settings.database_wait_seconds)
         while True:
             try:
@@ -921,6 +946,9 @@ class SyncApp:
         app = self._app
         if not specs:
             return []
+        groups = follow_up_groups(specs)
+        if groups:
+            refuse_follow_up_groups(self._run(app.store.groups_with_callbacks(groups), connection))
         with tracing.producing(specs) as specs:
             found = self._run(app.store.insert_jobs(specs), connection)
             for _ in range(DEDUPE_ROUNDS):
@@ -955,21 +983,24 @@ class SyncApp:
                 )
             finished = self._finished
         finished.started(settings.database_wait_seconds)
+        seen = notified = False
         while True:
             woken = finished.register(job_id)
             try:
                 job = self.find(job_id)
                 if job is None:
-                    raise InvalidStateError(f"job {job_id} does not exist")
+                    raise InvalidStateError(vanished_message(job_id, seen=seen, woken=notified or woken.is_set()))
                 if job.status.is_terminal:
                     return job
+                seen = True
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise TimeoutError(timeout_message(job_id, job.status.value, seconds or 0.0))
                 if finished.polling:
                     poll = settings.poll_interval_seconds
                     left = poll if left is None else min(left, poll)
-                if not woken.wait(left) and not finished.polling:
+                notified = woken.wait(left)
+                if not notified and not finished.polling:
                     raise TimeoutError(timeout_message(job_id, job.status.value, seconds or 0.0))
             finally:
                 finished.unregister(job_id, woken)
@@ -989,6 +1020,9 @@ class SyncApp:
     ) -> tuple[uuid.UUID, list[uuid.UUID]]:
         app = self._app
         group, specs, order, callback = app._group(requests, group_id, then)
+        groups = follow_up_groups(specs)
+        if groups:
+            refuse_follow_up_groups(self._run(app.store.groups_with_callbacks(groups), connection))
         found = self._run(app.store.insert_jobs(specs, callback=callback), connection)
         if _missing(specs, found):
             again = app.store.insert_jobs(_missing(specs, found))
@@ -1184,6 +1218,7 @@ class _Waiting:
 
     def after(self, exc: Exception, repeatable: bool) -> float:
         """Re-raise what cannot be waited out; otherwise how long to sleep before the next try."""
+        refused(exc)
         if not is_transient(exc):
             raise exc
         left = self.deadline - time.monotonic()
@@ -1195,6 +1230,32 @@ class _Waiting:
                 written=written,
             ) from exc
         return min(self.backoff.next_delay(), left)
+
+
+def follow_up_groups(specs: Sequence[JobSpec]) -> list[uuid.UUID]:
+    """The group ids the follow-ups (`then=`, at any depth) of `specs` name."""
+    groups: set[uuid.UUID] = set()
+    for spec in specs:
+        then = json.loads(spec.then) if spec.then is not None else None
+        while isinstance(then, dict):
+            if then.get("group_id") is not None:
+                groups.add(uuid.UUID(then["group_id"]))
+            then = then.get("then")
+    return sorted(groups)
+
+
+def refuse_follow_up_groups(groups: list[uuid.UUID]) -> None:
+    if groups:
+        raise InvalidStateError(
+            f"group {groups[0]} has a callback: its members are the jobs schedule_group scheduled with it "
+            "(a then= follow-up cannot join it)"
+        )
+
+
+def refused(exc: Exception) -> None:
+    """Raise the schema's refusal of a group (SQLSTATE `GROUP_REFUSED`) as `InvalidStateError`."""
+    if isinstance(exc, psycopg.Error) and exc.sqlstate == GROUP_REFUSED:
+        raise InvalidStateError(exc.diag.message_primary or str(exc)) from None
 
 
 def _set_queue_statements(

@@ -142,6 +142,8 @@ class JobExecution:
         self._steps: dict[str, Any] | None = None
         #: `spawn` calls so far in this run of the handler, per spawned (type, configuration).
         self._spawned: dict[str, int] = {}
+        #: `wait_for_children` calls so far in this run of the handler.
+        self._children_waits = 0
 
     # -- identity ----------------------------------------------------------------------------------
     @property
@@ -215,9 +217,14 @@ class JobExecution:
             return LeaseLostError(f"job {self.id}: {what} rejected, attempt {self.attempt} is over")
         return LeaseLostError(f"job {self.id}: {what} rejected, the lease of attempt {self.attempt} is lost")
 
-    async def _fenced(self, statement: Statement[bool | None], what: str) -> None:
+    def check_open(self, what: str) -> None:
+        """Raise `LeaseLostError` once the attempt is over (its handler returned or parked, or its lease
+        is lost): a leaked task, or a handler that swallowed `JobParked`, runs nothing more."""
         if self._signals.lease_lost or self._signals.closed:
             raise self._refuse(what)
+
+    async def _fenced(self, statement: Statement[bool | None], what: str) -> None:
+        self.check_open(what)
         flag = await self._run(statement)
         if flag is None:
             self._signals.request(StopReason.LEASE_LOST)
@@ -254,11 +261,14 @@ class JobExecution:
         A later attempt of the job gets the stored result back without calling `fn`. The result is
         stored only while this attempt holds the lease (else `LeaseLostError`); a worker that dies
         after `fn` ran but before its result was stored runs it again in the next attempt
-        (at-least-once, like the job itself).
+        (at-least-once, like the job itself). Called once the attempt is over, it raises
+        `LeaseLostError` before calling `fn`.
         """
+        self.check_open(f"step {name!r}")
         found, result = await self.stored_step(check_step_name(name, user=True))
         if found:
             return result
+        self.check_open(f"step {name!r}")
         if inspect.iscoroutinefunction(fn):
             value = await fn(*args)
         else:
@@ -288,6 +298,7 @@ class JobExecution:
         from the top once it is due, and then this returns at once."""
         check_step_name(name, user=True)
         seconds = wait_seconds("delay", delay)
+        self.check_open(f"sleep {name!r}")
         state = await self._run(self._store.sleep_job(self.id, self.lease_token, f"sleep:{name}", seconds))
         self._after_wait(state, f"sleep {name!r}")
 
@@ -295,6 +306,7 @@ class JobExecution:
         """The payload of the first `app.emit_event(key, ...)`, emitted before or after this call; parks
         the job until then (or until `timeout`, counted from the first call, then `TimeoutError`)."""
         check_event_key(key)
+        self.check_open(f"event {key!r}")
         step = f"event:{key}"
         found, stored = await self.stored_step(step)
         if not found or not isinstance(stored, dict) or not ({"payload", "timed_out"} & stored.keys()):
@@ -316,6 +328,7 @@ class JobExecution:
         if options.get("unique_key") is not None:
             raise ValueError("spawn: a child cannot have a unique_key (it would not be scheduled if taken)")
         spec = self._build(JobRequest(type, configuration, **options))
+        self.check_open("spawn")
         # Keyed by what is spawned, not by position: a deploy that adds or removes other spawns does not
         # hand this call another call's child. The k-th identical spawn of a run is the k-th child.
         what = hashlib.sha256(f"{spec.type}\x00{spec.configuration}".encode()).hexdigest()[:16]
@@ -331,11 +344,19 @@ class JobExecution:
         return uuid.UUID(str(child))
 
     async def wait_for_children(self) -> list[Job]:
-        """The terminal `Job`s of every child once none is queued or running; parks the job until then."""
+        """The terminal `Job`s of every child once none is queued or running; parks the job until then.
+
+        The answer is kept with the job when the wait resolves: the k-th call of every later run of the
+        handler returns the same children (ids, statuses, results), also after retention deleted them.
+        """
+        self.check_open("wait for its children")
+        index = self._children_waits
+        self._children_waits += 1
         state = await self._run(self._store.wait_for_children(self.id, self.lease_token))
         self._after_wait(state, "its children")
-        children: list[Job] = await self._run(self._store.list_children(self.id))
-        return children
+        taken: tuple[str, list[Job]] = await self._run(self._store.children_snapshot(self.id, self.lease_token, index))
+        self._after_wait(taken[0], "its children")
+        return taken[1]
 
     def _after_wait(self, state: str, what: str) -> None:
         if state == "lost":
@@ -347,8 +368,7 @@ class JobExecution:
     async def store_step(self, name: str, value: Any) -> Any:
         """Store a step's result, fenced by the lease; returns the result as later attempts will see it."""
         text = json_text(f"the result of step {name!r}", value, self._max_payload_bytes)
-        if self._signals.lease_lost or self._signals.closed:
-            raise self._refuse(f"step {name!r}")
+        self.check_open(f"step {name!r}")
         held, stored = await self._run(self._store.record_step(self.id, self.lease_token, name, text))
         if not held:
             self._signals.request(StopReason.LEASE_LOST)
@@ -439,9 +459,12 @@ class SyncJobExecution:
 
     def step(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
         """The blocking twin of `JobExecution.step`: `fn` runs in this thread, once."""
-        found, result = self._wait(self._execution.stored_step(check_step_name(name, user=True)))
+        execution = self._execution
+        execution.check_open(f"step {name!r}")
+        found, result = self._wait(execution.stored_step(check_step_name(name, user=True)))
         if found:
             return result
+        execution.check_open(f"step {name!r}")
         return self._wait(self._execution.store_step(name, fn(*args)))
 
     def sleep(self, name: str, delay: float | timedelta) -> None:

@@ -110,6 +110,7 @@ BOUNDS: dict[str, Bounds] = {
     "retention_completed_seconds": Bounds(0, 100 * YEAR, "seconds"),
     "retention_cancelled_seconds": Bounds(0, 100 * YEAR, "seconds"),
     "retention_failed_seconds": Bounds(0, 100 * YEAR, "seconds"),
+    "retention_event_seconds": Bounds(0, 100 * YEAR, "seconds"),
     "stats_interval_seconds": Bounds(0.1, DAY, "seconds"),
     "cancel_grace_seconds": Bounds(0, 7 * DAY, "seconds"),
 }
@@ -157,6 +158,9 @@ class Settings:
     retention_completed_seconds: float | None = 86400.0
     retention_cancelled_seconds: float | None = 86400.0
     retention_failed_seconds: float | None = 604800.0
+    #: How long emitted events and the bookkeeping of finished groups (their callback scheduled) are
+    #: kept before the leader deletes them; None keeps them forever.
+    retention_event_seconds: float | None = 604800.0
     #: How often the leader samples every queue's counts into `queue_stat` (metrics, dashboard).
     stats_interval_seconds: float = 10.0
     #: How long a producer or admin call waits for an unreachable database (a connection from the pool,

@@ -25,6 +25,19 @@ from jobbus.resilience import Backoff, first_line
 logger = logging.getLogger("jobbus")
 
 
+def vanished_message(job_id: uuid.UUID, *, seen: bool, woken: bool) -> str:
+    """What `App.wait` says when its job is not found: `seen` (read before, not terminal), `woken` (a
+    notification named it since, or the listening connection was lost)."""
+    if seen and woken:
+        return f"job {job_id} finished and was deleted (by retention or prune) before wait() could read it"
+    if seen:
+        return f"job {job_id} was deleted while wait() waited for it (it finished and was pruned, or was deleted)"
+    return (
+        f"job {job_id} does not exist: it was never scheduled, or it finished and was deleted (by retention or "
+        "prune) before wait() could read it"
+    )
+
+
 class FinishedJobs:
     """The async listener: futures per job id, resolved when a notification names the job."""
 

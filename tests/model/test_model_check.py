@@ -22,8 +22,6 @@ DURATION = 15.0
 #: failure, and every other guarantee is still checked. Remove an entry once its fix is merged: the
 #: seeds that hit it then must pass.
 KNOWN_HOLES: list[tuple[str, str, str]] = [
-    ("group_closed", "", "issue 21 item 3: a job added to a group that has a callback is accepted (SPEC 16)"),
-    ("callback", "", "issue 21 item 3: a late member makes a group's callback fire early (SPEC 16)"),
     (
         "nothing_lost",
         "terminating connection due to administrator command",

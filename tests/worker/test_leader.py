@@ -130,6 +130,66 @@ async def test_retention_deletes_expired_finished_jobs_and_keeps_the_rest(dsn: s
     assert left == {ids[1], ids[3], ids[4], ids[5], ids[6]}
 
 
+@pytest.mark.parametrize("keep", [3600.0, None])
+async def test_retention_deletes_old_events_and_finished_groups(dsn: str, keep: float | None) -> None:
+    """`retention_event_seconds`: events emitted longer ago and groups whose callback was scheduled longer
+    ago are deleted by the leader (in batches smaller than the backlog); newer ones, and groups still
+    waiting for members, are kept. None keeps everything."""
+    app = jobbus.App(dsn=dsn, retention_event_seconds=keep, **FAST)
+
+    @app.job("t")
+    async def handler(job: jobbus.JobExecution) -> None:
+        return None
+
+    async with app:
+        for n in range(1203):
+            await app.emit_event(f"old-{n}") if n < 1200 else await app.emit_event(f"new-{n}")
+        finished, _ = await app.schedule_group([jobbus.JobRequest("t")], then=jobbus.JobRequest("t"))
+        recent, _ = await app.schedule_group([jobbus.JobRequest("t")], then=jobbus.JobRequest("t"))
+        later = jobbus.JobRequest("t", available_at=timedelta(hours=1))
+        pending, _ = await app.schedule_group([later], then=jobbus.JobRequest("t"))
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute(
+                "UPDATE jobbus.event SET emitted_at = now() - interval '2 hours' WHERE key LIKE 'old-%%'"
+            )
+            await conn.execute(
+                "UPDATE jobbus.job_group SET scheduled_at = now() - interval '2 hours', remaining = 0"
+                " WHERE group_id = %s",
+                (finished,),
+            )
+            await conn.execute(
+                "UPDATE jobbus.job_group SET scheduled_at = now() - interval '1 minute', remaining = 0"
+                " WHERE group_id = %s",
+                (recent,),
+            )
+        worker = jobbus.Worker(app)
+        task = worker.start()
+
+        def events() -> int:
+            return int(query(dsn, "SELECT count(*) FROM jobbus.event")[0][0])
+
+        if keep is not None:
+            await eventually(lambda: events() == 3, timeout=30, what="the old events to be deleted")
+            await eventually(
+                lambda: query(dsn, "SELECT count(*) FROM jobbus.job_group")[0][0] == 2,
+                timeout=30,
+                what="the finished group to be deleted",
+            )
+        else:
+            await eventually(lambda: worker.leadership.is_leader, what="leadership")
+            (cleaner,) = [service for service in worker.leadership.services if service.name == "cleaner"]
+            await cleaner.run_once()  # a whole round, on top of the leader's own
+        worker.request_stop()
+        await task
+    groups = {row[0] for row in query(dsn, "SELECT group_id FROM jobbus.job_group")}
+    if keep is None:
+        assert events() == 1203 and groups == {finished, recent, pending}
+    else:
+        kept = sorted(row[0] for row in query(dsn, "SELECT key FROM jobbus.event"))
+        assert kept == ["new-1200", "new-1201", "new-1202"]
+        assert groups == {recent, pending}
+
+
 async def test_retention_of_a_large_backlog_never_makes_a_claim_wait(
     dsn: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -6,6 +6,7 @@ import asyncio
 import subprocess
 import threading
 import uuid
+from typing import Any
 
 import psycopg
 import pytest
@@ -149,3 +150,139 @@ async def test_a_failed_member_retried_before_the_others_finish_is_waited_for(ap
     assert _callbacks(dsn) == ["r"]
     with pytest.raises(jobbus.InvalidJobError, match="unique_key"):
         await app.schedule_group([JobRequest("t", unique_key="k")], then=JobRequest("merge"))
+
+
+def _jobs_of(dsn: str, group_id: uuid.UUID) -> int:
+    return int(query(dsn, "SELECT count(*) FROM jobbus.job WHERE group_id = %s", (group_id,))[0][0])
+
+
+async def test_no_job_joins_a_group_that_has_a_callback(app: jobbus.App, dsn: str) -> None:
+    """`schedule`, `schedule_many` and a plain SQL insert naming a group with a callback are refused and
+    write nothing; the callback still follows its own members only."""
+    group_id, (member,) = await app.schedule_group([JobRequest("t")], then=JobRequest("merge", {"group": "g"}))
+    with pytest.raises(jobbus.InvalidStateError, match="has a callback"):
+        await app.schedule("t", group_id=group_id)
+    with pytest.raises(jobbus.InvalidStateError, match="has a callback"):
+        await app.schedule_many([JobRequest("t"), JobRequest("t", group_id=group_id)])
+    with pytest.raises(jobbus.InvalidStateError, match="has a callback"):
+        await asyncio.to_thread(app.sync.schedule, "t", group_id=group_id)
+    with pytest.raises(jobbus.InvalidStateError, match="already has jobs"):
+        await app.schedule_group([JobRequest("t")], group_id=group_id, then=JobRequest("merge", {"group": "h"}))
+    with pytest.raises(jobbus.InvalidStateError, match="already has jobs"):
+        await app.schedule_group([JobRequest("t")], group_id=group_id)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        with pytest.raises(psycopg.Error, match="has a callback") as raw:
+            conn.execute(
+                "INSERT INTO jobbus.job (id, type, queue, group_id, configuration_data, max_attempts)"
+                " VALUES (gen_random_uuid(), 't', 'default', %s, '{}', 3)",
+                (group_id,),
+            )
+        assert raw.value.sqlstate == "JB409"
+    assert _jobs_of(dsn, group_id) == 1 and len(await app.list_jobs()) == 1
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        (claimed,) = claim(app, conn)
+        assert claimed.id == member and write(app, conn, claimed, JobStatus.COMPLETED)
+    assert _callbacks(dsn) == ["g"]
+
+
+async def test_schedule_group_refuses_an_id_that_already_has_jobs(app: jobbus.App, dsn: str) -> None:
+    """A group id first used by plain `schedule(group_id=...)`: schedule_group on it is refused (with or
+    without a callback) and nothing is written; plain jobs may still join a group without callback."""
+    group_id = uuid.uuid4()
+    await app.schedule("t", group_id=group_id)
+    for then in (None, JobRequest("merge", {"group": "late"})):
+        with pytest.raises(jobbus.InvalidStateError, match="already has jobs"):
+            await app.schedule_group([JobRequest("t"), JobRequest("t")], group_id=group_id, then=then)
+    assert _jobs_of(dsn, group_id) == 1
+    assert query(dsn, "SELECT count(*) FROM jobbus.job_group")[0][0] == 0
+    plain, _ = await app.schedule_group([JobRequest("t")])
+    await app.schedule("t", group_id=plain)  # no callback: the group is a label, and it may grow
+    assert _jobs_of(dsn, plain) == 2
+
+
+@pytest.mark.parametrize(
+    "first, second",
+    [
+        ("group+then", "group+then"),
+        ("group", "group"),
+        ("group+then", "schedule"),
+        ("schedule", "group+then"),
+        ("schedule", "group"),
+    ],
+)
+def test_concurrent_calls_on_one_group_id_cannot_both_win(
+    sync_app: jobbus.App, dsn: str, first: str, second: str
+) -> None:
+    """The first call's transaction is held open while the second is sent: the second waits for the
+    group's lock, then sees what the first committed and is refused."""
+    app = sync_app
+    group_id = uuid.uuid4()
+
+    def call(kind: str, conn: psycopg.Connection[Any]) -> None:
+        if kind == "schedule":
+            app.sync.schedule("t", group_id=group_id, connection=conn)
+        else:
+            then = JobRequest("merge", {"group": kind}) if kind.endswith("then") else None
+            app.sync.schedule_group([JobRequest("t"), JobRequest("t")], group_id=group_id, then=then, connection=conn)
+
+    errors: list[BaseException] = []
+    with psycopg.connect(dsn) as a, psycopg.connect(dsn) as b:
+        call(first, a)
+
+        def racing() -> None:
+            try:
+                call(second, b)
+                b.commit()
+            except BaseException as exc:
+                errors.append(exc)
+                b.rollback()
+
+        thread = threading.Thread(target=racing)
+        thread.start()
+        waiting = (
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        )
+        wait_until(
+            lambda: query(dsn, waiting)[0][0] == 1,
+            timeout=30,
+            what="the second call waiting for the group's lock",
+        )
+        a.commit()
+        thread.join(30)
+    assert len(errors) == 1 and isinstance(errors[0], jobbus.InvalidStateError), errors
+    expected = 1 if first == "schedule" else 2
+    assert _jobs_of(dsn, group_id) == expected
+    callbacks = query(dsn, "SELECT remaining FROM jobbus.job_group WHERE group_id = %s", (group_id,))
+    assert callbacks == ([(2,)] if first == "group+then" else [])
+
+
+async def test_a_follow_up_cannot_name_a_group_with_a_callback(app: jobbus.App, dsn: str) -> None:
+    group_id, _ = await app.schedule_group([JobRequest("t")], then=JobRequest("merge", {"group": "g"}))
+    deep = JobRequest("t", then=JobRequest("t", then=JobRequest("t", group_id=group_id)))
+    for then in (JobRequest("t", group_id=group_id), deep):
+        with pytest.raises(jobbus.InvalidStateError, match="has a callback"):
+            await app.schedule("t", then=then)
+        with pytest.raises(jobbus.InvalidStateError, match="has a callback"):
+            await asyncio.to_thread(app.sync.schedule, "t", then=then)
+        with pytest.raises(jobbus.InvalidStateError, match="has a callback"):
+            await app.schedule_group([JobRequest("t", then=then)])
+    assert len(await app.list_jobs()) == 1
+
+
+async def test_a_follow_up_that_joins_a_group_after_its_callback_was_set_is_counted(app: jobbus.App, dsn: str) -> None:
+    """The follow-up was scheduled before the group had a callback; it is inserted when its parent
+    completes: it is counted, and the callback waits for it."""
+    group_id = uuid.uuid4()
+    await app.schedule("first", then=JobRequest("t", {"follow": True}, group_id=group_id))
+    await app.schedule_group([JobRequest("t")], group_id=group_id, then=JobRequest("merge", {"group": "g"}))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        (parent,) = claim(app, conn, types=("first",))
+        assert write(app, conn, parent, JobStatus.COMPLETED)
+        assert _jobs_of(dsn, group_id) == 2
+        member, follow_up = sorted(claim(app, conn, limit=2), key=lambda job: bool(job.configuration_data))
+        assert follow_up.configuration_data == {"follow": True}
+        assert write(app, conn, member, JobStatus.COMPLETED)
+        assert _callbacks(dsn) == []  # the follow-up is still running
+        assert write(app, conn, follow_up, JobStatus.COMPLETED)
+    assert _callbacks(dsn) == ["g"]

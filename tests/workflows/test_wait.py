@@ -121,3 +121,46 @@ async def test_a_deduplicated_job_adds_no_follow_up(app: jobbus.App, dsn: str) -
         (claimed,) = claim(app, conn)
         assert write(app, conn, claimed, JobStatus.COMPLETED)
     assert [job.configuration_data for job in await app.list_jobs(type="next")] == [{"from": "first"}]
+
+
+async def test_a_job_finished_and_deleted_before_the_waiter_read_it_is_named_so(app: jobbus.App, dsn: str) -> None:
+    """Completed and deleted in one transaction (retention at its shortest): the waiter says that it
+    finished and was deleted, not that it never existed."""
+    job_id = await app.schedule("t")
+    waiter = asyncio.create_task(app.wait(job_id, timeout=60))
+    await asyncio.sleep(0.5)
+    assert not waiter.done()
+    with psycopg.connect(dsn) as conn:
+        (claimed,) = claim(app, conn)
+        assert write(app, conn, claimed, JobStatus.COMPLETED)
+        conn.execute("DELETE FROM jobbus.job WHERE id = %s", (job_id,))
+        conn.commit()
+    with pytest.raises(jobbus.InvalidStateError, match="finished and was deleted"):
+        await waiter
+    with pytest.raises(jobbus.InvalidStateError, match="finished and was deleted"):
+        await app.wait(job_id, timeout=5)
+    with pytest.raises(jobbus.InvalidStateError, match="does not exist"):
+        await app.wait(uuid.uuid4(), timeout=5)
+
+
+def test_the_sync_waiter_names_a_job_finished_and_deleted_too(sync_app: jobbus.App, dsn: str) -> None:
+    job_id = sync_app.sync.schedule("t")
+    raised: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            sync_app.sync.wait(job_id, timeout=60)
+        except BaseException as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    time.sleep(0.5)
+    with psycopg.connect(dsn) as conn:
+        (claimed,) = claim(sync_app, conn)
+        assert write(sync_app, conn, claimed, JobStatus.COMPLETED)
+        conn.execute("DELETE FROM jobbus.job WHERE id = %s", (job_id,))
+        conn.commit()
+    thread.join(60)
+    assert len(raised) == 1 and isinstance(raised[0], jobbus.InvalidStateError)
+    assert "finished and was deleted" in str(raised[0])

@@ -244,3 +244,86 @@ def test_a_parent_parking_as_its_last_child_ends_is_never_left_asleep(sync_app: 
                 assert states == ["ready"] and status == "running"
                 run_sync(a, app.store.record_outcomes([Outcome(parent.id, parent.lease_token, JobStatus.COMPLETED)]))
             a.execute("DELETE FROM jobbus.job")
+
+
+async def test_wait_for_children_answers_the_same_after_retention_deleted_the_children(
+    app: jobbus.App, dsn: str
+) -> None:
+    """Spawn two children, wait for them, then sleep durably while retention deletes the children: every
+    later run of the handler gets the same children (ids, statuses, results) back; a second wait of the
+    run keeps its own answer."""
+    answers: list[list[tuple[Any, str, Any]]] = []
+
+    @app.job("kid", max_attempts=1)
+    async def kid(job: jobbus.JobExecution) -> int:
+        if job.configuration["n"] == 2:
+            raise jobbus.NonRetryableError("the second child fails")
+        return int(job.configuration["n"]) * 10
+
+    @app.job("parent")
+    async def parent(job: jobbus.JobExecution) -> list[Any]:
+        first = [await job.spawn("kid", {"n": 1}), await job.spawn("kid", {"n": 2})]
+        children = await job.wait_for_children()
+        answer = [(child.id, child.status.value, child.result) for child in children]
+        answers.append(answer)
+        assert sorted(first) == [child.id for child in children]
+        await job.sleep("past-retention", 2)
+        await job.spawn("kid", {"n": 3})
+        everyone = await job.wait_for_children()
+        shown = [[str(child_id), status, result] for child_id, status, result in answer]
+        return [shown, [[str(child.id), child.status.value, child.result] for child in everyone]]
+
+    job_id = await app.schedule("parent")
+    async with running(app):
+
+        async def asleep() -> bool:
+            job = await app.find(job_id)
+            return bool(job and job.history and job.history[-1].get("waiting_for") == "sleep:past-retention")
+
+        await eventually(asleep, what="the parent asleep after its children")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            deleted = conn.execute("DELETE FROM jobbus.job WHERE type = 'kid'").rowcount
+        assert deleted == 2
+        job = await app.wait(job_id, timeout=30)
+    assert job.status is JobStatus.COMPLETED, job.last_error
+    first, everyone = job.result
+    assert len(answers) >= 2 and all(answer == answers[0] for answer in answers)
+    assert sorted((status, result) for _, status, result in answers[0]) == [("completed", 10), ("failed", None)]
+    assert [[str(i), s, r] for i, s, r in answers[0]] == first
+    # The second wait ran after the deletion: only the third child is left to report.
+    assert [(status, result) for _, status, result in everyone] == [("completed", 30)]
+    kept = await app.find(job_id)
+    assert kept is not None and kept.steps.keys() == job.steps.keys()  # the answers are not steps
+
+
+@pytest.mark.parametrize("then", ["snooze", "retry"])
+async def test_a_timed_out_event_wait_leaves_nothing_a_later_emit_could_wake(
+    app: jobbus.App, dsn: str, then: str
+) -> None:
+    """After its wait timed out, the job snoozes (or fails and waits for its retry backoff) for an hour: an
+    emit of the key afterwards must not make it available at once."""
+
+    @app.job("late", max_attempts=2, backoff=lambda attempt, error: 3600)
+    async def late(job: jobbus.JobExecution) -> str:
+        try:
+            await job.wait_for_event("late-key", timeout=0.5)
+        except TimeoutError:
+            if then == "snooze":
+                raise jobbus.Snooze(3600) from None
+            raise
+        return "woken"
+
+    job_id = await app.schedule("late")
+    async with running(app):
+
+        async def backed_off() -> jobbus.Job | None:
+            job = await app.find(job_id)
+            outcomes = [entry["outcome"] for entry in job.history] if job else []
+            return job if job and job.status is JobStatus.QUEUED and outcomes[-1:] != ["waiting"] and outcomes else None
+
+        before = await eventually(backed_off, what="the job snoozed or retrying after its wait timed out")
+        assert await app.emit_event("late-key", "too late")
+        after = await app.find(job_id)
+    assert after is not None and after.status is JobStatus.QUEUED
+    assert after.available_at == before.available_at  # still an hour away
+    assert query(dsn, "SELECT count(*) FROM jobbus.event_wait")[0][0] == 0

@@ -17,6 +17,9 @@ GRANT EXECUTE ON FUNCTION {schema}.claim_jobs(text, integer, text[], text[], dou
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.leader TO {worker}, {operator};
 GRANT SELECT, INSERT, DELETE ON {schema}.queue_stat TO {worker}, {operator};
 GRANT EXECUTE ON FUNCTION {schema}.delete_finished_jobs(text, double precision, integer) TO {worker}, {operator};
+GRANT EXECUTE ON FUNCTION {schema}.delete_old_events(double precision, integer),
+    {schema}.delete_finished_groups(double precision, integer)
+    TO {worker}, {operator};
 -- Flow control: claims of limited queues lock their settings row, record starts and take turns of jobs
 -- without a key.
 GRANT SELECT, UPDATE ON {schema}.queue_setting TO {worker};

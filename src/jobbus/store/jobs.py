@@ -15,6 +15,10 @@ from jobbus.models import JOB_COLUMNS, TRACE_KEY, ClaimedJob, GroupProgress, Job
 from jobbus.schema import VERSION_QUERY, render
 from jobbus.store.statements import Copy, Row, Statement, channel_name, queries
 
+#: SQLSTATE of the schema's refusal of a group (migration 0013): `schedule_group` on an id that has jobs,
+#: or a job added to a group that has a callback.
+GROUP_REFUSED = "JB409"
+
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
@@ -68,15 +72,16 @@ class JobStore:
     # -- producers ---------------------------------------------------------------------------------
 
     def insert_jobs(
-        self, specs: Sequence[JobSpec], *, callback: tuple[uuid.UUID, str] | None = None
+        self, specs: Sequence[JobSpec], *, callback: tuple[uuid.UUID, str | None] | None = None
     ) -> Statement[dict[tuple[str, str], uuid.UUID]] | Copy[dict[tuple[str, str], uuid.UUID]]:
         """Insert jobs in one round trip; returns, per unique (type, key), the id of the active job.
 
         Specs must not repeat a (type, unique_key); the caller folds repeats onto the first. A keyed
         spec missing from the result met an active job committed after the statement's snapshot: ask
         again. Safe to repeat after a lost connection (ids are the client's; no row is doubled, and
-        neither is a follow-up or a group callback). `callback` is (group id, `spec_json`) of a
-        group's callback, written with its members.
+        neither is a follow-up or a group callback). `callback` is (group id, `spec_json` of the
+        group's callback or None) of `schedule_group`: the members of a new group, refused (SQLSTATE
+        `GROUP_REFUSED`) if the id already has jobs, and the callback written with them.
         """
         if callback is not None or any(s.then is not None for s in specs):
             return self._insert_jobs(specs, callback)
@@ -107,7 +112,7 @@ class JobStore:
         return self._insert_jobs(specs)
 
     def _insert_jobs(
-        self, specs: Sequence[JobSpec], callback: tuple[uuid.UUID, str] | None = None
+        self, specs: Sequence[JobSpec], callback: tuple[uuid.UUID, str | None] | None = None
     ) -> Statement[dict[tuple[str, str], uuid.UUID]]:
         # Keyed rows in (type, unique_key) order: concurrent batches with overlapping keys then take
         # the unique index's insertion locks in one order and cannot deadlock.
@@ -133,8 +138,9 @@ class JobStore:
         if callback is not None or any(s.then is not None for s in specs):
             query = "insert_jobs_chained"
             params["thens"] = [s.then for s in specs]
-            params["callback_group"] = callback[0] if callback else None
-            params["callback_spec"] = callback[1] if callback else None
+        if callback is not None:
+            query = "insert_group"
+            params["callback_group"], params["callback_spec"] = callback
         return Statement(self._q[query], params, _decode_inserted, prepare=False)
 
     def _copy_jobs(self, specs: Sequence[JobSpec]) -> Copy[dict[tuple[str, str], uuid.UUID]] | None:
@@ -269,8 +275,22 @@ class JobStore:
         params = {"id": job_id, "token": token}
         return Statement(self._q["wait_for_children"], params, lambda rows, _: str(rows[0][0]))
 
-    def list_children(self, job_id: uuid.UUID) -> Statement[list[Job]]:
-        return Statement(self._q["list_children"], {"id": job_id}, lambda rows, _: [_job(r) for r in rows])
+    def groups_with_callbacks(self, group_ids: Sequence[uuid.UUID]) -> Statement[list[uuid.UUID]]:
+        """Which of `group_ids` have a callback (a row in `job_group`)."""
+        return Statement(
+            self._q["groups_with_callbacks"], {"ids": list(group_ids)}, lambda rows, _: [r[0] for r in rows]
+        )
+
+    def children_snapshot(self, job_id: uuid.UUID, token: uuid.UUID, index: int) -> Statement[tuple[str, list[Job]]]:
+        """The children the `index`-th `wait_for_children` of a run answers, once none is active:
+        ('ready', jobs) as stored by an earlier run, or as they are now (and stored), or ('lost', [])."""
+
+        def decode(rows: list[Row], _: int) -> tuple[str, list[Job]]:
+            state, children = rows[0]
+            return str(state), [job_from_json(child) for child in children or ()]
+
+        params = {"id": job_id, "token": token, "index": index}
+        return Statement(self._q["children_snapshot"], params, decode)
 
     def record_outcomes(self, outcomes: Sequence[Outcome]) -> Statement[set[uuid.UUID]]:
         """Fenced outcome writes for many jobs; returns the ids whose write applied.
@@ -402,6 +422,28 @@ def _job(row: Row) -> Job:
     values["status"] = JobStatus(values["status"])
     values["parent_id"] = row[-2]
     values["steps"] = row[-1] or {}
+    return Job(**values)
+
+
+def job_from_json(data: Mapping[str, Any]) -> Job:
+    """A `Job` from a job row as PostgreSQL's `to_jsonb` writes it (with `parent_id` and `steps`): ids,
+    times and numbers read back as a read of the row returns them; columns `Job` lacks are ignored."""
+    values: dict[str, Any] = {}
+    for name, spec in Job.__dataclass_fields__.items():
+        value = data.get(name)
+        kind = str(spec.type)
+        if value is None:
+            pass
+        elif "uuid.UUID" in kind:
+            value = uuid.UUID(value)
+        elif "datetime" in kind:
+            value = datetime.fromisoformat(value)
+        elif kind.startswith("float"):
+            value = float(value)
+        values[name] = value
+    values["status"] = JobStatus(values["status"])
+    values["history"] = values["history"] or []
+    values["steps"] = values["steps"] or {}
     return Job(**values)
 
 

@@ -42,6 +42,16 @@ class MaintenanceStore:
         params = {"status": status, "older_than_seconds": older_than_seconds, "limit": limit}
         return Statement(self._q["delete_finished_jobs"], params, lambda rows, _: int(rows[0][0]))
 
+    def delete_old_events(self, older_than_seconds: float, limit: int) -> Statement[int]:
+        """Delete up to `limit` events emitted more than `older_than_seconds` ago; returns how many."""
+        params = {"older_than_seconds": older_than_seconds, "limit": limit}
+        return Statement(self._q["delete_old_events"], params, lambda rows, _: int(rows[0][0]))
+
+    def delete_finished_groups(self, older_than_seconds: float, limit: int) -> Statement[int]:
+        """Delete up to `limit` groups whose callback was scheduled more than `older_than_seconds` ago."""
+        params = {"older_than_seconds": older_than_seconds, "limit": limit}
+        return Statement(self._q["delete_finished_groups"], params, lambda rows, _: int(rows[0][0]))
+
     def queued_pairs(self) -> Statement[list[tuple[str, str]]]:
         """Every (queue, type) that has queued jobs: one index probe per pair."""
         return Statement(self._q["queued_pairs"], {}, lambda rows, _: [(r[0], r[1]) for r in rows])

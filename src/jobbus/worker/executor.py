@@ -163,7 +163,9 @@ class Executor:
             )
 
     def _returned(self, attempt: Attempt) -> None:
-        """The handler's code ended: note a lease that expired or a fence that fell meanwhile."""
+        """The handler's code ended: note a lease that expired or a fence that fell meanwhile. The
+        attempt is over for the handler's code: a task it leaked runs no step, wait or spawn."""
+        attempt.signals.close()
         attempt.ran_seconds = time.monotonic() - attempt.started
         self._on_handler_done(attempt)
 

@@ -45,7 +45,7 @@ SELECT NULL, NULL, NULL, NULL, pg_notify(%(channel)b, json_build_array(queue, ty
 FROM (SELECT DISTINCT queue, type FROM inserted) AS q;
 
 -- name: insert_jobs_chained
--- insert_jobs for jobs with follow-ups (`then=`) or a group callback: the same, plus those rows. The
+-- insert_jobs for jobs with follow-ups (`then=`): the same, plus those rows. The
 -- tables are those of migration 0010; plain inserts do not name them, so producers of this code keep
 -- working on the previous schema during a rolling deploy.
 WITH input AS (
@@ -73,12 +73,47 @@ WITH input AS (
     SELECT input.id, input.then_spec::jsonb FROM input JOIN inserted ON inserted.id = input.id
     WHERE input.then_spec IS NOT NULL
     ON CONFLICT DO NOTHING
-), grouped AS (
-    -- A group's callback (`schedule_group(..., then=)`), with its members (all of them in this statement);
-    -- one per group. A repeat of the statement inserts no member and keeps the first count.
-    INSERT INTO {schema}.job_group (group_id, spec, remaining)
-    SELECT %(callback_group)b::uuid, %(callback_spec)b::text::jsonb, (SELECT count(*) FROM inserted)
-    WHERE %(callback_spec)b::text IS NOT NULL
+)
+SELECT id, type, unique_key, true, NULL::void FROM inserted WHERE unique_key IS NOT NULL
+UNION ALL
+SELECT existing.id, existing.type, existing.unique_key, false, NULL::void
+FROM input
+JOIN {schema}.job AS existing
+  ON existing.type = input.type AND existing.unique_key = input.unique_key
+ AND existing.status IN ('queued', 'running')
+WHERE input.unique_key IS NOT NULL
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, pg_notify(%(channel)b, json_build_array(queue, type)::text)
+FROM (SELECT DISTINCT queue, type FROM inserted) AS q;
+
+-- name: insert_group
+-- `schedule_group`: insert_jobs_chained for the members of one group, then the function group_scheduled
+-- of migration 0013, which refuses a group id that already has other jobs and writes the callback's row
+-- (raising SQLSTATE JB409 rolls the whole statement back: nothing is written).
+WITH input AS (
+    SELECT *
+    FROM unnest(
+        %(ids)b::uuid[], %(types)b::text[], %(queues)b::text[], %(names)b::text[], %(group_ids)b::uuid[],
+        %(unique_keys)b::text[], %(priorities)b::int[], %(configurations)b::text[], %(max_attempts)b::int[],
+        %(available_ats)b::timestamptz[], %(delays)b::float8[], %(timeouts)b::float8[], %(concurrency_keys)b::text[],
+        %(executions)b::text[], %(thens)b::text[]
+    ) AS t(id, type, queue, name, group_id, unique_key, priority, configuration, max_attempts,
+           available_at, delay, timeout_seconds, concurrency_key, execution, then_spec)
+), inserted AS (
+    INSERT INTO {schema}.job AS j (id, type, queue, name, group_id, unique_key, priority, configuration_data,
+                                  execution_data, max_attempts, available_at, timeout_seconds, concurrency_key)
+    SELECT id, type, queue, name, group_id, unique_key, priority, configuration::jsonb,
+           coalesce(execution::jsonb, '{{}}'), max_attempts,
+           coalesce(available_at, now() + make_interval(secs => delay)), timeout_seconds, concurrency_key
+    FROM input
+    ON CONFLICT DO NOTHING
+    RETURNING j.id, j.type, j.unique_key, j.queue
+), chained AS (
+    -- Follow-ups (`then=`) of the rows this statement inserted: a repeat of the statement inserts no
+    -- job again, so no follow-up either.
+    INSERT INTO {schema}.job_follow_up (job_id, spec)
+    SELECT input.id, input.then_spec::jsonb FROM input JOIN inserted ON inserted.id = input.id
+    WHERE input.then_spec IS NOT NULL
     ON CONFLICT DO NOTHING
 )
 SELECT id, type, unique_key, true, NULL::void FROM inserted WHERE unique_key IS NOT NULL
@@ -89,6 +124,10 @@ JOIN {schema}.job AS existing
   ON existing.type = input.type AND existing.unique_key = input.unique_key
  AND existing.status IN ('queued', 'running')
 WHERE input.unique_key IS NOT NULL
+UNION ALL
+SELECT NULL, NULL, NULL, NULL,
+       {schema}.group_scheduled(%(callback_group)b::uuid, %(ids)b::uuid[], (SELECT count(*) FROM inserted)::integer,
+                                %(callback_spec)b::text::jsonb)
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, pg_notify(%(channel)b, json_build_array(queue, type)::text)
 FROM (SELECT DISTINCT queue, type FROM inserted) AS q;
@@ -366,8 +405,8 @@ SELECT state, child FROM {schema}.spawn_child(%(id)s, %(token)s, %(step)s, %(spe
 -- name: wait_for_children
 SELECT {schema}.wait_for_children(%(id)s, %(token)s);
 
--- name: list_children
-SELECT {columns}, (SELECT c.parent_id FROM {schema}.job_child AS c WHERE c.child_id = j.id),
-       (SELECT jsonb_object_agg(s.name, s.result) FROM {schema}.job_step AS s WHERE s.job_id = j.id)
-FROM {schema}.job_child AS child JOIN {schema}.job AS j ON j.id = child.child_id
-WHERE child.parent_id = %(id)s ORDER BY j.id;
+-- name: groups_with_callbacks
+SELECT group_id FROM {schema}.job_group WHERE group_id = ANY (%(ids)s::uuid[]) ORDER BY group_id;
+
+-- name: children_snapshot
+SELECT state, children FROM {schema}.children_snapshot(%(id)s, %(token)s, %(index)s);

@@ -21,6 +21,12 @@ DELETE FROM {schema}.leader WHERE name = 'maintenance' AND instance_id = %(insta
 -- name: delete_finished_jobs
 SELECT {schema}.delete_finished_jobs(%(status)s, %(older_than_seconds)s, %(limit)s);
 
+-- name: delete_old_events
+SELECT {schema}.delete_old_events(%(older_than_seconds)s, %(limit)s);
+
+-- name: delete_finished_groups
+SELECT {schema}.delete_finished_groups(%(older_than_seconds)s, %(limit)s);
+
 -- name: queued_pairs
 SELECT queue, type FROM {schema}.queued_pairs();
 

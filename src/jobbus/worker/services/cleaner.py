@@ -1,8 +1,11 @@
-"""The cleaner: deletes finished jobs once their retention has passed.
+"""The cleaner: deletes finished jobs once their retention has passed, and emitted events and finished
+groups' rows once `retention_event_seconds` has.
 
 `retention_completed_seconds` (1 day), `retention_cancelled_seconds` (1 day) and
-`retention_failed_seconds` (7 days); None keeps those jobs. Deletes go in batches of `BATCH` rows,
-each its own short transaction through `delete_finished_jobs` (SECURITY DEFINER: the worker role needs
+`retention_failed_seconds` (7 days); None keeps those jobs. `retention_event_seconds` (7 days) for the
+`event` rows and the `job_group` rows whose callback is scheduled; None keeps them. Deletes go in
+batches of `BATCH` rows, each its own short transaction through `delete_finished_jobs`,
+`delete_old_events` and `delete_finished_groups` (SECURITY DEFINER: the worker role needs
 no DELETE right), oldest first, skipping rows someone holds. Claims never wait for them: they touch
 only queued rows. Each round stops after `ROUND_SECONDS` of work, so a backlog of expired rows is
 worked off over several rounds instead of in one long burst.
@@ -10,6 +13,7 @@ worked off over several rounds instead of in one long burst.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -47,11 +51,24 @@ class Cleaner:
         }
         return {status: seconds for status, seconds in kept.items() if seconds is not None}
 
+    def batches(self) -> list[Callable[[], Statement[int]]]:
+        """One batch of each kind of row past its retention, in the order a round deletes them."""
+        maintenance = self.maintenance
+        kinds: list[Callable[[], Statement[int]]] = [
+            functools.partial(maintenance.delete_finished_jobs, status, seconds, BATCH)
+            for status, seconds in self.retentions().items()
+        ]
+        events = self.settings.retention_event_seconds
+        if events is not None:
+            kinds.append(functools.partial(maintenance.delete_old_events, events, BATCH))
+            kinds.append(functools.partial(maintenance.delete_finished_groups, events, BATCH))
+        return kinds
+
     async def run_once(self) -> None:
         deadline = time.monotonic() + ROUND_SECONDS
-        for status, seconds in self.retentions().items():
+        for batch in self.batches():
             while time.monotonic() < deadline:
-                deleted: int = await self._run(self.maintenance.delete_finished_jobs(status, seconds, BATCH))
+                deleted: int = await self._run(batch())
                 self.deleted += deleted
                 if deleted < BATCH:
                     break
