@@ -394,6 +394,34 @@ async def test_job_detail_shows_every_attempt_a_worker_recorded(dsn: str) -> Non
     assert "&#34;sent&#34;" in html and "100 %" in html
 
 
+async def test_job_page_shows_each_attempts_traceback_collapsed_and_redacted(dsn: str) -> None:
+    app = jobbus.App(dsn=dsn, retry_base_delay_seconds=0, retry_max_delay_seconds=0, poll_interval_seconds=0.2)
+
+    @app.job("mailer")
+    async def mailer(job: jobbus.JobExecution) -> None:
+        try:
+            raise OSError(f"attempt {job.attempt}: connection refused")
+        except OSError as exc:
+            raise ConnectionError("smtp://mailer:hunter2@smtp.example is down") from exc
+
+    asgi = create_app(app)
+    async with app:
+        job_id = await app.schedule("mailer", {}, max_attempts=2)
+        assert await app.run_worker(stop_when_empty=True, install_signal_handlers=False) == 0
+        async with client(asgi) as http:
+            html = (await http.get(f"/jobs/{job_id}")).text
+    await asgi.state.dashboard.close()
+    blocks = re.findall(
+        r'<details class="traceback"><summary>traceback</summary><pre>(.*?)</pre></details>', html, re.S
+    )
+    assert len(blocks) == 2  # one per attempt, collapsed until opened
+    for number, block in enumerate(blocks, start=1):
+        assert f"OSError: attempt {number}: connection refused" in block
+        assert "The above exception was the direct cause of the following exception" in block
+        assert "ConnectionError: smtp://mailer:***@smtp.example is down" in block
+    assert "hunter2" not in html
+
+
 async def test_queued_jobs_page_through_queues_types_and_priorities_in_claim_order(dsn: str) -> None:
     app = jobbus.App(dsn=dsn)
     store = DashboardStore("jobbus")

@@ -272,7 +272,11 @@ def create_starlette(
             "steps": dash.redact("steps", job.steps),
         }
         history = [
-            {**entry, "error": dash.redact("last_error", entry.get("error"))}
+            {
+                **entry,
+                "error": dash.redact("last_error", entry.get("error")),
+                "traceback": dash.redact("traceback", entry["traceback"]) if entry.get("traceback") else None,
+            }
             for entry in job.history
             if isinstance(entry, dict)
         ]
