@@ -27,8 +27,9 @@ async def test_each_failed_attempt_stores_its_chained_traceback_and_a_completed_
     async def chained(job: jobbus.JobExecution) -> str:
         if job.attempt == 3:
             return "done"
+        customers: dict[str, str] = {}
         try:
-            {}["customer"]
+            customers["customer"]
         except KeyError as exc:
             raise LookupFailed(f"attempt {job.attempt}: no customer") from exc
         return "unreachable"
