@@ -244,6 +244,7 @@ def status_dict(report: StatusReport) -> dict[str, Any]:
             {"name": p.name, "enabled": p.enabled, "next_run_at": iso(p.next_run_at), "last_run_at": iso(p.last_run_at)}
             for p in report.periodics
         ],
+        "unhandled": [{"queue": u.queue, "type": u.type, "queued": u.queued} for u in report.unhandled],
     }
 
 

@@ -148,6 +148,12 @@ def render_status(report: control.StatusReport) -> Group:
     if w["stopped"]:
         line.append(f", {w['stopped']} stopped", style="dim")
     parts: list[Table | Text] = [table, line]
+    if data["unhandled"]:
+        nobody = "no worker is alive" if not w["live"] else "no live worker handles them"
+        parts.append(Text(f"warning: queued jobs nobody can take ({nobody}):", style="bold yellow"))
+        for u in data["unhandled"]:
+            entry = shown(f"  {u['queued']} of type {u['type']} in queue {u['queue']}", style="yellow")
+            parts.append(entry)
     paused = data["paused"]
     if paused["all"] or paused["queues"] or paused["workers"]:
         what = (["ALL WORKERS"] if paused["all"] else []) + [f"queue {q}" for q in paused["queues"]]

@@ -380,6 +380,16 @@ class Worker:
         retired = await self._run(store.retire_code_periodics(self.types, list(self.app.periodics)))
         for name in retired:
             logger.info("periodic job %s is no longer declared in code: removed", name)
+        for periodic in await self._run(store.list_periodic()):
+            if periodic.type not in self.app.handlers:
+                logger.warning(
+                    "periodic job %s enqueues jobs of type %s, which no handler of this worker serves: unless "
+                    "another worker handles it, its jobs wait in queue %s forever (a typo, or a module not imported?)",
+                    periodic.name,
+                    periodic.type,
+                    periodic.queue,
+                    extra={"worker_id": self.worker_id, "periodic": periodic.name, "job_type": periodic.type},
+                )
 
     async def _id_in_use(self) -> WorkerIdInUseError:
         holder = await self._run(self.workers.worker_holding_id(self.worker_id))
