@@ -188,3 +188,24 @@ def test_jobs_show_prints_the_latest_traceback_and_json_has_every_attempts(dsn: 
     assert "2026-12-02 03:00:05 Europe/Paris" in human.stdout  # the history's times carry their zone
     shown = jobbus_json(dsn, "jobs", "show", job_id)
     assert [entry["traceback"] for entry in shown["history"]] == [entry["traceback"] for entry in history]
+
+
+def test_schedule_without_queue_warns_when_live_workers_handle_the_type_elsewhere(dsn: str) -> None:
+    execute(
+        dsn,
+        "INSERT INTO jobbus.worker (id, host, pid, queues, types, concurrency, state, last_seen_at) VALUES "
+        "('mailer', 'h1', 1, '{mail}', '{mail.send}', 4, 'running', now()), "
+        "('old', 'h1', 2, NULL, '{mail.send}', 4, 'running', now() - interval '1 hour')",
+    )
+    landed = jobbus(dsn, "schedule", "mail.send")
+    assert landed.returncode == 0, landed.stderr
+    assert uuid.UUID(landed.stdout.strip())  # stdout stays the id alone
+    assert "is in queue default, but the live workers that handle mail.send serve queue mail only" in landed.stderr
+    assert "--queue mail" in landed.stderr
+    there = jobbus(dsn, "schedule", "mail.send", "--queue", "mail")
+    assert there.returncode == 0 and there.stderr == ""
+    nobody = jobbus(dsn, "schedule", "pdf.render")  # no live worker handles it anywhere: status says so
+    assert nobody.returncode == 0 and nobody.stderr == ""
+    execute(dsn, "UPDATE jobbus.worker SET queues = NULL WHERE id = 'mailer'")
+    everywhere = jobbus(dsn, "schedule", "mail.send")
+    assert everywhere.returncode == 0 and everywhere.stderr == ""

@@ -422,6 +422,45 @@ async def test_job_page_shows_each_attempts_traceback_collapsed_and_redacted(dsn
     assert "hunter2" not in html
 
 
+async def test_with_stale_samples_the_counts_are_read_now_and_said_to_be(
+    dsn: str, dashboard: tuple[jobbus.App, Any]
+) -> None:
+    app, asgi = dashboard
+    async with app:
+        await app.schedule_many("mail.send", [{"n": n} for n in range(5)], queue="mail")
+        await app.schedule("mail.send", {}, queue="mail", available_at=timedelta(hours=1))
+    async with client(asgi) as http:
+        # No worker ever ran: no sample at all.
+        overview = (await http.get("/")).text
+        assert re.search(r"<b>5</b> available <span class=\"note\">\(read now\)</span>", overview)
+        assert re.search(r"<b>1</b> scheduled", overview)
+        assert "queue samples are stale (none yet" in overview
+        queues = (await http.get("/queues")).text
+        assert "queue samples are stale" in queues
+        row = re.search(r'<tr data-queue="mail">(.*?)</tr>', queues, re.S)
+        assert row and re.findall(r'<td class="num">([^<]*)</td>', row.group(1)) == ["5", "1", "0"]
+        # Nobody is alive to take them: the overview names them.
+        assert "Queued jobs nobody can take" in overview and "no worker is alive" in overview
+        assert "6 of type <code>mail.send</code> in queue <code>mail</code>" in overview
+        # A sample older than three sampling intervals (a leader that died) is stale too.
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO jobbus.queue_stat (sampled_at, queue, available, scheduled, running, completed, failed,"
+                " cancelled) VALUES (now() - interval '1 hour', 'mail', 0, 0, 0, 0, 0, 0)"
+            )
+        overview = (await http.get("/")).text
+        assert "<b>5</b> available" in overview and "the latest 60 min old" in overview
+        # A fresh sample is shown as it is, without the notice.
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO jobbus.queue_stat (sampled_at, queue, available, scheduled, running, completed, failed,"
+                " cancelled) VALUES (now(), 'mail', 4, 1, 0, 0, 0, 0)"
+            )
+        overview = (await http.get("/")).text
+        assert "<b>4</b> available" in overview and "stale" not in overview
+        assert "stale" not in (await http.get("/queues")).text
+
+
 async def test_queued_jobs_page_through_queues_types_and_priorities_in_claim_order(dsn: str) -> None:
     app = jobbus.App(dsn=dsn)
     store = DashboardStore("jobbus")

@@ -134,8 +134,8 @@ class OutcomePolicy:
     # -- outcomes -----------------------------------------------------------------------------------
 
     def release(self, attempt: Attempt) -> Decision:
-        """Shutdown: the job is available again at once and the attempt does not count."""
-        logger.info("job %s: released at shutdown, available again at once", attempt.id)
+        """Shutdown: the job is available again at once and the attempt does not count (logged by the
+        worker once the release is written)."""
         claimed = attempt.claimed
         outcome = Outcome(claimed.id, claimed.lease_token, JobStatus.QUEUED, released=True, kind="released")
         return Decision(outcome, kind="released")
