@@ -412,7 +412,10 @@ async def test_job_page_shows_each_attempts_traceback_collapsed_and_redacted(dsn
             html = (await http.get(f"/jobs/{job_id}")).text
     await asgi.state.dashboard.close()
     blocks = re.findall(
-        r'<details class="traceback"><summary>traceback</summary><pre>(.*?)</pre></details>', html, re.S
+        r'<details class="traceback" data-key="traceback-\d"><summary>traceback</summary>'
+        r"<pre>(.*?)</pre></details>",
+        html,
+        re.S,
     )
     assert len(blocks) == 2  # one per attempt, collapsed until opened
     for number, block in enumerate(blocks, start=1):
