@@ -423,6 +423,9 @@ async def test_job_page_shows_each_attempts_traceback_collapsed_and_redacted(dsn
         assert "The above exception was the direct cause of the following exception" in block
         assert "ConnectionError: smtp://mailer:***@smtp.example is down" in block
     assert "hunter2" not in html
+    # Times in one format, with their zone: UTC with Z, as the command line shows them in UTC.
+    assert re.search(r"<td>\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ</td>", html)
+    assert re.search(r"<dt>created</dt><dd>\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ \(", html)
 
 
 async def test_with_stale_samples_the_counts_are_read_now_and_said_to_be(

@@ -85,6 +85,7 @@ class Dashboard:
         self.templates.filters["ago"] = _ago
         self.templates.filters["seconds"] = _seconds
         self.templates.filters["count"] = _count
+        self.templates.filters["when"] = _when
         self.templates.filters["pretty"] = _pretty
         self.templates.filters["shortid"] = _short_id
         self._opened = False
@@ -624,6 +625,19 @@ def _ago(value: datetime | None) -> str:
     if seconds < 0:
         return "in " + _seconds(-seconds)
     return _seconds(seconds) + " ago"
+
+
+def _when(value: datetime | str | None) -> str:
+    """A moment as the command line shows it in UTC: 2026-12-02 02:00:00Z (history entries hold ISO text)."""
+    if isinstance(value, str):
+        text = value
+        try:
+            value = datetime.fromisoformat(text)
+        except ValueError:
+            return text
+    if value is None:
+        return "—"
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
 def _count(value: int, capped: bool = False) -> str:
