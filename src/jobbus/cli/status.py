@@ -49,7 +49,9 @@ def status_command(as_json: bool, watch: bool, interval: float, dsn: str | None)
     \b
     Columns: available (queued, can run now), scheduled (queued for later), running, completed,
     failed, cancelled; "oldest wait" is how long the oldest available job has waited; "done/min"
-    is jobs completed in the last minute; "failed/h" is failures in the last hour.
+    is jobs completed in the last minute; "failed/h" is failures in the last hour. A warning names
+    the queued jobs no live worker can take (`unhandled` in --json): no live worker handles their
+    type in their queue, or none is alive.
 
     \b
     Examples:
