@@ -634,9 +634,11 @@ class App:
         group_id: uuid.UUID | None = None,
         after: uuid.UUID | None = None,
         limit: int = 100,
+        newest_first: bool = False,
     ) -> list[Job]:
-        """Jobs in creation order, filtered; pass the last id seen as `after` for the next page."""
-        filters = _list_filters(status, queue, type, group_id, after, limit)
+        """Jobs in creation order (the newest first with `newest_first`), filtered; pass the last id
+        seen as `after` for the next page in the same order."""
+        filters = _list_filters(status, queue, type, group_id, after, limit, newest_first)
         try:
             return await self._run(self.store.list_jobs(**filters))
         except _BEFORE_WORKFLOWS:
@@ -1042,8 +1044,9 @@ class SyncApp:
         group_id: uuid.UUID | None = None,
         after: uuid.UUID | None = None,
         limit: int = 100,
+        newest_first: bool = False,
     ) -> list[Job]:
-        filters = _list_filters(status, queue, type, group_id, after, limit)
+        filters = _list_filters(status, queue, type, group_id, after, limit, newest_first)
         try:
             return self._run(self._app.store.list_jobs(**filters))
         except _BEFORE_WORKFLOWS:
@@ -1372,6 +1375,7 @@ def _list_filters(
     group_id: uuid.UUID | None,
     after: uuid.UUID | None,
     limit: int,
+    newest_first: bool,
 ) -> dict[str, Any]:
     def many(value: Any) -> list[str] | None:  # JobStatus is a StrEnum: str() gives its value
         if value is None:
@@ -1390,6 +1394,7 @@ def _list_filters(
         "group_id": _uuid(group_id) if group_id is not None else None,
         "after": _uuid(after) if after is not None else None,
         "limit": limit,
+        "newest_first": bool(newest_first),
     }
 
 

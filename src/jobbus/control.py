@@ -35,7 +35,7 @@ import psycopg
 
 from jobbus.limits import QueueSettings
 from jobbus.periodic import Periodic
-from jobbus.store.control import ControlStore, PauseTarget, QueueStatus, WorkerInfo
+from jobbus.store.control import ControlStore, PauseTarget, QueueStatus, UnhandledWork, WorkerInfo
 from jobbus.store.statements import Statement, run_async
 
 if TYPE_CHECKING:
@@ -50,6 +50,7 @@ __all__ = [
     "QueueStatus",
     "StatusReport",
     "Target",
+    "UnhandledWork",
     "WorkerInfo",
     "WorkersSummary",
     "count_prunable",
@@ -62,6 +63,7 @@ __all__ = [
     "resume",
     "stop",
     "summarize_workers",
+    "unhandled_work",
     "wait_for_acks",
 ]
 
@@ -150,6 +152,8 @@ class StatusReport:
     limits: tuple[QueueSettings, ...] = ()
     #: Per queue with limits: (jobs holding a valid lease, starts in its rate window or None).
     usage: dict[str, tuple[int, int | None]] = field(default_factory=dict)
+    #: Queued jobs no live worker can take, per (queue, type) (`unhandled_work`).
+    unhandled: tuple[UnhandledWork, ...] = ()
 
     @property
     def paused_all(self) -> bool:
@@ -263,9 +267,23 @@ async def queue_status(app: App) -> StatusReport:
     periodics = await app.list_periodic()
     limits = await app.list_queues()
     usage = await app.queue_usage() if limits else {}
+    unhandled = await unhandled_work(app)
     return StatusReport(
-        tuple(queues), summarize_workers(workers), tuple(pauses), tuple(periodics), tuple(limits), usage
+        tuple(queues),
+        summarize_workers(workers),
+        tuple(pauses),
+        tuple(periodics),
+        tuple(limits),
+        usage,
+        tuple(unhandled),
     )
+
+
+async def unhandled_work(app: App, *, cap: int | None = None) -> list[UnhandledWork]:
+    """Queued jobs that no live worker can take, per (queue, type): no live worker handles the type in
+    that queue, or none serves the queue. A paused worker counts as live (it takes them once resumed);
+    with no live worker at all, everything queued is listed. Counts stop at `cap` when given."""
+    return await _run(app, _store(app).unhandled_work(cap=cap))
 
 
 def summarize_workers(workers: list[WorkerInfo]) -> WorkersSummary:

@@ -247,3 +247,45 @@ def test_set_the_limits_of_a_queue_whose_name_has_a_slash(dsn: str, processes: P
         limits = app.sync.get_queue("mail/eu")
     assert (limits.concurrency, limits.rate_limit) == (3, jobbus.RateLimit(10, timedelta(minutes=1)))
     assert page.errors == []
+
+
+@pytest.mark.browser(slice=True)
+def test_stale_counts_work_nobody_takes_and_an_attempts_traceback(dsn: str, processes: Processes, page: Any) -> None:
+    app = producer(dsn)
+    with app.sync:
+        app.sync.schedule_many("ok", [{} for _ in range(5)], queue="mail")
+        job_id = app.sync.schedule("broken", {"report": 7}, queue="reports", max_attempts=1)
+    url = processes.dashboard()
+    # No worker: no sample, so the counts are read now and said to be; nobody can take the jobs.
+    visit(page, url + "/")
+    wait_for_live(page)
+    cards = page.locator("section.cards").inner_text()
+    assert "6 available (read now)" in cards
+    assert "stale" in page.locator("p.notice.stale").inner_text()
+    nobody = page.locator("section.notice.unhandled").inner_text()
+    assert "5 of type ok in queue mail" in nobody and "no worker is alive" in nobody
+    screenshot(page, "overview-stale")
+    visit(page, url + "/queues")
+    assert page.locator('tr[data-queue="mail"] td.num').first.inner_text() == "5"
+    screenshot(page, "queues-stale")
+    # A worker fails the job: its attempt's traceback is on the job page, folded until opened.
+    processes.worker("--worker-id", "worker-trace")
+    wait_until(lambda: status_of(dsn, job_id) == "failed", what="the failure")
+    visit(page, f"{url}/jobs/{job_id}")
+    details = page.locator("table.history details.traceback")
+    expect(details).to_have_count(1)
+    assert not details.locator("pre").is_visible()
+    details.locator("summary").click()
+    trace = details.locator("pre")
+    expect(trace).to_be_visible()
+    assert "Traceback (most recent call last)" in trace.inner_text()
+    assert "ReportMissingError: report 7 is missing" in trace.inner_text()
+    # A live refresh keeps it open.
+    wait_for_live(page)
+    page.evaluate("document.getElementById('main').addEventListener('jobbus:refreshed', () => window.__refreshed = 1)")
+    with app.sync:
+        app.sync.schedule("ok", {}, queue="mail")
+    wait_until(lambda: page.evaluate("window.__refreshed === 1"), what="a live refresh")
+    expect(page.locator("table.history details.traceback pre")).to_be_visible()
+    screenshot(page, "job-traceback")
+    assert page.errors == []

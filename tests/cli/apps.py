@@ -66,3 +66,15 @@ def app_with_its_own_dsn() -> jobbus.App:
 
 
 not_an_app = 42
+
+
+#: An app with a periodic job of a type that none of its handlers serves (a typo).
+typo_app = jobbus.App(poll_interval_seconds=0.2)
+
+
+@typo_app.job("reports.render")
+async def render(job: jobbus.JobExecution) -> None:
+    return None
+
+
+typo_app.periodic("nightly-report", type="report.render", every=3600)

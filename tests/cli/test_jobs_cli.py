@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -64,21 +65,32 @@ def test_jobs_list_filters_pages_and_prints_json(dsn: str) -> None:
     ids += [_schedule(dsn, "b.type", "--queue", "q2") for _ in range(2)]
     execute(dsn, "UPDATE jobbus.job SET status = 'failed', finished_at = now() WHERE id = %s", ids[4])
 
+    newest = ids[::-1]
     everything = jobbus_json(dsn, "jobs", "list")
-    assert [j["id"] for j in everything] == ids  # creation order
-    assert [j["id"] for j in jobbus_json(dsn, "jobs", "list", "--queue", "q1")] == ids[:3]
+    assert [j["id"] for j in everything] == newest  # the newest first, as the dashboard
+    assert [j["id"] for j in jobbus_json(dsn, "jobs", "list", "--oldest")] == ids  # creation order
+    assert [j["id"] for j in jobbus_json(dsn, "jobs", "list", "--queue", "q1")] == newest[2:]
     assert [j["id"] for j in jobbus_json(dsn, "jobs", "list", "--type", "b.type", "--status", "queued")] == [ids[3]]
     assert [j["id"] for j in jobbus_json(dsn, "jobs", "list", "--status", "failed")] == [ids[4]]
-    both = jobbus_json(dsn, "jobs", "list", "--status", "failed", "--status", "queued", "--queue", "q2")
+    both = jobbus_json(dsn, "jobs", "list", "--status", "failed", "--status", "queued", "--queue", "q2", "--oldest")
     assert [j["id"] for j in both] == ids[3:]
 
+    first_page = jobbus_json(dsn, "jobs", "list", "--limit", "2", "--oldest")
+    second_page = jobbus_json(dsn, "jobs", "list", "--limit", "2", "--oldest", "--after", first_page[-1]["id"])
+    assert [j["id"] for j in first_page + second_page] == ids[:4]
     first_page = jobbus_json(dsn, "jobs", "list", "--limit", "2")
     second_page = jobbus_json(dsn, "jobs", "list", "--limit", "2", "--after", first_page[-1]["id"])
-    assert [j["id"] for j in first_page + second_page] == ids[:4]
+    assert [j["id"] for j in first_page + second_page] == newest[:4]
 
-    human = jobbus(dsn, "jobs", "list", "--limit", "2")
+    human = jobbus(dsn, "jobs", "list", "--limit", "2", TZ="UTC")
     assert human.returncode == 0
-    assert ids[0] in human.stdout and f"--after {ids[1]}" in human.stdout
+    assert ids[4] in human.stdout and f"--after {ids[3]}" in human.stdout
+    # Times carry their zone: in UTC they end in Z, elsewhere they name the zone.
+    created = datetime.fromisoformat(everything[0]["created_at"]).astimezone(UTC)
+    assert created.strftime("%Y-%m-%d %H:%M") in human.stdout
+    assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ", human.stdout)
+    paris = jobbus(dsn, "jobs", "list", "--limit", "1", TZ="Europe/Paris")
+    assert paris.returncode == 0 and "Europe/Paris" in paris.stdout
 
 
 def test_cancel_and_retry(dsn: str) -> None:
@@ -142,3 +154,58 @@ def test_prune_deletes_old_finished_jobs_by_status(dsn: str) -> None:
     everything = jobbus_json(dsn, "prune", "--older-than", "0s")
     assert everything["deleted"] == 1 and job_status(dsn, recent_completed) is None
     assert job_status(dsn, queued) == "queued"
+
+
+def test_jobs_show_prints_the_latest_traceback_and_json_has_every_attempts(dsn: str) -> None:
+    job_id = _schedule(dsn, "noop", "--max-attempts", "2")
+    history = [
+        {
+            "attempt": 1,
+            "outcome": "retried",
+            "at": "2026-12-02T02:00:00+00:00",
+            "error": "ValueError: first",
+            "traceback": 'Traceback (most recent call last):\n  File "a.py", line 1, in h\nValueError: first\n',
+        },
+        {
+            "attempt": 2,
+            "outcome": "failed",
+            "at": "2026-12-02T02:00:05+00:00",
+            "error": "KeyError: 'second'",
+            "traceback": "Traceback (most recent call last):\n  File \"b.py\", line 9, in h\nKeyError: 'second'\n",
+        },
+    ]
+    execute(
+        dsn,
+        "UPDATE jobbus.job SET status = 'failed', attempts = 2, finished_at = now(), history = %s::jsonb,"
+        " last_error = 'KeyError: ''second''' WHERE id = %s",
+        json.dumps(history),
+        job_id,
+    )
+    human = jobbus(dsn, "jobs", "show", job_id, TZ="Europe/Paris")
+    assert human.returncode == 0, human.stderr
+    assert "traceback of attempt 2:" in human.stdout and 'File "b.py", line 9' in human.stdout
+    assert 'File "a.py"' not in human.stdout  # only the latest one
+    assert "2026-12-02 03:00:05 Europe/Paris" in human.stdout  # the history's times carry their zone
+    shown = jobbus_json(dsn, "jobs", "show", job_id)
+    assert [entry["traceback"] for entry in shown["history"]] == [entry["traceback"] for entry in history]
+
+
+def test_schedule_without_queue_warns_when_live_workers_handle_the_type_elsewhere(dsn: str) -> None:
+    execute(
+        dsn,
+        "INSERT INTO jobbus.worker (id, host, pid, queues, types, concurrency, state, last_seen_at) VALUES "
+        "('mailer', 'h1', 1, '{mail}', '{mail.send}', 4, 'running', now()), "
+        "('old', 'h1', 2, NULL, '{mail.send}', 4, 'running', now() - interval '1 hour')",
+    )
+    landed = jobbus(dsn, "schedule", "mail.send")
+    assert landed.returncode == 0, landed.stderr
+    assert uuid.UUID(landed.stdout.strip())  # stdout stays the id alone
+    assert "is in queue default, but the live workers that handle mail.send serve queue mail only" in landed.stderr
+    assert "--queue mail" in landed.stderr
+    there = jobbus(dsn, "schedule", "mail.send", "--queue", "mail")
+    assert there.returncode == 0 and there.stderr == ""
+    nobody = jobbus(dsn, "schedule", "pdf.render")  # no live worker handles it anywhere: status says so
+    assert nobody.returncode == 0 and nobody.stderr == ""
+    execute(dsn, "UPDATE jobbus.worker SET queues = NULL WHERE id = 'mailer'")
+    everywhere = jobbus(dsn, "schedule", "mail.send")
+    assert everywhere.returncode == 0 and everywhere.stderr == ""

@@ -118,3 +118,91 @@ def test_status_watch_refreshes_until_ctrl_c_then_exits_0(dsn: str) -> None:
             proc.communicate()
     assert proc.returncode == 0, err
     assert "workers: 0 live" in out
+
+
+UNHANDLED_JOBS = """
+INSERT INTO jobbus.job (id, type, queue, status, max_attempts, available_at)
+SELECT jobbus.uuid_generate_v7(), type, queue, 'queued', 3, now() + later
+FROM (VALUES ('mail', 'mail.send', interval '0'), ('mail', 'mail.send', interval '0'),
+             ('mail', 'mail.sned', interval '0'), ('mail', 'mail.sned', interval '1 day'),
+             ('pdf', 'pdf.render', interval '0'), ('reports', 'report.render', interval '0')) AS v(queue, type, later)
+"""
+
+
+def test_status_names_queued_work_no_live_worker_can_take(dsn: str) -> None:
+    execute(dsn, UNHANDLED_JOBS)
+    # No worker alive: everything queued is unhandled.
+    status = jobbus_json(dsn, "status")
+    assert status["unhandled"] == [
+        {"queue": "mail", "type": "mail.send", "queued": 2},
+        {"queue": "mail", "type": "mail.sned", "queued": 2},
+        {"queue": "pdf", "type": "pdf.render", "queued": 1},
+        {"queue": "reports", "type": "report.render", "queued": 1},
+    ]
+    human = jobbus(dsn, "status")
+    assert human.returncode == 0 and "no worker is alive" in human.stdout
+    execute(
+        dsn,
+        "INSERT INTO jobbus.worker (id, host, pid, queues, types, concurrency, state, last_seen_at) VALUES "
+        "('mailer', 'h1', 1, '{mail}', '{mail.send,pdf.render}', 4, 'paused', now()), "
+        "('any-queue', 'h1', 2, NULL, '{report.render}', 4, 'running', now()), "
+        "('gone', 'h2', 3, NULL, '{pdf.render,mail.sned}', 4, 'running', now() - interval '1 hour'), "
+        "('stopped', 'h2', 4, NULL, '{pdf.render,mail.sned}', 4, 'stopped', now())",
+    )
+    # A typo'd type in a served queue, and a handled type in a queue no live worker serves.
+    status = jobbus_json(dsn, "status")
+    assert status["unhandled"] == [
+        {"queue": "mail", "type": "mail.sned", "queued": 2},
+        {"queue": "pdf", "type": "pdf.render", "queued": 1},
+    ]
+    human = jobbus(dsn, "status")
+    assert human.returncode == 0
+    assert "warning: queued jobs nobody can take (no live worker handles them)" in human.stdout
+    assert "2 of type mail.sned in queue mail" in human.stdout and "1 of type pdf.render in queue pdf" in human.stdout
+    execute(dsn, "DELETE FROM jobbus.job WHERE type IN ('mail.sned', 'pdf.render')")
+    assert jobbus_json(dsn, "status")["unhandled"] == []
+    assert "nobody can take" not in jobbus(dsn, "status").stdout
+
+
+def test_a_live_worker_process_takes_its_types_off_the_list_and_warns_of_a_periodic_typo(dsn: str) -> None:
+    execute(dsn, UNHANDLED_JOBS)
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jobbus",
+            "worker",
+            "--app",
+            "tests.cli.apps:typo_app",
+            "--worker-id",
+            "typo",
+            "--queue",
+            "reports",
+            "--queue",
+            "mail",
+        ],
+        cwd=ROOT,
+        env=cli_env(dsn),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_until(
+            lambda: query_value(dsn, "SELECT count(*) FROM jobbus.worker WHERE id = 'typo' AND state = 'running'"),
+            what="the worker registered",
+        )
+        unhandled = {(u["queue"], u["type"]) for u in jobbus_json(dsn, "status")["unhandled"]}
+        # It handles reports.render only: report.render (the periodic's typo) is nobody's.
+        assert unhandled == {
+            ("mail", "mail.send"),
+            ("mail", "mail.sned"),
+            ("pdf", "pdf.render"),
+            ("reports", "report.render"),
+        }
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        output = worker.communicate(timeout=60)[0]
+    assert worker.returncode == 0, output
+    warning = next(line for line in output.splitlines() if "nightly-report" in line and "WARNING" in line)
+    assert "type report.render, which no handler of this worker serves" in warning

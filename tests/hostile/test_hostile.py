@@ -200,6 +200,8 @@ def test_a_handler_that_ignores_every_cancellation_keeps_its_lease_until_its_pro
     assert code == 0, out
     assert took < 20, f"the worker took {took:.1f} s to exit"
     assert "did not end" in out
+    # One account of the job, not two that contradict each other.
+    assert f"job {job_id} did not end" in out and f"job {job_id}: released at shutdown" not in out
     # Never released while it ran: the job waits for the process to be gone, then runs again.
     assert _status(db, job_id) == "running"
     successor = start_worker(db, "--worker-id", "stubborn-host", env=ENV, app=APP)

@@ -394,6 +394,79 @@ async def test_job_detail_shows_every_attempt_a_worker_recorded(dsn: str) -> Non
     assert "&#34;sent&#34;" in html and "100 %" in html
 
 
+async def test_job_page_shows_each_attempts_traceback_collapsed_and_redacted(dsn: str) -> None:
+    app = jobbus.App(dsn=dsn, retry_base_delay_seconds=0, retry_max_delay_seconds=0, poll_interval_seconds=0.2)
+
+    @app.job("mailer")
+    async def mailer(job: jobbus.JobExecution) -> None:
+        try:
+            raise OSError(f"attempt {job.attempt}: connection refused")
+        except OSError as exc:
+            raise ConnectionError("smtp://mailer:hunter2@smtp.example is down") from exc
+
+    asgi = create_app(app)
+    async with app:
+        job_id = await app.schedule("mailer", {}, max_attempts=2)
+        assert await app.run_worker(stop_when_empty=True, install_signal_handlers=False) == 0
+        async with client(asgi) as http:
+            html = (await http.get(f"/jobs/{job_id}")).text
+    await asgi.state.dashboard.close()
+    blocks = re.findall(
+        r'<details class="traceback" data-key="traceback-\d"><summary>traceback</summary>'
+        r"<pre>(.*?)</pre></details>",
+        html,
+        re.S,
+    )
+    assert len(blocks) == 2  # one per attempt, collapsed until opened
+    for number, block in enumerate(blocks, start=1):
+        assert f"OSError: attempt {number}: connection refused" in block
+        assert "The above exception was the direct cause of the following exception" in block
+        assert "ConnectionError: smtp://mailer:***@smtp.example is down" in block
+    assert "hunter2" not in html
+    # Times in one format, with their zone: UTC with Z, as the command line shows them in UTC.
+    assert re.search(r"<td>\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ</td>", html)
+    assert re.search(r"<dt>created</dt><dd>\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ \(", html)
+
+
+async def test_with_stale_samples_the_counts_are_read_now_and_said_to_be(
+    dsn: str, dashboard: tuple[jobbus.App, Any]
+) -> None:
+    app, asgi = dashboard
+    async with app:
+        await app.schedule_many("mail.send", [{"n": n} for n in range(5)], queue="mail")
+        await app.schedule("mail.send", {}, queue="mail", available_at=timedelta(hours=1))
+    async with client(asgi) as http:
+        # No worker ever ran: no sample at all.
+        overview = (await http.get("/")).text
+        assert re.search(r"<b>5</b> available <span class=\"note\">\(read now\)</span>", overview)
+        assert re.search(r"<b>1</b> scheduled", overview)
+        assert "queue samples are stale (none yet" in overview
+        queues = (await http.get("/queues")).text
+        assert "queue samples are stale" in queues
+        row = re.search(r'<tr data-queue="mail">(.*?)</tr>', queues, re.S)
+        assert row and re.findall(r'<td class="num">([^<]*)</td>', row.group(1)) == ["5", "1", "0"]
+        # Nobody is alive to take them: the overview names them.
+        assert "Queued jobs nobody can take" in overview and "no worker is alive" in overview
+        assert "6 of type <code>mail.send</code> in queue <code>mail</code>" in overview
+        # A sample older than three sampling intervals (a leader that died) is stale too.
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO jobbus.queue_stat (sampled_at, queue, available, scheduled, running, completed, failed,"
+                " cancelled) VALUES (now() - interval '1 hour', 'mail', 0, 0, 0, 0, 0, 0)"
+            )
+        overview = (await http.get("/")).text
+        assert "<b>5</b> available" in overview and "the latest 60 min old" in overview
+        # A fresh sample is shown as it is, without the notice.
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO jobbus.queue_stat (sampled_at, queue, available, scheduled, running, completed, failed,"
+                " cancelled) VALUES (now(), 'mail', 4, 1, 0, 0, 0, 0)"
+            )
+        overview = (await http.get("/")).text
+        assert "<b>4</b> available" in overview and "stale" not in overview
+        assert "stale" not in (await http.get("/queues")).text
+
+
 async def test_queued_jobs_page_through_queues_types_and_priorities_in_claim_order(dsn: str) -> None:
     app = jobbus.App(dsn=dsn)
     store = DashboardStore("jobbus")

@@ -149,6 +149,7 @@ def test_sigterm_with_a_short_timeout_releases_a_long_job_and_exits_promptly(db:
     job = sync_app.sync.find(job_id)
     assert job is not None
     assert job.status is jobbus.JobStatus.QUEUED  # released: available again at once, not failed
+    assert f"job {job_id}: released at shutdown" in out and "did not end" not in out
     assert job.attempts == 0
     assert job.lease_token is None
     assert job.available_at <= query(db, "SELECT now()")[0][0]
@@ -166,6 +167,7 @@ def test_a_thread_that_outlives_the_shutdown_keeps_its_lease_until_the_process_i
         code, out = finish(worker, timeout=20)
     assert code == 0, out
     assert "in threads" in out
+    assert f"job {job_id} did not end" in out and f"job {job_id}: released at shutdown" not in out
     job = sync_app.sync.find(job_id)
     assert job is not None and job.status is jobbus.JobStatus.RUNNING and job.lease_token is not None
     state = query(db, "SELECT state FROM jobbus.worker WHERE id = 'pod-s'")[0][0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import uuid
+from datetime import datetime
 
 import click
 from rich.console import Group
@@ -60,6 +61,7 @@ def jobs_group() -> None:
 @click.option("--group-id", metavar="UUID", help="Only jobs of this group.")
 @click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True, help="At most N jobs.")
 @click.option("--after", metavar="ID", help="Start after this job id (the last id of the previous page).")
+@click.option("--oldest", is_flag=True, help="The oldest jobs first (default: the newest first).")
 @json_option
 @dsn_option
 def list_command(
@@ -69,17 +71,22 @@ def list_command(
     group_id: str | None,
     limit: int,
     after: str | None,
+    oldest: bool,
     as_json: bool,
     dsn: str | None,
 ) -> None:
-    """List jobs in creation order (oldest first), filtered; page with --after.
+    """List jobs, the newest first (as the dashboard), filtered; page with --after.
+
+    \b
+    Statuses: queued, running, completed, failed, cancelled (as `jobbus status` and the dashboard).
 
     \b
     Examples:
       jobbus jobs list --status failed
       jobbus jobs list --queue emails --status queued --status running --limit 20
       jobbus jobs list --type report.render --json | jq -r '.[].id'
-      jobbus jobs list --after 0190f3c4-8f2e-7a71-9c1e-2b1f0e6d4a10   # the next page
+      jobbus jobs list --after 0190f3c4-8f2e-7a71-9c1e-2b1f0e6d4a10   # the next (older) page
+      jobbus jobs list --oldest                                       # creation order
 
     --json prints a list of objects with every column of the job (ids as strings, ISO 8601 times).
     """
@@ -97,6 +104,7 @@ def list_command(
                 group_id=group,
                 after=after_id,
                 limit=limit,
+                newest_first=not oldest,
             )
         if as_json:
             print_json([job_dict(job) for job in jobs])
@@ -216,7 +224,20 @@ def _job_detail(job: Job) -> Group:
     if job.last_error:
         parts.append(Text("last error:", style="bold red"))
         parts.append(shown(job.last_error, style="red"))
+    latest = latest_traceback(job)
+    if latest is not None:
+        attempt, text = latest
+        parts.append(Text(f"traceback of attempt {attempt}:", style="bold red"))
+        parts.append(shown(text.rstrip("\n")))
     return Group(*parts)
+
+
+def latest_traceback(job: Job) -> tuple[str, str] | None:
+    """The attempt number and traceback of the latest attempt that stored one."""
+    for entry in reversed(job.history):
+        if isinstance(entry, dict) and isinstance(entry.get("traceback"), str):
+            return str(entry.get("attempt", "?")), entry["traceback"]
+    return None
 
 
 def _history_table(job: Job) -> Table:
@@ -229,11 +250,21 @@ def _history_table(job: Job) -> Table:
         table.add_row(
             str(entry.get("attempt", "")),
             shown(str(entry.get("outcome", ""))),
-            shown(str(entry.get("at", ""))[:19].replace("T", " ")),
+            human_time(_moment(entry.get("at"))),
             shown(str(entry.get("worker_id", ""))),
             shown(one_line(str(detail), 80)),
         )
     return table
+
+
+def _moment(value: object) -> datetime | None:
+    """A history entry's `at` (ISO 8601 from PostgreSQL), None when absent or unreadable."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        return None
 
 
 @jobs_group.command("cancel")
@@ -288,7 +319,7 @@ def retry_command(job_id: str, at_text: str | None, dsn: str | None) -> None:
     async def body() -> int:
         async with admin_app(dsn) as app:
             await app.retry(ident, available_at=at)
-        click.echo(f"job {ident} requeued" + (f" for {at.isoformat()}" if at else ""))
+        click.echo(f"job {ident} requeued" + (f" for {human_time(at)}" if at else ""))
         return exit_codes.OK
 
     sys.exit(run(body))

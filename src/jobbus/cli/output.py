@@ -10,13 +10,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import functools
 import json
 import math
 import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any, TypeVar
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import click
 from rich.console import Console
@@ -242,6 +244,7 @@ def status_dict(report: StatusReport) -> dict[str, Any]:
             {"name": p.name, "enabled": p.enabled, "next_run_at": iso(p.next_run_at), "last_run_at": iso(p.last_run_at)}
             for p in report.periodics
         ],
+        "unhandled": [{"queue": u.queue, "type": u.type, "queued": u.queued} for u in report.unhandled],
     }
 
 
@@ -268,10 +271,45 @@ def human_seconds(seconds: float | None) -> str:
     return f"{days}d {hours}h"
 
 
-def human_time(value: datetime | None) -> str:
+def human_time(value: datetime | None, zone: str | None = None) -> str:
+    """The one way the command line shows a moment: `2026-12-02 03:00:00 Europe/Paris`, or
+    `2026-12-02 02:00:00Z` in UTC; in `zone` (an IANA name) when given, else in the local time zone
+    (`TZ`, else the system's). '-' for None."""
     if value is None:
         return "-"
-    return value.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+    tz = _zone(zone) if zone else local_zone()
+    moment = value.astimezone(tz)
+    key = getattr(tz, "key", None)
+    if key in _UTC_NAMES or tz is UTC or (key is None and moment.utcoffset() == timedelta(0)):
+        return moment.strftime("%Y-%m-%d %H:%M:%SZ")
+    return f"{moment.strftime('%Y-%m-%d %H:%M:%S')} {key or moment.isoformat()[-6:]}"
+
+
+_UTC_NAMES = frozenset({"UTC", "Etc/UTC", "Etc/Universal", "Universal", "Zulu", "Etc/Zulu", "GMT", "Etc/GMT"})
+
+
+def _zone(name: str) -> tzinfo:
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        return UTC
+
+
+@functools.cache
+def local_zone() -> tzinfo:
+    """The local time zone with its IANA name when it can be known (`TZ`, or where /etc/localtime
+    points), else the fixed offset the system reports."""
+    candidates = [os.environ.get("TZ", "").removeprefix(":")]
+    with contextlib.suppress(OSError):
+        target = os.path.realpath("/etc/localtime")
+        if "zoneinfo/" in target:
+            candidates.append(target.split("zoneinfo/", 1)[1])
+    for name in candidates:
+        if name and not name.startswith("/"):
+            with contextlib.suppress(ZoneInfoNotFoundError, ValueError):
+                return ZoneInfo(name)
+    local = datetime.now().astimezone().tzinfo
+    return local if local is not None else UTC
 
 
 def job_status_text(job: Job) -> Text:

@@ -116,7 +116,8 @@ def add_command(
         if as_json:
             print_json(periodic_dict(added))
         else:
-            click.echo(f"periodic {name} added: next run {human_time(added.next_run_at)}")
+            next_run = human_time(added.next_run_at, added.timezone if added.cron else None)
+            click.echo(f"periodic {name} added: next run {next_run}")
         return exit_codes.OK
 
     sys.exit(run(body))
@@ -190,8 +191,8 @@ def periodic_table(periodics: list[Periodic]) -> Table:
             shown(p.type),
             shown(schedule),
             Text("running" if p.enabled else "paused", style="green" if p.enabled else "yellow"),
-            human_time(p.next_run_at) if p.enabled else "-",
-            human_time(p.last_run_at),
+            human_time(p.next_run_at, p.timezone if p.cron else None) if p.enabled else "-",
+            human_time(p.last_run_at, p.timezone if p.cron else None),
             p.source,
         )
     return table

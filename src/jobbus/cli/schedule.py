@@ -10,12 +10,15 @@ from typing import Any
 
 import click
 
+from jobbus import control
 from jobbus.app import App
 from jobbus.cli import exit_codes
 from jobbus.cli.errors import UsageProblem, probe_database, run
 from jobbus.cli.loading import open_app
 from jobbus.cli.output import admin_app, dsn_option
+from jobbus.cli.text import visible
 from jobbus.errors import InvalidJobError
+from jobbus.models import JobStatus
 from jobbus.requests import (
     INT32_MAX,
     INT32_MIN,
@@ -138,6 +141,8 @@ def schedule_command(
     async def schedule(app: App) -> int:
         job_id = await app.schedule(job_type, configuration, **options)
         click.echo(str(job_id))
+        if queue is None:
+            await _warn_if_elsewhere(app, job_id, job_type)
         return exit_codes.OK
 
     async def body() -> int:
@@ -151,3 +156,25 @@ def schedule_command(
                 return await schedule(app)
 
     sys.exit(run(body))
+
+
+async def _warn_if_elsewhere(app: App, job_id: uuid.UUID, job_type: str) -> None:
+    """Without --queue: when live workers handle the type only in other queues than the one the job
+    landed in, say so (on stderr), so that a job does not wait where nobody looks."""
+    workers = [w for w in await control.list_workers(app) if w.live and job_type in w.types]
+    job = await app.find(job_id)
+    if not workers or job is None or job.status is not JobStatus.QUEUED:
+        return
+    if any(w.queues is None or job.queue in w.queues for w in workers):
+        return
+    elsewhere = sorted({q for w in workers for q in w.queues or ()})
+    message = (
+        f"warning: job {job_id} is in queue {job.queue}, but the live workers that handle {job_type} serve "
+        f"queue {', '.join(elsewhere)} only: it waits until a worker serves {job.queue} "
+        f"(pass --queue {elsewhere[0]} to schedule it there)"
+    )
+    click.secho(
+        visible(message),
+        fg="yellow",
+        err=True,
+    )

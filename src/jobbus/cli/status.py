@@ -49,7 +49,9 @@ def status_command(as_json: bool, watch: bool, interval: float, dsn: str | None)
     \b
     Columns: available (queued, can run now), scheduled (queued for later), running, completed,
     failed, cancelled; "oldest wait" is how long the oldest available job has waited; "done/min"
-    is jobs completed in the last minute; "failed/h" is failures in the last hour.
+    is jobs completed in the last minute; "failed/h" is failures in the last hour. A warning names
+    the queued jobs no live worker can take (`unhandled` in --json): no live worker handles their
+    type in their queue, or none is alive.
 
     \b
     Examples:
@@ -148,6 +150,12 @@ def render_status(report: control.StatusReport) -> Group:
     if w["stopped"]:
         line.append(f", {w['stopped']} stopped", style="dim")
     parts: list[Table | Text] = [table, line]
+    if data["unhandled"]:
+        nobody = "no worker is alive" if not w["live"] else "no live worker handles them"
+        parts.append(Text(f"warning: queued jobs nobody can take ({nobody}):", style="bold yellow"))
+        for u in data["unhandled"]:
+            entry = shown(f"  {u['queued']} of type {u['type']} in queue {u['queue']}", style="yellow")
+            parts.append(entry)
     paused = data["paused"]
     if paused["all"] or paused["queues"] or paused["workers"]:
         what = (["ALL WORKERS"] if paused["all"] else []) + [f"queue {q}" for q in paused["queues"]]

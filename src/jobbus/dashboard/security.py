@@ -28,29 +28,16 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from jobbus.redaction import MASK as MASK
+from jobbus.redaction import redact_secrets as redact_secrets
+
 SESSION_COOKIE = "jobbus_session"
 CSRF_COOKIE = "jobbus_csrf"
 CSRF_FIELD = "csrf"
 
 #: A redaction hook: (field, value) -> what the dashboard shows. Fields: configuration, execution_data,
-#: result, last_error.
+#: result, last_error, steps, traceback.
 Redactor = Callable[[str, Any], Any]
-
-_SECRET_KEY = re.compile(r"pass|secret|token|api[_-]?key|auth|credential|private", re.IGNORECASE)
-MASK = "••••••"
-
-
-def redact_secrets(field: str, value: Any) -> Any:
-    """The default hook: values under keys that look like secrets (password, token, api_key, …) are masked,
-    at any depth. Pass `redact=` to `create_app` for rules of your own."""
-    if isinstance(value, dict):
-        return {
-            k: MASK if isinstance(k, str) and _SECRET_KEY.search(k) else redact_secrets(field, v)
-            for k, v in value.items()
-        }
-    if isinstance(value, list):
-        return [redact_secrets(field, v) for v in value]
-    return value
 
 
 class Guard:

@@ -38,7 +38,7 @@ from jobbus.dashboard.security import (
 from jobbus.errors import InvalidJobError, InvalidStateError
 from jobbus.limits import KEEP, Keep, RateLimit
 from jobbus.models import TRACE_KEY, JobStatus
-from jobbus.store.dashboard import Cursor, DashboardStore
+from jobbus.store.dashboard import COUNT_CAP, Cursor, DashboardStore, QueueRow
 from jobbus.store.statements import Statement, run_async
 
 if TYPE_CHECKING:
@@ -84,6 +84,8 @@ class Dashboard:
         )
         self.templates.filters["ago"] = _ago
         self.templates.filters["seconds"] = _seconds
+        self.templates.filters["count"] = _count
+        self.templates.filters["when"] = _when
         self.templates.filters["pretty"] = _pretty
         self.templates.filters["shortid"] = _short_id
         self._opened = False
@@ -190,11 +192,20 @@ def create_starlette(
 
     # -- pages --------------------------------------------------------------------------------------
 
+    async def queue_rows(request: Request) -> tuple[list[QueueRow], dict[str, Any]]:
+        """The queue table: the leader's latest sample, or, when it is older than three sampling
+        intervals (no leader: no worker runs), counts read now (bounded) and said to be so."""
+        age = await dash.run(dash.store.sample_age())
+        stale = age is None or age > 3 * dash.app.settings.stats_interval_seconds
+        rows = await dash.run(dash.store.counts_now() if stale else dash.store.latest_sample())
+        return rows, {"stale": stale, "sample_age": age, "cap": COUNT_CAP}
+
     async def overview(request: Request) -> Response:
-        queues = await dash.run(dash.store.latest_sample())
+        queues, freshness = await queue_rows(request)
         series = await dash.run(dash.store.series())
         workers = await control.list_workers(dash.app, forget_after=None)
         estimate = await dash.run(dash.store.estimated_jobs())
+        unhandled = await control.unhandled_work(dash.app, cap=COUNT_CAP)
         charts = _charts(series)
         return dash.render(
             request,
@@ -204,12 +215,14 @@ def create_starlette(
             workers=control.summarize_workers(workers),
             leader=next((w.id for w in workers if w.leader), None),
             estimate=estimate,
+            unhandled=unhandled,
             totals={
                 "available": sum(q.available for q in queues),
                 "scheduled": sum(q.scheduled for q in queues),
                 "running": sum(q.running for q in queues),
             },
             sampled_at=max((q.sampled_at for q in queues if q.sampled_at), default=None),
+            **freshness,
         )
 
     async def jobs(request: Request) -> Response:
@@ -272,7 +285,11 @@ def create_starlette(
             "steps": dash.redact("steps", job.steps),
         }
         history = [
-            {**entry, "error": dash.redact("last_error", entry.get("error"))}
+            {
+                **entry,
+                "error": dash.redact("last_error", entry.get("error")),
+                "traceback": dash.redact("traceback", entry["traceback"]) if entry.get("traceback") else None,
+            }
             for entry in job.history
             if isinstance(entry, dict)
         ]
@@ -306,9 +323,9 @@ def create_starlette(
         )
 
     async def queues(request: Request) -> Response:
-        rows = await dash.run(dash.store.latest_sample())
+        rows, freshness = await queue_rows(request)
         limits = {q.queue: q for q in await dash.app.list_queues()}
-        return dash.render(request, "queues.html", queues=rows, limits=limits)
+        return dash.render(request, "queues.html", queues=rows, limits=limits, **freshness)
 
     async def periodic(request: Request) -> Response:
         return dash.render(request, "periodic.html", periodics=await dash.app.list_periodic())
@@ -608,6 +625,24 @@ def _ago(value: datetime | None) -> str:
     if seconds < 0:
         return "in " + _seconds(-seconds)
     return _seconds(seconds) + " ago"
+
+
+def _when(value: datetime | str | None) -> str:
+    """A moment as the command line shows it in UTC: 2026-12-02 02:00:00Z (history entries hold ISO text)."""
+    if isinstance(value, str):
+        text = value
+        try:
+            value = datetime.fromisoformat(text)
+        except ValueError:
+            return text
+    if value is None:
+        return "—"
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _count(value: int, capped: bool = False) -> str:
+    """1,234; a count that stopped at its cap reads 10,000+."""
+    return f"{value:,}+" if capped else f"{value:,}"
 
 
 def _seconds(value: float | timedelta | None) -> str:

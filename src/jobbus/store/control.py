@@ -100,6 +100,18 @@ class QueueStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class UnhandledWork:
+    """Queued jobs of one (queue, type) that no live worker can take: none handles the type in that
+    queue, or none serves the queue, or no worker is alive at all. `queued` counts at most the cap
+    the reader asked for (`capped` says it was reached)."""
+
+    queue: str
+    type: str
+    queued: int
+    capped: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class PauseTarget:
     kind: str  # all, queue or worker
     target: str  # '' for all
@@ -185,6 +197,15 @@ class ControlStore:
             ]
 
         return Statement(self._q["queue_status"], {}, decode)
+
+    def unhandled_work(self, *, cap: int | None = None) -> Statement[list[UnhandledWork]]:
+        """Every (queue, type) with queued jobs that no live worker takes, with its count (at most `cap`).
+        One index probe per queued pair (`queued_pairs()`), then one bounded index count per pair left."""
+
+        def decode(rows: list[Row], _: int) -> list[UnhandledWork]:
+            return [UnhandledWork(r[0], r[1], int(r[2]), cap is not None and int(r[2]) >= cap) for r in rows]
+
+        return Statement(self._q["unhandled_work"], {"cap": cap}, decode)
 
     def pause_targets(self) -> Statement[list[PauseTarget]]:
         return Statement(self._q["pause_targets"], {}, lambda rows, _: [PauseTarget(*r) for r in rows])

@@ -16,6 +16,8 @@ from jobbus.store.statements import Row, Statement, queries
 WINDOW = 5000
 #: How many finished jobs the failures page groups at most.
 FAILURE_WINDOW = 20000
+#: Counts read at request time (stale samples, work nobody takes) stop at this many rows each.
+COUNT_CAP = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,6 +240,16 @@ class DashboardStore:
 
     def latest_sample(self) -> Statement[list[QueueRow]]:
         return Statement(self._q["dashboard_latest_sample"], {}, lambda rows, _: [QueueRow(*r) for r in rows])
+
+    def sample_age(self) -> Statement[float | None]:
+        """Seconds since the leader's latest queue sample; None when there is none."""
+        return Statement(
+            self._q["dashboard_sample_age"], {}, lambda rows, _: None if rows[0][0] is None else float(rows[0][0])
+        )
+
+    def counts_now(self, *, cap: int = COUNT_CAP) -> Statement[list[QueueRow]]:
+        """The queue table read now, for when the samples are stale: every count at most `cap`."""
+        return Statement(self._q["dashboard_counts_now"], {"cap": cap}, lambda rows, _: [QueueRow(*r) for r in rows])
 
     def series(
         self, *, seconds: float = 3600.0, buckets: int = 60, queue: str | None = None

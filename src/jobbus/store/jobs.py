@@ -35,6 +35,8 @@ class Outcome:
     #: What the job's history records (`completed`, `retried`, `snoozed`, `timed_out`, ...); the
     #: status when empty.
     kind: str = ""
+    #: The formatted traceback of an attempt that raised (bounded and redacted by the worker).
+    traceback: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,6 +310,7 @@ class JobStore:
             "delays": [float(o.delay_seconds) for o in outcomes],
             "released": [o.released for o in outcomes],
             "kinds": [o.kind or o.status.value for o in outcomes],
+            "tracebacks": [o.traceback for o in outcomes],
             "channel": self.channel,
         }
         return Statement(
@@ -352,8 +355,10 @@ class JobStore:
         group_id: uuid.UUID | None = None,
         after: uuid.UUID | None = None,
         limit: int = 100,
+        newest_first: bool = False,
         legacy: bool = False,
     ) -> Statement[list[Job]]:
+        """One page in creation order (UUIDv7 ids), along the primary key in either direction."""
         params = {
             "statuses": list(statuses) if statuses else None,
             "queues": list(queues) if queues else None,
@@ -362,7 +367,8 @@ class JobStore:
             "after": after,
             "limit": limit,
         }
-        query = self._q["list_jobs_legacy" if legacy else "list_jobs"]
+        name = "list_jobs_newest" if newest_first else "list_jobs"
+        query = self._q[f"{name}_legacy" if legacy else name]
         return Statement(query, params, lambda rows, _: [_job(r) for r in rows], prepare=False)
 
     def group_progress(self, group_id: uuid.UUID) -> Statement[GroupProgress]:

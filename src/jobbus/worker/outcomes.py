@@ -24,6 +24,7 @@ from jobbus.errors import InvalidJobError, LeaseLostError, NonRetryableError, Sn
 from jobbus.events import JobCancelled, JobCompleted, JobEvent, JobFailed, JobRetried
 from jobbus.execution import JobParked, StopReason
 from jobbus.models import JobStatus
+from jobbus.redaction import redact_text
 from jobbus.requests import json_text, seconds_or_none
 from jobbus.retry import backoff_seconds
 from jobbus.settings import Settings
@@ -34,6 +35,8 @@ logger = logging.getLogger("jobbus.worker")
 
 #: last_error keeps at most this many characters: a hostile exception message cannot bloat the row.
 MAX_ERROR_LENGTH = 4000
+#: A stored traceback keeps at most this many bytes (UTF-8), its tail: where the exception was raised.
+MAX_TRACEBACK_BYTES = 16 * 1024
 
 
 #: How an attempt ended, as metrics count it (`jobbus_jobs_finished_total{outcome}`).
@@ -69,6 +72,25 @@ def storable_text(text: str) -> str:
     if len(text) > MAX_ERROR_LENGTH:
         text = text[: MAX_ERROR_LENGTH - 20] + f"... ({len(text)} chars)"
     return text
+
+
+def traceback_text(exc: BaseException) -> str:
+    """The attempt's formatted traceback for its history: chained exceptions included, secrets masked
+    (`redaction.redact_text`), storable, at most `MAX_TRACEBACK_BYTES` with its tail kept (cut at a line
+    start, after a line that says how much was cut). Only failing attempts pay for it."""
+    try:
+        text = "".join(traceback.format_exception(exc))
+    except Exception:  # a hostile __str__ or __repr__ that even traceback's guards do not catch
+        text = f"{type(exc).__qualname__} (its traceback could not be formatted)\n"
+    text = redact_text(text.replace("\x00", "\\0"))
+    data = text.encode("utf-8", "backslashreplace")
+    if len(data) <= MAX_TRACEBACK_BYTES:
+        return data.decode("utf-8")
+    tail = data[-(MAX_TRACEBACK_BYTES - 100) :]
+    start = tail.find(b"\n") + 1  # a whole first line (0 when the tail is one long line)
+    tail = tail[start:] if 0 < start < len(tail) else tail
+    kept = tail.decode("utf-8", "ignore")
+    return f"... ({len(data) - len(tail)} bytes of the traceback cut, its end follows)\n" + kept
 
 
 class OutcomePolicy:
@@ -112,8 +134,8 @@ class OutcomePolicy:
     # -- outcomes -----------------------------------------------------------------------------------
 
     def release(self, attempt: Attempt) -> Decision:
-        """Shutdown: the job is available again at once and the attempt does not count."""
-        logger.info("job %s: released at shutdown, available again at once", attempt.id)
+        """Shutdown: the job is available again at once and the attempt does not count (logged by the
+        worker once the release is written)."""
         claimed = attempt.claimed
         outcome = Outcome(claimed.id, claimed.lease_token, JobStatus.QUEUED, released=True, kind="released")
         return Decision(outcome, kind="released")
@@ -147,10 +169,12 @@ class OutcomePolicy:
     def failure(self, attempt: Attempt, exc: BaseException, prefix: str = "") -> Decision:
         message = storable_text(error_text(exc, prefix) + _note(exc))
         if isinstance(exc, NonRetryableError):
-            return self.failed_for_good(attempt, message, level=logging.WARNING)
+            return self.failed_for_good(attempt, message, level=logging.WARNING, exc=exc)
         return self._retry_or_fail(attempt, message, exc)
 
-    def failed_for_good(self, attempt: Attempt, message: str, *, level: int = logging.ERROR) -> Decision:
+    def failed_for_good(
+        self, attempt: Attempt, message: str, *, level: int = logging.ERROR, exc: BaseException | None = None
+    ) -> Decision:
         claimed = attempt.claimed
         message = storable_text(message)
         logger.log(
@@ -160,8 +184,9 @@ class OutcomePolicy:
             message,
             extra=attempt.log_extra(self.worker_id),
         )
+        trace = traceback_text(exc) if exc is not None else None
         return Decision(
-            Outcome(claimed.id, claimed.lease_token, JobStatus.FAILED, error=message, kind="failed"),
+            Outcome(claimed.id, claimed.lease_token, JobStatus.FAILED, error=message, kind="failed", traceback=trace),
             JobFailed(claimed.id, claimed.type, claimed.queue, claimed.attempts, message),
             "failed",
         )
@@ -197,6 +222,7 @@ class OutcomePolicy:
     ) -> Decision:
         claimed = attempt.claimed
         extra = attempt.log_extra(self.worker_id)
+        trace = traceback_text(exc) if exc is not None else None
         if claimed.attempts >= claimed.max_attempts:
             kind = "timed_out" if timed_out else "failed"
             logger.error(
@@ -209,7 +235,7 @@ class OutcomePolicy:
                 extra=extra,
             )
             return Decision(
-                Outcome(claimed.id, claimed.lease_token, JobStatus.FAILED, error=message, kind=kind),
+                Outcome(claimed.id, claimed.lease_token, JobStatus.FAILED, error=message, kind=kind, traceback=trace),
                 JobFailed(claimed.id, claimed.type, claimed.queue, claimed.attempts, message),
                 kind,
             )
@@ -227,7 +253,15 @@ class OutcomePolicy:
         )
         kind = "timed_out" if timed_out else "retried"
         return Decision(
-            Outcome(claimed.id, claimed.lease_token, JobStatus.QUEUED, error=message, delay_seconds=delay, kind=kind),
+            Outcome(
+                claimed.id,
+                claimed.lease_token,
+                JobStatus.QUEUED,
+                error=message,
+                delay_seconds=delay,
+                kind=kind,
+                traceback=trace,
+            ),
             JobRetried(claimed.id, claimed.type, claimed.queue, claimed.attempts, message, delay),
             kind,
         )

@@ -410,6 +410,16 @@ class Worker:
         retired = await self._run(store.retire_code_periodics(self.types, list(self.app.periodics)))
         for name in retired:
             logger.info("periodic job %s is no longer declared in code: removed", name)
+        for periodic in await self._run(store.list_periodic()):
+            if periodic.type not in self.app.handlers:
+                logger.warning(
+                    "periodic job %s enqueues jobs of type %s, which no handler of this worker serves: unless "
+                    "another worker handles it, its jobs wait in queue %s forever (a typo, or a module not imported?)",
+                    periodic.name,
+                    periodic.type,
+                    periodic.queue,
+                    extra={"worker_id": self.worker_id, "periodic": periodic.name, "job_type": periodic.type},
+                )
 
     async def _id_in_use(self) -> WorkerIdInUseError:
         holder = await self._run(self.workers.worker_holding_id(self.worker_id))
@@ -652,6 +662,8 @@ class Worker:
         self._wake.set()
 
     def _finished(self, attempt: Attempt, status: JobStatus | None, kind: str) -> None:
+        if kind == "released":  # written: only now is it true
+            logger.info("job %s: released at shutdown, available again at once", attempt.id)
         if self.observers:
             self.observers.finished(attempt.claimed, kind, attempt.ran_seconds)
         if attempt.phase is Phase.RUNNING:  # ended before reaching its outcome (internal error)
@@ -720,18 +732,31 @@ class Worker:
                 await self._wait_in_flight(min(COOPERATIVE_GRACE_SECONDS, self.options.shutdown_timeout or 0.5))
         running = self._running_attempts()
         if running:
-            logger.warning("releasing %d unfinished job(s): they are available again at once", len(running))
+            logger.warning("interrupting %d unfinished job(s) to release them", len(running))
             for attempt in running:
                 attempt.interrupt(StopReason.SHUTDOWN)
         await self._wait_in_flight(RELEASE_HURRY_SECONDS if self._hurry else RELEASE_WAIT_SECONDS, releases=True)
-        if self._in_flight:
-            threads = sum(1 for a in self._in_flight.values() if not a.handler.is_async)
+        # Each job is named once: "released at shutdown" when its release is written (`_finished`),
+        # else here, by what still holds it.
+        for attempt in self._running_attempts():
+            where = "sync handlers run in threads, which cannot be interrupted"
+            if attempt.handler.is_async:
+                where = "its handler ignored the cancellation"
             logger.warning(
-                "%d job(s) did not end (%d in threads, which cannot be interrupted): they keep their leases "
-                "until this process exits, then they are recovered",
-                len(self._in_flight),
-                threads,
+                "job %s did not end (%s): not released, it keeps its lease until this process exits, then it "
+                "is recovered",
+                attempt.id,
+                where,
+                extra=attempt.log_extra(self.worker_id),
             )
+        for attempt in self._in_flight.values():
+            if attempt.phase is not Phase.RUNNING:
+                logger.warning(
+                    "job %s: its outcome was not confirmed written before shutdown; if it was not, the job is "
+                    "recovered when its lease expires",
+                    attempt.id,
+                    extra=attempt.log_extra(self.worker_id),
+                )
 
     def _running_attempts(self) -> list[Attempt]:
         return [a for a in self._in_flight.values() if a.phase is Phase.RUNNING]

@@ -1,5 +1,6 @@
 // Live updates: one event stream per tab; on each change the page's own HTML is fetched again and
-// swapped in, unless the user is selecting or typing. Confirmation for destructive actions.
+// swapped in, unless the user is selecting or typing; what the user unfolded stays unfolded.
+// Confirmation for destructive actions.
 (function () {
   "use strict";
   var main = document.getElementById("main"), dot = document.getElementById("live"), busy = false;
@@ -17,7 +18,12 @@
         var doc = new DOMParser().parseFromString(html, "text/html"), fresh = doc.getElementById("main");
         if (!fresh) return;
         var flash = main.querySelector("p.flash");  // the outcome of the last action stays in view
+        var opened = Array.prototype.map.call(main.querySelectorAll("details[open][data-key]"),
+                                              function (d) { return d.dataset.key; });
         main.innerHTML = fresh.innerHTML;
+        main.querySelectorAll("details[data-key]").forEach(function (d) {  // what the user opened stays open
+          if (opened.indexOf(d.dataset.key) >= 0) d.open = true;
+        });
         if (flash && !main.querySelector("p.flash")) main.prepend(flash);
         main.dispatchEvent(new Event("jobbus:refreshed"));
       })

@@ -117,6 +117,27 @@ FROM counts AS c
 FULL JOIN paused AS p ON p.queue = c.queue
 ORDER BY 1;
 
+-- name: unhandled_work
+-- Queued jobs nobody can take, per (queue, type): no live worker (not stopped, not silent; a paused one
+-- counts as live) serves the queue with a handler for the type. With no live worker at all, every
+-- queued pair is listed. The pairs come from queued_pairs() (one index probe each, never a walk of
+-- the jobs); each pair left is counted along job_queue_claim_idx, at most %(cap)s rows (NULL: all).
+WITH live AS (
+    SELECT queues, types FROM {schema}.worker
+    WHERE state <> 'stopped'
+      AND last_seen_at >= now() - make_interval(secs => least(lease_seconds, dead_after_seconds))
+), unhandled AS (
+    SELECT p.queue, p.type FROM {schema}.queued_pairs() AS p
+    WHERE NOT EXISTS (SELECT 1 FROM live AS w
+                      WHERE (w.queues IS NULL OR p.queue = ANY(w.queues)) AND p.type = ANY(w.types))
+)
+SELECT u.queue, u.type,
+       (SELECT count(*) FROM (SELECT 1 FROM {schema}.job AS j
+                              WHERE j.status = 'queued' AND j.queue = u.queue AND j.type = u.type
+                              LIMIT %(cap)s) AS c)
+FROM unhandled AS u
+ORDER BY u.queue, u.type;
+
 -- name: pause_targets
 SELECT target_kind, target, paused_at FROM {schema}.pause ORDER BY target_kind, target;
 

@@ -213,6 +213,44 @@ FROM names AS n
 LEFT JOIN latest AS l ON l.queue = n.queue
 ORDER BY n.queue;
 
+-- name: dashboard_sample_age
+-- Seconds since the leader's latest queue sample (NULL: none yet); one probe of queue_stat's key.
+SELECT extract(epoch FROM now() - max(sampled_at))::float8 FROM {schema}.queue_stat;
+
+-- name: dashboard_counts_now
+-- What the queue table shows when the samples are stale (no leader): counts read now, each at most
+-- %(cap)s rows of a partial index (job_queue_claim_idx for queued jobs, found queue by queue from
+-- queued_pairs(); job_running_queue_idx for running ones), never the finished rows. The oldest wait
+-- is known only when the available rows were all read (fewer than the cap).
+WITH queued_queues AS (
+    SELECT DISTINCT queue FROM {schema}.queued_pairs()
+), running AS (
+    SELECT queue, count(*) AS running
+    FROM (SELECT queue FROM {schema}.job WHERE status = 'running' LIMIT %(cap)s) AS r
+    GROUP BY queue
+), names AS (
+    SELECT queue FROM queued_queues
+    UNION SELECT queue FROM running
+    UNION SELECT target FROM {schema}.pause WHERE target_kind = 'queue'
+    UNION SELECT queue FROM {schema}.queue_setting
+)
+SELECT n.queue, coalesce(a.available, 0), coalesce(s.scheduled, 0), coalesce(r.running, 0),
+       CASE WHEN a.available < %(cap)s THEN extract(epoch FROM now() - a.oldest)::float8 END, NULL::timestamptz,
+       EXISTS (SELECT 1 FROM {schema}.pause AS p WHERE p.target_kind = 'queue' AND p.target = n.queue)
+FROM names AS n
+LEFT JOIN LATERAL (
+    SELECT count(*) AS available, min(available_at) AS oldest
+    FROM (SELECT j.available_at FROM {schema}.job AS j
+          WHERE j.status = 'queued' AND j.queue = n.queue AND j.available_at <= now() LIMIT %(cap)s) AS q
+) AS a ON true
+LEFT JOIN LATERAL (
+    SELECT count(*) AS scheduled
+    FROM (SELECT 1 FROM {schema}.job AS j
+          WHERE j.status = 'queued' AND j.queue = n.queue AND j.available_at > now() LIMIT %(cap)s) AS q
+) AS s ON true
+LEFT JOIN running AS r ON r.queue = n.queue
+ORDER BY n.queue;
+
 -- name: dashboard_series
 -- The last %(seconds)s of samples in %(buckets)s equal buckets, summed over the queues (or one queue):
 -- jobs completed and failed in each bucket, the queue depth and the longest wait at its last sample.

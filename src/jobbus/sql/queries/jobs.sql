@@ -247,7 +247,8 @@ RETURNING cancellation_requested_at IS NOT NULL;
 -- completed / failed / cancelled (terminal), queued with a delay (retry, snooze) or queued at once with
 -- the attempt given back (released at shutdown). Rows whose token is stale or expired are not returned.
 -- A retry asked for on the last attempt is recorded as failed: the store never exceeds max_attempts.
--- Each outcome is appended to the job's history (the last 50 are kept). Jobs queued again and
+-- Each outcome is appended to the job's history (the last 50 are kept), with the traceback of an
+-- attempt that raised (NULL, and so no key, for every other outcome). Jobs queued again and
 -- available at once are announced like new ones, one notification per (queue, type).
 WITH written AS (
 UPDATE {schema}.job AS j
@@ -267,13 +268,15 @@ SET status = o.final_status,
                      'at', now(),
                      'worker_id', j.worker_id,
                      'error', o.error,
+                     'traceback', o.traceback,
                      'delay_seconds', CASE WHEN o.final_status = 'queued' THEN o.delay END)))
 FROM (
     SELECT i.*, CASE WHEN i.status = 'queued' AND NOT i.released AND cur.attempts >= cur.max_attempts
                      THEN 'failed' ELSE i.status END AS final_status
     FROM unnest(%(ids)b::uuid[], %(tokens)b::uuid[], %(statuses)b::text[], %(results)b::text[],
-                %(errors)b::text[], %(delays)b::float8[], %(released)b::bool[], %(kinds)b::text[])
-         AS i(id, token, status, result, error, delay, released, kind)
+                %(errors)b::text[], %(delays)b::float8[], %(released)b::bool[], %(kinds)b::text[],
+                %(tracebacks)b::text[])
+         AS i(id, token, status, result, error, delay, released, kind, traceback)
     JOIN {schema}.job AS cur ON cur.id = i.id
 ) AS o
 WHERE j.id = o.id AND j.lease_token = o.token AND j.status = 'running' AND j.lease_expires_at > now()
@@ -353,6 +356,31 @@ WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
   AND (%(group_id)s::uuid IS NULL OR group_id = %(group_id)s::uuid)
   AND (%(after)s::uuid IS NULL OR id > %(after)s::uuid)
 ORDER BY id
+LIMIT %(limit)s;
+
+-- name: list_jobs_newest
+-- list_jobs, the newest first: pass the last id seen as %(after)s for the next (older) page.
+SELECT {columns}, (SELECT c.parent_id FROM {schema}.job_child AS c WHERE c.child_id = j.id),
+       (SELECT jsonb_object_agg(s.name, s.result) FROM {schema}.job_step AS s WHERE s.job_id = j.id)
+FROM {schema}.job AS j
+WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+  AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+  AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
+  AND (%(group_id)s::uuid IS NULL OR group_id = %(group_id)s::uuid)
+  AND (%(after)s::uuid IS NULL OR id < %(after)s::uuid)
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: list_jobs_newest_legacy
+-- list_jobs_newest on a schema before migration 0010.
+SELECT {columns}, NULL::uuid, NULL::jsonb
+FROM {schema}.job AS j
+WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+  AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+  AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
+  AND (%(group_id)s::uuid IS NULL OR group_id = %(group_id)s::uuid)
+  AND (%(after)s::uuid IS NULL OR id < %(after)s::uuid)
+ORDER BY id DESC
 LIMIT %(limit)s;
 
 -- name: prune_jobs
