@@ -3,7 +3,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 PYTEST_ARGS ?= -n 2
 
-.PHONY: venv test test-smoke test-django6 faults verify browser lint demo bench bench-capacity bench-steady bench-dashboard dashboard clean
+.PHONY: venv test test-server test-smoke test-django6 faults verify browser lint docs dist-check demo bench bench-capacity bench-steady bench-dashboard dashboard clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,12 @@ lint: venv
 test: lint
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
+# The tests that need a PostgreSQL server (marked server: auto_explain, PgBouncer over TCP); they skip
+# on the embedded one. JOBBUS_TEST_DSN must point at the server.
+test-server: venv
+	@test -n "$$JOBBUS_TEST_DSN" || { echo "make test-server: set JOBBUS_TEST_DSN" >&2; exit 2; }
+	$(VENV)/bin/pytest -m server $(PYTEST_ARGS)
+
 # Django 6 needs Python 3.12: its own venv runs the Django tests with Django 6's django.tasks (`make test`
 # runs them on Django 5.2 with the django-tasks backport). pyenv's 3.12 when there is one.
 PYTHON312 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) python3.12)
@@ -38,7 +44,7 @@ $(VENV_DJANGO6)/.installed: pyproject.toml
 test-django6: $(VENV_DJANGO6)/.installed
 	$(VENV_DJANGO6)/bin/pytest $(PYTEST_ARGS) tests/contrib/test_django.py
 
-# The smoke subset, meant for the embedded server (JOBBUS_TEST_DSN unset).
+# A small subset that runs in seconds.
 test-smoke: venv
 	$(VENV)/bin/pytest -m smoke $(PYTEST_ARGS)
 
@@ -55,6 +61,15 @@ verify: venv
 # The full browser sweep (the normal suite runs a slice): Debian's chromium, screenshots in artifacts/screenshots/.
 browser: venv
 	JOBBUS_BROWSER_FULL=1 $(VENV)/bin/pytest tests/browser -m browser $(PYTEST_ARGS)
+
+# The documentation site (mkdocs.yml) into site/; --strict fails on a broken link or page.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+# Build the sdist and wheel, twine check them, install the wheel into a fresh venv and run its demo.
+dist-check: venv
+	PY=$(PY) bash .ci/dist-check
+
 
 # The demo needs only the embedded server and the dashboard: a venv of its own with those two extras
 # (no development toolchain), so a fresh clone's `make demo` takes seconds. DEMO_ARGS=--dashboard keeps
@@ -100,4 +115,4 @@ dashboard: venv
 	$(VENV)/bin/jobbus dashboard
 
 clean:
-	rm -rf $(VENV) $(VENV_DJANGO6) $(VENV_DEMO) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VENV_DJANGO6) $(VENV_DEMO) .pytest_cache .mypy_cache .ruff_cache dist site

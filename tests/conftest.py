@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -7,6 +8,17 @@ import pytest
 
 import jobbus
 from tests.dbserver import ensure_template, fresh_database, server_dsn
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked `server` need the machine's PostgreSQL: on the embedded server they skip, saying why."""
+    if os.environ.get("JOBBUS_TEST_DSN"):
+        return
+    for item in items:
+        marker = item.get_closest_marker("server")
+        if marker is not None:
+            why = marker.args[0] if marker.args else "needs what the embedded server lacks"
+            item.add_marker(pytest.mark.skip(reason=f"needs a PostgreSQL server (JOBBUS_TEST_DSN): {why}"))
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,10 @@ import jobbus
 from jobbus import JobStatus
 from tests.bouncer import pgbouncer, pgbouncer_binary
 
-pytestmark = pytest.mark.skipif(pgbouncer_binary() is None, reason="pgbouncer is not installed (.ci/run installs it)")
+pytestmark = [
+    pytest.mark.server("PgBouncer reaches the server over TCP; the embedded server listens on a Unix socket only"),
+    pytest.mark.skipif(pgbouncer_binary() is None, reason="pgbouncer is not installed (.ci/run installs it)"),
+]
 
 
 @pytest.fixture
