@@ -12,6 +12,7 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -309,3 +310,61 @@ def test_a_job_enqueued_while_per_key_limits_are_set_is_not_lost(dsn: str, sync_
         setter.join(timeout=30)
         assert not setter.is_alive()
         assert len(claim(sync_app, conn, 5)) == 1
+
+
+# A queue-wide limit beside per-key limits: every combination, claimed again and again from several
+# connections at once (jobs ending between claims), must keep the queue-wide limit as well as the keys'.
+
+COMBINATIONS = {
+    "per-key concurrency and queue rate": {"concurrency_per_key": 2, "rate": 3},
+    "per-key concurrency and queue concurrency": {"concurrency_per_key": 2, "concurrency": 3},
+    "per-key rate and queue rate": {"key_rate": 2, "rate": 3},
+    "all four": {"concurrency_per_key": 2, "key_rate": 2, "concurrency": 3, "rate": 4},
+}
+
+
+@pytest.mark.parametrize("name", sorted(COMBINATIONS))
+def test_a_queue_wide_limit_holds_beside_per_key_limits(dsn: str, sync_app: jobbus.App, name: str) -> None:
+    spec = COMBINATIONS[name]
+    hour = timedelta(hours=1)
+    sync_app.sync.set_queue(
+        "a",
+        concurrency=spec.get("concurrency"),
+        concurrency_per_key=spec.get("concurrency_per_key"),
+        rate_limit=jobbus.RateLimit(spec["rate"], per=hour) if "rate" in spec else None,
+        rate_limit_per_key=jobbus.RateLimit(spec["key_rate"], per=hour) if "key_rate" in spec else None,
+    )
+    for key in ("k0", "k1", "k2", "k3", "k4", None):
+        _jobs(sync_app, "a", 4, key=key)
+    errors: list[BaseException] = []
+    start = threading.Barrier(3)
+
+    def claimer(number: int, finish: bool) -> None:
+        try:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                start.wait()
+                for _ in range(20):
+                    jobs = claim(sync_app, conn, 3, worker_id=f"w{number}")
+                    _check_leases(conn, {"a": {"concurrency": None, "concurrency_per_key": None, **spec}})
+                    if finish:  # a slot frees at once; a start stays in the rate window
+                        for job in jobs:
+                            assert write(sync_app, conn, job, JobStatus.COMPLETED)
+        except BaseException as error:  # reported by the test's thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=claimer, args=(n, n == 0)) for n in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors, errors
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        starts = conn.execute("SELECT concurrency_key FROM jobbus.job WHERE started_at IS NOT NULL").fetchall()
+        if "rate" in spec:
+            assert len(starts) <= spec["rate"], f"{len(starts)} starts under a rate of {spec['rate']}"
+        if "key_rate" in spec:
+            per_key = Counter(key for (key,) in starts if key is not None)
+            assert max(per_key.values(), default=0) <= spec["key_rate"], per_key
+        if "concurrency" in spec:
+            running = conn.execute("SELECT count(*) FROM jobbus.job WHERE status = 'running'").fetchone()
+            assert running is not None and running[0] <= spec["concurrency"]
