@@ -35,9 +35,16 @@ CREATE TABLE IF NOT EXISTS public.model_log (
     detail    jsonb NOT NULL DEFAULT '{}'
 )
 """
+#: A row's detail also gets the database's start time of the job's current attempt (`claimed_at`, from
+#: its claim): the rate check counts starts as the claims record them, not as a loaded machine's handlers
+#: happen to begin a moment later.
 INSERT = (
     "INSERT INTO public.model_log (id, kind, job_id, attempt, lease, worker, pid, detail)"
-    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING"
+    " SELECT %(id)s::uuid, %(kind)s::text, %(job_id)s::uuid, %(attempt)s::int, %(lease)s::uuid,"
+    " %(worker)s::text, %(pid)s::int,"
+    " %(detail)s::jsonb || coalesce((SELECT jsonb_build_object('claimed_at', extract(epoch FROM j.started_at))"
+    " FROM jobbus.job AS j WHERE j.id = %(job_id)s::uuid AND %(kind)s::text = 'start'), '{}')"
+    " ON CONFLICT (id) DO NOTHING"
 )
 #: The log's connections carry this name: the fault injector never terminates them.
 LOG_APPLICATION = "model_log"
@@ -54,17 +61,17 @@ class _Log:
         self._lock: asyncio.Lock | None = None
         self._local = threading.local()
 
-    def _row(self, kind: str, job: Any, detail: dict[str, Any]) -> tuple[Any, ...]:
-        return (
-            uuid.uuid4(),
-            kind,
-            job.id if job is not None else None,
-            job.attempt if job is not None else None,
-            getattr(job, "lease_token", None),
-            WORKER,
-            os.getpid(),
-            Jsonb(detail),
-        )
+    def _row(self, kind: str, job: Any, detail: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "id": uuid.uuid4(),
+            "kind": kind,
+            "job_id": job.id if job is not None else None,
+            "attempt": job.attempt if job is not None else None,
+            "lease": getattr(job, "lease_token", None),
+            "worker": WORKER,
+            "pid": os.getpid(),
+            "detail": Jsonb(detail),
+        }
 
     async def write(self, kind: str, job: Any, **detail: Any) -> None:
         row = self._row(kind, job, detail)

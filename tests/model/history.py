@@ -23,8 +23,8 @@ from typing import Any
 LIMIT_GRACE = 3.0
 #: A worker applies a pause when it next reads its control commands (every heartbeat, 1 s in the run).
 PAUSE_GRACE = 5.0
-#: The rate check counts starts in windows this much shorter than `per`: a start is recorded by its
-#: handler a moment after its claim, and that moment varies on a loaded machine.
+#: The rate check counts starts (by their claim's database time) in windows this much shorter than `per`:
+#: a claim's statement reads the clock once while its start times are stamped row by row.
 START_SKEW = 0.25
 #: A runnable job that could have run (free slot on a live worker, its queue and key below their
 #: limits, no fault in the air) may wait this long before the checker calls the claims unfair.
@@ -54,6 +54,13 @@ class Run:
     start: float
     end: float | None
     outcome: str  # returned, parked, raised, cancelled, or open
+    #: When the claim started this attempt, by the database's clock (what rate limits count); `start`
+    #: when unknown.
+    claimed: float | None = None
+
+    @property
+    def started(self) -> float:
+        return self.start if self.claimed is None else self.claimed
 
 
 @dataclass(frozen=True)
@@ -296,15 +303,15 @@ class _Checker:
         def windows(groups: dict[Any, list[Run]], rate_of: Any, what: str, guarantee: str) -> Iterator[Violation]:
             for name, runs in sorted(groups.items(), key=lambda kv: str(kv[0])):
                 queue = name if isinstance(name, str) else name[0]
-                starts = sorted(runs, key=lambda r: r.start)
+                starts = sorted(runs, key=lambda r: r.started)
                 worst: tuple[int, int, float, list[Run]] | None = None
                 for i, first in enumerate(starts):
-                    rates = [rate_of(lim) for lim in self.limits_at(queue, first.start, first.start)]
+                    rates = [rate_of(lim) for lim in self.limits_at(queue, first.started, first.started)]
                     if not rates or any(rate is None for rate in rates):
                         continue
                     count = max(rate[0] for rate in rates)
                     per = max(rate[1] for rate in rates)
-                    inside = [r for r in starts[i:] if r.start < first.start + per - START_SKEW]
+                    inside = [r for r in starts[i:] if r.started < first.started + per - START_SKEW]
                     if len(inside) > count + 1 and (worst is None or len(inside) - count > worst[0] - worst[1]):
                         worst = (len(inside), count, per, inside)
                 if worst is not None:

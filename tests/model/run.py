@@ -640,7 +640,7 @@ def _read(
     gone: dict[int, float] = {}
     for kind, job_id, attempt, worker, pid, at, detail in rows:
         if kind == "start":
-            starts[detail["run"]] = (job_id, attempt, worker, pid, at)
+            starts[detail["run"]] = (job_id, attempt, worker, pid, at, detail.get("claimed_at"))
             if attempt == 1:
                 h.first_available.setdefault(job_id, float(detail["available_at"]))
         elif kind == "end":
@@ -691,7 +691,7 @@ def _read(
         h.frozen.append(Window(str(pid), at, gone.get(pid, at)))
     for pid, (worker, queues, concurrency, at) in spawned.items():
         h.processes.append(Process(pid, worker, queues, concurrency, at, gone.get(pid)))
-    for run_id, (job_id, attempt, worker, pid, at) in starts.items():
+    for run_id, (job_id, attempt, worker, pid, at, claimed) in starts.items():
         job = jobs.get(job_id)
         end, outcome = ends.get(run_id, (None, "open"))
         h.runs.append(
@@ -707,6 +707,7 @@ def _read(
                 at,
                 end,
                 outcome,
+                at if claimed is None else float(claimed),
             )
         )
     for job_id, name, at in log.execute(
