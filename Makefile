@@ -3,7 +3,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 PYTEST_ARGS ?= -n 2
 
-.PHONY: venv test test-server test-smoke test-django6 faults verify browser lint docs dist-check demo bench bench-capacity bench-steady bench-dashboard dashboard clean
+.PHONY: venv test test-server test-smoke test-django6 faults verify browser lint docs dist-check demo bench gate bench-capacity bench-steady bench-dashboard dashboard clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -94,6 +94,14 @@ demo: $(VENV_DEMO)/.installed
 
 bench: venv
 	$(PY) bench/run.py
+
+# The per-job cost gate (bench/gate.py): Python function calls per job on a fixed in-process drain of
+# 5,000 no-op jobs, against bench/gate-baseline.json; fails on a regression of more than 15 %. A count,
+# not a time: the machine's load does not move it. Needs JOBBUS_TEST_DSN (or the local server);
+# GATE_ARGS=--update records a new baseline, GATE_ARGS=--show=40 prints where the calls come from.
+GATE_ARGS ?=
+gate: venv
+	$(PY) -m bench.gate $(GATE_ARGS)
 
 # The capacity scenarios at full size (1M queued / 10M finished rows; `make bench` runs them at --scale 0.1).
 CAPACITY_ARGS ?=

@@ -41,8 +41,11 @@ SYSTEM = "jobbus"
 ERROR_OUTCOMES = frozenset({"failed", "retried", "timed_out"})
 
 
-def _tracer() -> Tracer | None:
-    """The jobbus tracer, or None when no tracer provider is configured (then tracing costs nothing)."""
+def current_tracer() -> Tracer | None:
+    """The jobbus tracer, or None when no tracer provider is configured (then tracing costs nothing).
+
+    The worker asks once per claim (not per job: without a provider, OpenTelemetry looks the
+    environment up on every call), so a provider configured while it runs serves its next claim."""
     if trace is None:
         return None
     provider = trace.get_tracer_provider()
@@ -55,7 +58,7 @@ def _tracer() -> Tracer | None:
 def producing(specs: Sequence[JobSpec]) -> Iterator[list[JobSpec]]:
     """Around the insert of `specs`: one `create {queue}` span per queue of the batch, ended when the jobs
     are written; yields the specs carrying their span's context."""
-    tracer = _tracer()
+    tracer = current_tracer()
     if tracer is None or not specs:
         yield list(specs)
         return
@@ -101,13 +104,9 @@ def producing(specs: Sequence[JobSpec]) -> Iterator[list[JobSpec]]:
 
 
 @contextlib.contextmanager
-def processing(job: ClaimedJob) -> Iterator[Span | None]:
+def processing(job: ClaimedJob, tracer: Tracer) -> Iterator[Span]:
     """Around one attempt: a `process {queue}` CONSUMER span, child of the producer's span when the job
     carries its context, current while the handler runs."""
-    tracer = _tracer()
-    if tracer is None:
-        yield None
-        return
     from opentelemetry import propagate
 
     parent = propagate.extract(job.trace_context) if job.trace_context else None
@@ -143,4 +142,4 @@ def attempt_ended(span: Span | None, outcome: str, error: BaseException | None) 
         span.set_status(Status(StatusCode.ERROR, description))
 
 
-__all__ = ["TRACE_KEY", "attempt_ended", "processing", "producing"]
+__all__ = ["TRACE_KEY", "attempt_ended", "current_tracer", "processing", "producing"]

@@ -17,6 +17,7 @@ from functools import cache
 from importlib import resources
 from typing import Any, Generic, TypeVar
 
+import msgspec
 import psycopg
 from psycopg import pq
 from psycopg.types.json import set_json_loads
@@ -146,8 +147,19 @@ class UndecodableJson(dict[str, Any]):
         return f"<undecodable JSON: {self.reason}>"
 
 
+_decode = msgspec.json.Decoder().decode
+
+
 def _loads(data: str | bytes) -> Any:
-    """json.loads that never raises on a value the database accepted: no row can kill a reader."""
+    """JSON decoding that never raises on a value the database accepted: no row can kill a reader.
+
+    msgspec first (several times faster than json.loads on the two jsonb columns of every claimed
+    job); a value it refuses (a number beyond float or 64-bit range, nesting too deep) goes through
+    json.loads, which decides as before: a value, or `UndecodableJson`."""
+    try:
+        return _decode(data)
+    except (msgspec.DecodeError, RecursionError):
+        pass
     try:
         return json.loads(data)
     except RecursionError:

@@ -30,7 +30,7 @@ from jobbus.worker.completer import Completer
 from jobbus.worker.outcomes import Decision, OutcomePolicy
 
 if TYPE_CHECKING:
-    from opentelemetry.trace import Span
+    from opentelemetry.trace import Span, Tracer
 
     from jobbus.app import App
 
@@ -59,12 +59,13 @@ class Executor:
         self._on_slot_free = on_slot_free
         self._on_finished = on_finished
 
-    def start(self, attempt: Attempt) -> None:
-        attempt.task = asyncio.create_task(self.run(attempt), name=f"jobbus-job-{attempt.id}")
+    def start(self, attempt: Attempt, tracer: Tracer | None = None) -> None:
+        """Run the attempt in its own task; with a `tracer`, inside its `process {queue}` span."""
+        run = self._run_attempt(attempt, None) if tracer is None else self._run_traced(attempt, tracer)
+        attempt.task = asyncio.create_task(run, name=f"jobbus-job-{attempt.id}")
 
-    async def run(self, attempt: Attempt) -> None:
-        """The attempt inside its `process {queue}` span (when a tracer provider is configured)."""
-        with tracing.processing(attempt.claimed) as span:
+    async def _run_traced(self, attempt: Attempt, tracer: Tracer) -> None:
+        with tracing.processing(attempt.claimed, tracer) as span:
             await self._run_attempt(attempt, span)
 
     async def _run_attempt(self, attempt: Attempt, span: Span | None) -> None:

@@ -102,6 +102,8 @@ class OutcomePolicy:
 
     def after_return(self, attempt: Attempt, result: Any) -> Decision:
         signals = attempt.signals
+        if not signals.requested:  # nothing asked it to stop (the common case): it finished
+            return self._completed(attempt, result)
         if StopReason.LEASE_LOST in signals:
             return self._lease_lost(attempt)
         if StopReason.CANCELLED in signals:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from jobbus import tracing
 from jobbus.errors import JobbusError
 from jobbus.execution import AttemptSignals, JobExecution, StopReason
 from jobbus.models import ClaimedJob, JobStatus
@@ -632,6 +633,7 @@ class Worker:
 
     def _start(self, jobs: list[ClaimedJob], sent: float) -> int:
         """Every claimed job becomes an attempt with its own task; its lease started after `sent`."""
+        tracer = tracing.current_tracer()
         for claimed in jobs:
             handler = self.app.handlers[claimed.type]
             signals = AttemptSignals(cancelled=claimed.cancellation_requested)
@@ -648,7 +650,7 @@ class Worker:
             attempt.timeout = claimed.timeout_seconds or handler.timeout
             self._in_flight[claimed.id] = attempt
             self._running += 1
-            self.executor.start(attempt)
+            self.executor.start(attempt, tracer)
             if self.observers:
                 self.observers.claimed(claimed, max(0.0, time.time() - claimed.available_at.timestamp()))
         self._claimed_total += len(jobs)

@@ -1,0 +1,217 @@
+"""The per-job cost gate: what one worker process does per job on a fixed drain, against a committed baseline.
+
+    JOBBUS_TEST_DSN=postgresql://postgres@127.0.0.1:5432/test .venv/bin/python -m bench.gate
+    .venv/bin/python -m bench.gate --update      # write the figures measured now as the new baseline
+
+A fresh database gets `--jobs` no-op jobs; a real `Worker` (concurrency `--concurrency`,
+`stop_when_empty`) drains them twice, in this process:
+
+* under `cProfile`, counting every Python function call the process makes during the drain
+  (`calls_per_job`): a count, not a time, so the machine's load does not move it;
+* without a profiler, timing the process's own CPU (`resource.getrusage(RUSAGE_SELF)`, user + system)
+  during the drain (`cpu_us_per_job`): a time, so the machine's load does move it (cache and frequency
+  effects of the other processes), which is why only the count fails the gate by default.
+
+The gate fails (exit status 1) when `calls_per_job` is more than `--tolerance` (15 %) above
+bench/gate-baseline.json, with a message naming the figure; `--cpu` makes `cpu_us_per_job` fail
+the same way (for a quiet machine). Exit status 0 when within; the figures go to stdout as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import json
+import os
+import pstats
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+import jobbus
+from jobbus import schema as schema_module
+
+ROOT = Path(__file__).resolve().parent.parent
+BASELINE = ROOT / "bench" / "gate-baseline.json"
+DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
+NOOP = "gate.noop"
+FIGURES = ("calls_per_job", "cpu_us_per_job")
+
+
+async def _noop(job: jobbus.JobExecution) -> None:
+    return None
+
+
+def _database_dsn(base: str, name: str) -> str:
+    return psycopg.conninfo.make_conninfo(base, dbname=name)
+
+
+def _recreate(base: str, name: str) -> str:
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    dsn = _database_dsn(base, name)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        schema_module.migrate(conn, "jobbus")
+    return dsn
+
+
+def _drop(base: str, name: str) -> None:
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def _app(dsn: str) -> jobbus.App:
+    app = jobbus.App(dsn=dsn)
+    app.job(NOOP)(_noop)
+    return app
+
+
+async def _fill(dsn: str, jobs: int) -> None:
+    async with _app(dsn) as app:
+        for start in range(0, jobs, 5_000):
+            await app.schedule_many(NOOP, [{}] * min(5_000, jobs - start))
+
+
+async def _drain(dsn: str, concurrency: int) -> int:
+    app = _app(dsn)
+    return await app.run_worker(concurrency=concurrency, stop_when_empty=True, install_signal_handlers=False)
+
+
+def _completed(dsn: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT count(*) FROM jobbus.job WHERE status = 'completed'").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _run(main: Callable[[], Coroutine[Any, Any, int]], profile: cProfile.Profile | None) -> int:
+    """One drain in a fresh event loop; the profiler (if any) runs only while the loop does."""
+    if profile is not None:
+        profile.enable()
+    try:
+        return asyncio.run(main())
+    finally:
+        if profile is not None:
+            profile.disable()
+
+
+def measure(base: str, jobs: int, concurrency: int, show: int = 0, dump: str | None = None) -> dict[str, Any]:
+    name = f"jobbus_gate_{os.getpid()}"
+    figures: dict[str, Any] = {}
+    try:
+        # The count: a drain under cProfile, every Python-level call of the process.
+        dsn = _recreate(base, name)
+        asyncio.run(_fill(dsn, jobs))
+        profile = cProfile.Profile()
+        code = _run(lambda: _drain(dsn, concurrency), profile)
+        done = _completed(dsn)
+        if code != 0 or done != jobs:
+            raise SystemExit(f"gate: the profiled drain ended with code {code}, {done} of {jobs} jobs completed")
+        stats = pstats.Stats(profile)
+        figures["calls_per_job"] = round(stats.total_calls / jobs, 1)  # type: ignore[attr-defined]
+        if show:
+            _show(stats, jobs, show)
+        if dump:
+            stats.dump_stats(dump)
+        # The time: the same drain without a profiler, the process's own CPU.
+        dsn = _recreate(base, name)
+        asyncio.run(_fill(dsn, jobs))
+        before = _cpu()
+        code = _run(lambda: _drain(dsn, concurrency), None)
+        cpu = _cpu() - before
+        done = _completed(dsn)
+        if code != 0 or done != jobs:
+            raise SystemExit(f"gate: the timed drain ended with code {code}, {done} of {jobs} jobs completed")
+        figures["cpu_us_per_job"] = round(cpu * 1e6 / jobs, 1)
+    finally:
+        _drop(base, name)
+    return figures
+
+
+def _show(stats: pstats.Stats, jobs: int, top: int) -> None:
+    """The functions that make the most calls, per job (to stderr): where the count comes from."""
+    rows = sorted(stats.stats.items(), key=lambda item: -item[1][1])  # type: ignore[attr-defined]
+    print("calls/job  tottime µs/job  function (under cProfile)", file=sys.stderr)
+    for (path, line, name), (_, calls, tottime, _, _) in rows[:top]:
+        where = path.split("/site-packages/")[-1].split("/src/")[-1]
+        print(f"{calls / jobs:9.2f}  {tottime * 1e6 / jobs:14.2f}  {name} ({where}:{line})", file=sys.stderr)
+
+
+def _commit() -> str:
+    proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return proc.stdout.strip() or "unknown"
+
+
+def compare(figures: dict[str, Any], baseline: dict[str, Any], tolerance: float, gated: tuple[str, ...]) -> list[str]:
+    """One message per gated figure more than `tolerance` above its baseline."""
+    failures = []
+    for figure in gated:
+        now, then = float(figures[figure]), float(baseline[figure])
+        if now > then * (1 + tolerance):
+            failures.append(
+                f"gate: {figure} regressed: {now} per job against a baseline of {then} "
+                f"(+{(now / then - 1) * 100:.1f} %, allowed +{tolerance * 100:.0f} %; "
+                f"baseline from commit {baseline.get('commit', '?')} in {BASELINE.relative_to(ROOT)})"
+            )
+    return failures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dsn", default=os.environ.get("JOBBUS_TEST_DSN", DEFAULT_DSN))
+    parser.add_argument("--jobs", type=int, default=5_000)
+    parser.add_argument("--concurrency", type=int, default=100)
+    parser.add_argument("--tolerance", type=float, default=0.15)
+    parser.add_argument("--cpu", action="store_true", help="fail on cpu_us_per_job too (quiet machines only)")
+    parser.add_argument("--show", type=int, default=0, metavar="N", help="print the N most called functions")
+    parser.add_argument("--dump", metavar="PATH", help="write the profile (pstats format) to PATH")
+    parser.add_argument("--update", action="store_true", help=f"write the figures to {BASELINE.name}")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    figures = measure(args.dsn, args.jobs, args.concurrency, args.show, args.dump)
+    load = os.getloadavg()[0]
+    report = {
+        **figures,
+        "jobs": args.jobs,
+        "concurrency": args.concurrency,
+        "commit": _commit(),
+        "load_average": round(load, 2),
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    print(json.dumps(report))
+    if args.update:
+        BASELINE.write_text(
+            json.dumps({k: report[k] for k in (*FIGURES, "jobs", "concurrency", "commit", "load_average")}, indent=1)
+            + "\n",
+            encoding="utf-8",
+        )
+        return 0
+    baseline = json.loads(BASELINE.read_text(encoding="utf-8"))
+    if (baseline["jobs"], baseline["concurrency"]) != (args.jobs, args.concurrency):
+        print(
+            f"gate: the baseline was measured on {baseline['jobs']} jobs at concurrency {baseline['concurrency']}",
+            file=sys.stderr,
+        )
+        return 2
+    failures = compare(figures, baseline, args.tolerance, FIGURES if args.cpu else ("calls_per_job",))
+    for failure in failures:
+        print(failure, file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,28 @@
+"""The per-job cost gate (bench/gate.py): its verdict, and one real measured drain."""
+
+from __future__ import annotations
+
+import pytest
+from bench import gate
+
+BASELINE = {"calls_per_job": 200.0, "cpu_us_per_job": 100.0, "commit": "abc1234"}
+
+
+def test_within_the_tolerance_passes() -> None:
+    figures = {"calls_per_job": 229.9, "cpu_us_per_job": 500.0}
+    assert gate.compare(figures, BASELINE, 0.15, ("calls_per_job",)) == []
+
+
+def test_a_regression_names_the_figure() -> None:
+    figures = {"calls_per_job": 231.0, "cpu_us_per_job": 90.0}
+    [failure] = gate.compare(figures, BASELINE, 0.15, gate.FIGURES)
+    assert failure.startswith("gate: calls_per_job regressed: 231.0 per job against a baseline of 200.0")
+    assert "+15.5 %" in failure and "abc1234" in failure
+
+
+@pytest.mark.timeout(300)
+def test_a_measured_drain_counts_calls_per_job(admin_dsn: str) -> None:
+    figures = gate.measure(admin_dsn, 300, 20)
+    # Every job costs the worker at least its claim, its handler call and its outcome: far more than 50 calls.
+    assert figures["calls_per_job"] > 50
+    assert figures["cpu_us_per_job"] > 0
