@@ -374,12 +374,14 @@ class App:
         timeout: float | timedelta | None = None,
         concurrency_key: str | None = None,
         then: JobRequest | None = None,
+        expires: float | timedelta | datetime | None = None,
         connection: psycopg.AsyncConnection[Any] | None = None,
     ) -> uuid.UUID:
         """Enqueue one job and return its id, or the id of the active job holding `unique_key`.
 
         `then`: a follow-up job, scheduled exactly once in the transaction that records this job
-        `completed` (never on failure or cancellation).
+        `completed` (never on failure or cancellation). `expires`: seconds or a timedelta from now, or
+        an aware datetime; a job not started by then never runs and ends `cancelled` ("expired").
         """
         request = JobRequest(
             type,
@@ -394,6 +396,7 @@ class App:
             timeout,
             concurrency_key,
             then,
+            expires,
         )
         (job_id,) = await self.schedule_many([request], connection=connection)
         return job_id
@@ -880,6 +883,7 @@ class SyncApp:
         timeout: float | timedelta | None = None,
         concurrency_key: str | None = None,
         then: JobRequest | None = None,
+        expires: float | timedelta | datetime | None = None,
         connection: psycopg.Connection[Any] | None = None,
     ) -> uuid.UUID:
         request = JobRequest(
@@ -895,6 +899,7 @@ class SyncApp:
             timeout,
             concurrency_key,
             then,
+            expires,
         )
         (job_id,) = self.schedule_many([request], connection=connection)
         return job_id
