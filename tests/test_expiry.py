@@ -166,3 +166,47 @@ def test_a_follow_up_and_a_group_callback_carry_their_expiry(dsn: str, sync_app:
         (absolute,) = conn.execute("SELECT expires_at FROM jobbus.job WHERE type = 't.next'").fetchone() or (None,)
     assert absolute == at
     assert timedelta(seconds=119) < rows["t.done"] <= timedelta(seconds=121)
+
+
+def test_jobbus_schedule_expires_and_jobs_show(dsn: str) -> None:
+    from tests.cli import jobbus as run_cli
+    from tests.cli import jobbus_json
+
+    at = "2031-03-04T05:06:07+00:00"
+    by_time = run_cli(dsn, "schedule", "t", "--expires", at)
+    by_seconds = run_cli(dsn, "schedule", "t", "--expires", "90")
+    assert by_time.returncode == 0 and by_seconds.returncode == 0, by_time.stderr + by_seconds.stderr
+    shown = jobbus_json(dsn, "jobs", "show", by_time.stdout.strip())
+    assert datetime.fromisoformat(shown["expires_at"]) == datetime.fromisoformat(at)
+    seconds = jobbus_json(dsn, "jobs", "show", by_seconds.stdout.strip())
+    created, expires = (datetime.fromisoformat(seconds[k]) for k in ("created_at", "expires_at"))
+    assert timedelta(seconds=89) < expires - created <= timedelta(seconds=91)
+    human = run_cli(dsn, "jobs", "show", by_time.stdout.strip())
+    assert human.returncode == 0 and "expires" in human.stdout and "2031-03-0" in human.stdout
+    for bad in ("-5", "2031-03-04T05:06:07", "soon"):
+        result = run_cli(dsn, "schedule", "t", "--expires", bad)
+        assert result.returncode == 64, (bad, result.stderr)
+        assert "expires" in result.stderr
+    with psycopg.connect(dsn) as conn:
+        assert _count(conn) == 2
+
+
+async def test_the_dashboards_job_page_shows_the_expiry(dsn: str) -> None:
+    import httpx
+
+    from jobbus.dashboard import create_app
+
+    app = jobbus.App(dsn=dsn)
+    async with app:
+        job_id = await app.schedule("t", expires=datetime(2031, 3, 4, 5, 6, 7, tzinfo=UTC))
+        plain = await app.schedule("t")
+    asgi = create_app(jobbus.App(dsn=dsn))
+    try:
+        transport = httpx.ASGITransport(app=asgi)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+            page = (await http.get(f"/jobs/{job_id}")).text
+            other = (await http.get(f"/jobs/{plain}")).text
+    finally:
+        await asgi.state.dashboard.close()
+    assert "<dt>expires</dt><dd>2031-03-04 05:06:07+00:00" in page
+    assert "<dt>expires</dt><dd>—</dd>" in other
