@@ -129,7 +129,8 @@ def schedule_command(
       echo '{"to": "a@example.com"}' | jobbus schedule email.send --config -
 
     Exit codes: 0 scheduled, 64 bad usage (invalid JSON, a config that is not an object, a naive
-    --at, a value out of range, an --expires that is neither seconds nor a timestamp), 69 database unreachable, 78 schema missing or bad --app.
+    --at or --expires, a value out of range, an --expires that is neither seconds nor a timestamp),
+    69 database unreachable, 78 schema missing or bad --app.
     """
     configuration = parse_config(config_json)
     available_at = parse_when(at_text) if at_text else None
