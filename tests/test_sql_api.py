@@ -5,6 +5,8 @@ Node example of docs/sql.md."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import threading
 import time
 import uuid
@@ -309,3 +311,49 @@ def _status(dsn: str, job_id: uuid.UUID) -> str | None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute("SELECT status FROM jobbus.job WHERE id = %s", (job_id,)).fetchone()
     return None if row is None else str(row[0])
+
+
+def _url(dsn: str) -> str:
+    """The connection string as a URL, the form node-postgres reads."""
+    info = psycopg.conninfo.conninfo_to_dict(dsn)
+    return f"postgresql://{info.get('user', 'postgres')}@{info.get('host', '127.0.0.1')}:{info.get('port', 5432)}/{info['dbname']}"
+
+
+def _node_example() -> str:
+    text = (ROOT / "docs" / "sql.md").read_text(encoding="utf-8")
+    start = text.index("```js\n") + len("```js\n")
+    return text[start : text.index("```", start)]
+
+
+def test_the_node_example_of_docs_sql_md_runs(dsn: str, tmp_path: Path) -> None:
+    npm, node = shutil.which("npm"), shutil.which("node")
+    if npm is None or node is None:
+        pytest.skip("node and npm are not installed")
+    installed = subprocess.run(
+        [npm, "install", "--no-audit", "--no-fund", "--silent", "pg@8"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    if installed.returncode != 0:
+        pytest.skip(f"npm could not install pg: {installed.stderr.strip()[:200]}")
+    (tmp_path / "enqueue.js").write_text(_node_example(), encoding="utf-8")
+    result = subprocess.run(
+        [node, "enqueue.js"],
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "DATABASE_URL": _url(dsn)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    first, second = result.stdout.strip().splitlines()
+    job_id = uuid.UUID(first)
+    assert second.startswith("refused: priority: priority must be an integer")
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT type, queue, unique_key, configuration_data FROM jobbus.job").fetchone()
+        assert conn.execute("SELECT id FROM jobbus.job").fetchall() == [(job_id,)]
+    assert row == ("mail.send", "mail", "welcome:ada", {"to": "ada@example.com"})
