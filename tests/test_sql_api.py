@@ -20,6 +20,7 @@ from psycopg.types.json import Jsonb
 
 import jobbus
 from tests.processes import finish, prepare, start_worker, wait_until
+from tests.roles import granted_roles
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -316,7 +317,8 @@ def _status(dsn: str, job_id: uuid.UUID) -> str | None:
 def _url(dsn: str) -> str:
     """The connection string as a URL, the form node-postgres reads."""
     info = psycopg.conninfo.conninfo_to_dict(dsn)
-    return f"postgresql://{info.get('user', 'postgres')}@{info.get('host', '127.0.0.1')}:{info.get('port', 5432)}/{info['dbname']}"
+    user, host, port = info.get("user", "postgres"), info.get("host", "127.0.0.1"), info.get("port", 5432)
+    return f"postgresql://{user}@{host}:{port}/{info['dbname']}"
 
 
 def _node_example() -> str:
@@ -357,3 +359,13 @@ def test_the_node_example_of_docs_sql_md_runs(dsn: str, tmp_path: Path) -> None:
         row = conn.execute("SELECT type, queue, unique_key, configuration_data FROM jobbus.job").fetchone()
         assert conn.execute("SELECT id FROM jobbus.job").fetchall() == [(job_id,)]
     assert row == ("mail.send", "mail", "welcome:ada", {"to": "ada@example.com"})
+
+
+def test_the_producer_role_may_call_the_sql_api(dsn: str) -> None:
+    kinds = ("worker", "operator", "observer", "producer")
+    with granted_roles(dsn, kinds) as roles, psycopg.connect(roles["producer"], autocommit=True) as conn:
+        first = conn.execute("SELECT jobbus.schedule('t', '{}', '{\"unique_key\": \"k\"}')").fetchone()
+        again = conn.execute('SELECT * FROM jobbus.schedule_many(\'[{"type": "t", "unique_key": "k"}]\')').fetchone()
+        assert first is not None and first == again
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("UPDATE jobbus.job SET priority = 1")
