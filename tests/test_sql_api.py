@@ -16,6 +16,8 @@ from typing import Any
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from psycopg.types.json import Jsonb
 
 import jobbus
@@ -40,6 +42,8 @@ CASES: list[tuple[dict[str, Any], str | None]] = [
     ({"type": ""}, "type"),
     ({"type": "   "}, "type"),
     ({"type": 5}, "type"),
+    ({"type": "\x1c\xa0\u3000\u2028\x85"}, "type"),
+    ({"type": "t", "queue": "\u200b"}, None),
     ({"type": "x" * 256}, "type"),
     ({"type": "é" * 128}, "type"),
     ({"configuration": {}}, "type"),
@@ -369,3 +373,57 @@ def test_the_producer_role_may_call_the_sql_api(dsn: str) -> None:
         assert first is not None and first == again
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("UPDATE jobbus.job SET priority = 1")
+
+
+_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**40), max_value=2**40),
+    st.floats(allow_nan=False, allow_infinity=False, min_value=-1e12, max_value=1e12),
+    st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\x00"), max_size=8),
+    st.text(alphabet=st.sampled_from(" \t\x1c\x85\xa0\u2000\u200b\u3000x"), max_size=3),
+    st.sampled_from(
+        ["2031-01-02T03:04:05+02:00", "2031-01-02T03:04:05", "2031-01-02", "0190c0de-0000-7000-8000-000000000001"]
+    ),
+)
+_KEYS = st.sampled_from(
+    [
+        "queue",
+        "priority",
+        "name",
+        "unique_key",
+        "group_id",
+        "max_attempts",
+        "available_at",
+        "delay_seconds",
+        "timeout_seconds",
+        "concurrency_key",
+        "expires_at",
+    ]
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(options=st.dictionaries(_KEYS, _VALUES, max_size=3), job_type=st.sampled_from(["t", "", " ", 5]))
+def test_python_and_sql_agree_on_generated_jobs(
+    dsn: str, sync_app: jobbus.App, options: dict[str, Any], job_type: Any
+) -> None:
+    job = {"type": job_type, **options}
+    if isinstance(job.get("expires_at"), int | float) and not isinstance(job.get("expires_at"), bool):
+        job["expires_at"] = str(job["expires_at"])  # a number is seconds to Python and no time to SQL
+    if "available_at" in job and "delay_seconds" in job:
+        del job["delay_seconds"]  # one Python option
+    try:
+        python_request_ok = True
+        sync_app.sync.schedule_many([python_request(job)])
+    except jobbus.InvalidJobError:
+        python_request_ok = False
+    except (OverflowError, ValueError):  # timedelta() of the test's own translation
+        return
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        try:
+            sql_ok = True
+            conn.execute("SELECT jobbus.schedule_many(%s)", [Jsonb([job])])
+        except psycopg.errors.InvalidParameterValue:
+            sql_ok = False
+    assert python_request_ok == sql_ok, job

@@ -186,7 +186,8 @@ BEGIN
         PERFORM {schema}.refuse_option(p_where, p_field, 'must be a string, got ' || v::text);
     END IF;
     v_text := v #>> '{{}}';
-    IF v_text ~ '^[[:space:]]*$' THEN
+    -- Empty or blank: the characters Python's str.strip() removes, whatever the database's locale.
+    IF v_text ~ '^[\t\n\v\f\r\x1c-\x1f \u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]*$' THEN
         PERFORM {schema}.refuse_option(p_where, p_field, 'must not be empty');
     END IF;
     IF octet_length(v_text) > p_limit THEN
