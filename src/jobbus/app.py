@@ -384,12 +384,14 @@ class App:
         timeout: float | timedelta | None = None,
         concurrency_key: str | None = None,
         then: JobRequest | None = None,
+        expires: float | timedelta | datetime | None = None,
         connection: psycopg.AsyncConnection[Any] | None = None,
     ) -> uuid.UUID:
         """Enqueue one job and return its id, or the id of the active job holding `unique_key`.
 
         `then`: a follow-up job, scheduled exactly once in the transaction that records this job
-        `completed` (never on failure or cancellation).
+        `completed` (never on failure or cancellation). `expires`: seconds or a timedelta from now, or
+        an aware datetime; a job not started by then never runs and ends `cancelled` ("expired").
         """
         request = JobRequest(
             type,
@@ -404,6 +406,7 @@ class App:
             timeout,
             concurrency_key,
             then,
+            expires,
         )
         (job_id,) = await self.schedule_many([request], connection=connection)
         return job_id
@@ -911,6 +914,7 @@ class SyncApp:
         timeout: float | timedelta | None = None,
         concurrency_key: str | None = None,
         then: JobRequest | None = None,
+        expires: float | timedelta | datetime | None = None,
         connection: psycopg.Connection[Any] | None = None,
     ) -> uuid.UUID:
         request = JobRequest(
@@ -926,6 +930,7 @@ class SyncApp:
             timeout,
             concurrency_key,
             then,
+            expires,
         )
         (job_id,) = self.schedule_many([request], connection=connection)
         return job_id

@@ -66,10 +66,15 @@ class Job:
     parent_id: uuid.UUID | None = None
     #: Results of the job's durable steps (`job.step`) by step name; not a column of the job table.
     steps: dict[str, Any] = field(default_factory=dict)
+    #: A job not started by then is cancelled instead (migration 0014; None: it never expires). Read
+    #: after the columns above, so reads of a schema before that migration still work.
+    expires_at: datetime | None = None
 
 
 #: The columns of the job table, in `Job`'s order (reads add `parent_id` and `steps` after them).
-JOB_COLUMNS: tuple[str, ...] = tuple(name for name in Job.__dataclass_fields__ if name not in ("parent_id", "steps"))
+JOB_COLUMNS: tuple[str, ...] = tuple(
+    name for name in Job.__dataclass_fields__ if name not in ("parent_id", "steps", "expires_at")
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +118,10 @@ class JobSpec:
     then: str | None = None
     #: JSON text of the job's first `execution_data` (the producer's trace context), or None for `{}`.
     execution: str | None = None
+    #: When a job not started by then is cancelled instead: absolute and aware, or `expires_in` seconds
+    #: after the insert (the database clock); neither: never.
+    expires_at: datetime | None = None
+    expires_in: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

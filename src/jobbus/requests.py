@@ -58,6 +58,9 @@ class JobRequest:
     #: A follow-up, scheduled exactly once in the transaction that records this job `completed`
     #: (never on failure or cancellation); it may have a `then` of its own.
     then: JobRequest | None = None
+    #: A job not started by then never runs and ends `cancelled`: seconds or a timedelta from the
+    #: insert (the database clock), or an aware datetime.
+    expires: float | timedelta | datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +104,7 @@ def build_spec(
     if group_id is not None and not isinstance(group_id, uuid.UUID):
         raise InvalidJobError(f"group_id must be a uuid.UUID, got {group_id!r}")
     available_at, delay = resolve_available_at(request.available_at)
+    expires_at, expires_in = resolve_expires(request.expires)
     concurrency_key = (
         None
         if request.concurrency_key is None
@@ -120,6 +124,8 @@ def build_spec(
         delay_seconds=delay,
         timeout_seconds=seconds_or_none("timeout", request.timeout),
         concurrency_key=concurrency_key,
+        expires_at=expires_at,
+        expires_in=expires_in,
     )
 
 
@@ -140,6 +146,10 @@ def spec_json(spec: JobSpec) -> str:
         "timeout": spec.timeout_seconds,
         "concurrency_key": spec.concurrency_key,
     }
+    if spec.expires_at is not None:
+        values["expires_at"] = spec.expires_at.isoformat()
+    if spec.expires_in is not None:
+        values["expires_in"] = spec.expires_in
     text = dumps(values)
     # configuration and then are JSON text already: spliced in, not decoded and encoded again.
     text = f'{text[:-1]},"configuration":{spec.configuration}'
@@ -171,6 +181,8 @@ def specs_sharing(
             t.delay_seconds,
             t.timeout_seconds,
             t.concurrency_key,
+            expires_at=t.expires_at,
+            expires_in=t.expires_in,
         )
         for configuration in configurations
     ]
@@ -378,3 +390,20 @@ def resolve_available_at(
             raise InvalidJobError(f"{what} {value.isoformat()} {_OUT_OF_RANGE}")
         return value, 0.0
     raise InvalidJobError(f"{what} must be an aware datetime or a timedelta, got {value!r}")
+
+
+def resolve_expires(value: float | timedelta | datetime | None) -> tuple[datetime | None, float | None]:
+    """`expires` as (absolute, None) for an aware datetime or (None, seconds after the insert).
+
+    Seconds and timedeltas must be more than 0 and at most a year; a datetime must be aware and land
+    between `EARLIEST_AVAILABLE_AT` and `LATEST_AVAILABLE_AT`. A datetime already past is accepted: the
+    job is cancelled as expired without running.
+    """
+    if value is None:
+        return None, None
+    if isinstance(value, datetime):
+        absolute, _ = resolve_available_at(value, "expires")
+        return absolute, None
+    if not isinstance(value, int | float | timedelta) or isinstance(value, bool):
+        raise InvalidJobError(f"expires must be seconds (a number), a timedelta or an aware datetime, got {value!r}")
+    return None, seconds_or_none("expires", value)

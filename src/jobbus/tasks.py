@@ -18,7 +18,7 @@ import functools
 import inspect
 import typing
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
@@ -27,8 +27,9 @@ import psycopg
 
 from jobbus import encoding
 from jobbus.encoding import EncodingError
-from jobbus.errors import NonRetryableError
+from jobbus.errors import InvalidJobError, NonRetryableError
 from jobbus.execution import JobExecution, SyncJobExecution
+from jobbus.requests import seconds_or_none
 
 if TYPE_CHECKING:
     from jobbus.app import App
@@ -54,7 +55,7 @@ class Task(Generic[P, R]):
     """A function registered as a job type; call it directly, or `defer` it to a worker.
 
     Typed by the function's signature (`ParamSpec`): mypy checks the arguments of `defer`,
-    `defer_sync` and ``options(...).defer`` as it checks a call of the function itself.
+    `defer_sync`, `delay` and ``options(...).defer`` as it checks a call of the function itself.
     """
 
     def __init__(self, app: App, func: Callable[P, R], type: str) -> None:
@@ -87,6 +88,7 @@ class Task(Generic[P, R]):
         priority: int | None = None,
         timeout: float | timedelta | None = None,
         concurrency_key: str | None = None,
+        expires: float | timedelta | datetime | None = None,
         connection: Connection | None = None,
     ) -> TaskOptions[P, R]:
         """This task with per-job options (those of `App.schedule`); chain `.defer(...)` on it.
@@ -104,6 +106,7 @@ class Task(Generic[P, R]):
             "priority": priority,
             "timeout": timeout,
             "concurrency_key": concurrency_key,
+            "expires": expires,
         }
         return TaskOptions(self, {key: value for key, value in given.items() if value is not None}, connection)
 
@@ -114,6 +117,45 @@ class Task(Generic[P, R]):
     def defer_sync(self, *args: P.args, **kwargs: P.kwargs) -> uuid.UUID:
         """`defer` for blocking code (Django views, scripts), through `app.sync`."""
         return TaskOptions(self).defer_sync(*args, **kwargs)
+
+    def delay(self, *args: P.args, **kwargs: P.kwargs) -> uuid.UUID:
+        """Celery's name for `defer_sync`: enqueue one job, blocking; returns its id."""
+        return TaskOptions(self).defer_sync(*args, **kwargs)
+
+    def apply_async(
+        self,
+        args: Sequence[Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        countdown: float | timedelta | None = None,
+        eta: datetime | None = None,
+        expires: float | timedelta | datetime | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+    ) -> uuid.UUID:
+        """Celery's `apply_async`: enqueue one job with these arguments and options; returns its id.
+
+        Blocking, as Celery's is (async code awaits ``options(...).defer(...)``). `countdown` (seconds or
+        a timedelta, 0 or more) and `eta` (an aware datetime) say when it may start, one or the other;
+        `expires` as in `App.schedule`. `args` and `kwargs` are checked against the function's signature
+        and annotations when called (`TypeError`, nothing written), not by mypy: use `delay` or
+        ``options(...).defer_sync(...)`` for arguments mypy checks.
+        """
+        if countdown is not None and eta is not None:
+            raise InvalidJobError("apply_async takes countdown or eta, not both")
+        available_at: datetime | timedelta | None = eta
+        if countdown is not None:
+            seconds = seconds_or_none("countdown", countdown, allow_zero=True)
+            available_at = None if not seconds else timedelta(seconds=seconds)
+        elif eta is not None and not isinstance(eta, datetime):
+            raise InvalidJobError(f"eta must be an aware datetime, got {eta!r}")
+        if args is not None and (isinstance(args, str | bytes) or not isinstance(args, Sequence)):
+            raise TypeError(f"task {self.type}: apply_async args must be a list or tuple, got {args!r:.80}")
+        if kwargs is not None and not isinstance(kwargs, Mapping):
+            raise TypeError(f"task {self.type}: apply_async kwargs must be a dict, got {kwargs!r:.80}")
+        options = self.options(available_at=available_at, expires=expires, queue=queue, priority=priority)
+        configuration = self.configuration(*(args or ()), **(kwargs or {}))
+        return self.app.sync.schedule(self.type, configuration, **options.values)
 
     def configuration(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """The job configuration for these arguments: parameter name → JSON value, checked exactly.
@@ -211,6 +253,7 @@ class TaskOptions(Generic[P, R]):
         priority: int | None = None,
         timeout: float | timedelta | None = None,
         concurrency_key: str | None = None,
+        expires: float | timedelta | datetime | None = None,
         connection: Connection | None = None,
     ) -> TaskOptions[P, R]:
         """These options with those given here changed (the keywords of `Task.options`)."""
@@ -224,6 +267,7 @@ class TaskOptions(Generic[P, R]):
             priority=priority,
             timeout=timeout,
             concurrency_key=concurrency_key,
+            expires=expires,
             connection=connection,
         )
         return replace(

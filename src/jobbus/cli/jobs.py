@@ -199,6 +199,7 @@ def _job_detail(job: Job) -> Group:
         ("worker", shown(job.worker_id or "-")),
         ("created", human_time(job.created_at)),
         ("available", human_time(job.available_at)),
+        ("expires", human_time(job.expires_at)),
         ("started", human_time(job.started_at)),
         ("finished", human_time(job.finished_at)),
         ("lease expires", human_time(job.lease_expires_at)),

@@ -48,6 +48,14 @@ def parse_when(text: str, option: str = "--at") -> datetime:
     return value
 
 
+def parse_expires(text: str) -> float | datetime:
+    """--expires: seconds from now (a number), or an ISO 8601 timestamp with a timezone."""
+    try:
+        return float(text)
+    except ValueError:
+        return parse_when(text, "--expires")
+
+
 def parse_config(text: str | None) -> dict[str, Any]:
     """The --config JSON object; `-` reads it from stdin. Not JSON, too deep, or not an object: exit 64."""
     if text is None:
@@ -80,6 +88,12 @@ def parse_config(text: str | None) -> dict[str, Any]:
 @click.option(
     "--max-attempts", type=click.IntRange(1, INT32_MAX), metavar="N", help="Attempts before the job fails (default 3)."
 )
+@click.option(
+    "--expires",
+    "expires_text",
+    metavar="SECONDS|ISO8601",
+    help="Cancel the job instead if it has not started by then: seconds from now, or a timestamp with an offset.",
+)
 @click.option("--name", metavar="NAME", help="A label for humans.")
 @click.option("--group-id", metavar="UUID", help="Group the job with others (see group progress).")
 @click.option(
@@ -97,6 +111,7 @@ def schedule_command(
     at_text: str | None,
     priority: int | None,
     max_attempts: int | None,
+    expires_text: str | None,
     name: str | None,
     group_id: str | None,
     app_spec: str | None,
@@ -113,10 +128,12 @@ def schedule_command(
       jobbus schedule report.render --config '{"report_id": 42}'
       jobbus schedule catalog.reindex --config '{"catalog_id": "summer"}' --queue catalog \\
           --unique-key catalog:summer --at 2026-05-01T02:00:00Z
+      jobbus schedule digest.send --config '{"user_id": 7}' --expires 3600
       echo '{"to": "a@example.com"}' | jobbus schedule email.send --config -
 
     Exit codes: 0 scheduled, 64 bad usage (invalid JSON, a config that is not an object, a naive
-    --at, a value out of range), 69 database unreachable, 78 schema missing or bad --app.
+    --at or --expires, a value out of range, an --expires that is neither seconds nor a timestamp),
+    69 database unreachable, 78 schema missing or bad --app.
     """
     configuration = parse_config(config_json)
     available_at = parse_when(at_text) if at_text else None
@@ -132,6 +149,7 @@ def schedule_command(
         "max_attempts": max_attempts,
         "name": name,
         "group_id": group,
+        "expires": parse_expires(expires_text) if expires_text else None,
     }
     try:  # everything the library would refuse (a configuration it cannot store too) before the database
         build_spec(JobRequest(job_type, configuration, **options), JobDefaults(), default_max_attempts=1)

@@ -5,3 +5,5 @@ GRANT SELECT, INSERT ON {schema}.job TO {producer};
 -- With a job, its follow-up (`then=`) and its group's callback; reads show its parent and steps.
 GRANT INSERT ON {schema}.job_follow_up, {schema}.job_group TO {producer};
 GRANT SELECT ON {schema}.job_step, {schema}.job_child TO {producer};
+-- The SQL API (docs/sql.md): the same rights, through two functions.
+GRANT EXECUTE ON FUNCTION {schema}.schedule(text, jsonb, jsonb), {schema}.schedule_many(jsonb) TO {producer};

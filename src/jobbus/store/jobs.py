@@ -85,7 +85,7 @@ class JobStore:
         group's callback or None) of `schedule_group`: the members of a new group, refused (SQLSTATE
         `GROUP_REFUSED`) if the id already has jobs, and the callback written with them.
         """
-        if callback is not None or any(s.then is not None for s in specs):
+        if callback is not None or any(s.then is not None or _expires(s) for s in specs):
             return self._insert_jobs(specs, callback)
         if len(specs) == 1:
             (spec,) = specs
@@ -137,9 +137,11 @@ class JobStore:
             "channel": self.channel,
         }
         query = "insert_jobs"
-        if callback is not None or any(s.then is not None for s in specs):
+        if callback is not None or any(s.then is not None or _expires(s) for s in specs):
             query = "insert_jobs_chained"
             params["thens"] = [s.then for s in specs]
+            params["expires_ats"] = [s.expires_at for s in specs]
+            params["expires_ins"] = [s.expires_in for s in specs]
         if callback is not None:
             query = "insert_group"
             params["callback_group"], params["callback_spec"] = callback
@@ -212,6 +214,10 @@ class JobStore:
 
     def recover_expired_leases(self, limit: int = 1000) -> Statement[list[RecoveredJob]]:
         return Statement(self._q["recover_expired_leases"], {"limit": limit, "channel": self.channel}, decode_recovered)
+
+    def cancel_expired_jobs(self, limit: int = 1000) -> Statement[int]:
+        """Cancel up to `limit` queued jobs past their expiry; returns how many."""
+        return Statement(self._q["cancel_expired_jobs"], {"limit": limit}, lambda rows, _: len(rows))
 
     def heartbeat_leases(
         self, leases: Mapping[uuid.UUID, uuid.UUID], lease_seconds: float
@@ -423,11 +429,16 @@ def _flag(rows: list[Row], _: int) -> bool | None:
     return bool(rows[0][0]) if rows else None
 
 
+def _expires(spec: JobSpec) -> bool:
+    return spec.expires_at is not None or spec.expires_in is not None
+
+
 def _job(row: Row) -> Job:
-    values = dict(zip(JOB_COLUMNS, row[:-2], strict=True))
+    values = dict(zip(JOB_COLUMNS, row[:-3], strict=True))
     values["status"] = JobStatus(values["status"])
-    values["parent_id"] = row[-2]
-    values["steps"] = row[-1] or {}
+    values["parent_id"] = row[-3]
+    values["steps"] = row[-2] or {}
+    values["expires_at"] = row[-1]
     return Job(**values)
 
 

@@ -45,24 +45,26 @@ SELECT NULL, NULL, NULL, NULL, pg_notify(%(channel)b, json_build_array(queue, ty
 FROM (SELECT DISTINCT queue, type FROM inserted) AS q;
 
 -- name: insert_jobs_chained
--- insert_jobs for jobs with follow-ups (`then=`): the same, plus those rows. The
--- tables are those of migration 0010; plain inserts do not name them, so producers of this code keep
--- working on the previous schema during a rolling deploy.
+-- insert_jobs for jobs with follow-ups (`then=`) or an expiry: the same, plus those. The tables
+-- are those of migration 0010 and expires_at that of 0014; plain inserts do not name them, so
+-- producers of this code keep working on the previous schema during a rolling deploy.
 WITH input AS (
     SELECT *
     FROM unnest(
         %(ids)b::uuid[], %(types)b::text[], %(queues)b::text[], %(names)b::text[], %(group_ids)b::uuid[],
         %(unique_keys)b::text[], %(priorities)b::int[], %(configurations)b::text[], %(max_attempts)b::int[],
         %(available_ats)b::timestamptz[], %(delays)b::float8[], %(timeouts)b::float8[], %(concurrency_keys)b::text[],
-        %(executions)b::text[], %(thens)b::text[]
+        %(executions)b::text[], %(thens)b::text[], %(expires_ats)b::timestamptz[], %(expires_ins)b::float8[]
     ) AS t(id, type, queue, name, group_id, unique_key, priority, configuration, max_attempts,
-           available_at, delay, timeout_seconds, concurrency_key, execution, then_spec)
+           available_at, delay, timeout_seconds, concurrency_key, execution, then_spec, expires_at, expires_in)
 ), inserted AS (
     INSERT INTO {schema}.job AS j (id, type, queue, name, group_id, unique_key, priority, configuration_data,
-                                  execution_data, max_attempts, available_at, timeout_seconds, concurrency_key)
+                                  execution_data, max_attempts, available_at, timeout_seconds, concurrency_key,
+                                  expires_at)
     SELECT id, type, queue, name, group_id, unique_key, priority, configuration::jsonb,
            coalesce(execution::jsonb, '{{}}'), max_attempts,
-           coalesce(available_at, now() + make_interval(secs => delay)), timeout_seconds, concurrency_key
+           coalesce(available_at, now() + make_interval(secs => delay)), timeout_seconds, concurrency_key,
+           coalesce(expires_at, now() + make_interval(secs => expires_in))
     FROM input
     ON CONFLICT DO NOTHING
     RETURNING j.id, j.type, j.unique_key, j.queue
@@ -96,15 +98,17 @@ WITH input AS (
         %(ids)b::uuid[], %(types)b::text[], %(queues)b::text[], %(names)b::text[], %(group_ids)b::uuid[],
         %(unique_keys)b::text[], %(priorities)b::int[], %(configurations)b::text[], %(max_attempts)b::int[],
         %(available_ats)b::timestamptz[], %(delays)b::float8[], %(timeouts)b::float8[], %(concurrency_keys)b::text[],
-        %(executions)b::text[], %(thens)b::text[]
+        %(executions)b::text[], %(thens)b::text[], %(expires_ats)b::timestamptz[], %(expires_ins)b::float8[]
     ) AS t(id, type, queue, name, group_id, unique_key, priority, configuration, max_attempts,
-           available_at, delay, timeout_seconds, concurrency_key, execution, then_spec)
+           available_at, delay, timeout_seconds, concurrency_key, execution, then_spec, expires_at, expires_in)
 ), inserted AS (
     INSERT INTO {schema}.job AS j (id, type, queue, name, group_id, unique_key, priority, configuration_data,
-                                  execution_data, max_attempts, available_at, timeout_seconds, concurrency_key)
+                                  execution_data, max_attempts, available_at, timeout_seconds, concurrency_key,
+                                  expires_at)
     SELECT id, type, queue, name, group_id, unique_key, priority, configuration::jsonb,
            coalesce(execution::jsonb, '{{}}'), max_attempts,
-           coalesce(available_at, now() + make_interval(secs => delay)), timeout_seconds, concurrency_key
+           coalesce(available_at, now() + make_interval(secs => delay)), timeout_seconds, concurrency_key,
+           coalesce(expires_at, now() + make_interval(secs => expires_in))
     FROM input
     ON CONFLICT DO NOTHING
     RETURNING j.id, j.type, j.unique_key, j.queue
@@ -211,6 +215,22 @@ FROM expired
 WHERE j.id = expired.id
 RETURNING j.id, j.type, j.queue, j.status, j.attempts, j.last_error,
           (SELECT pg_notify(%(channel)s, json_build_array(j.queue, j.type)::text) IS NULL);
+
+-- name: cancel_expired_jobs
+-- Queued jobs past their expires_at that no claim met (a queue no worker serves, a start later than the
+-- expiry) end `cancelled`, through job_expiry_idx (only queued jobs with an expiry are in it).
+WITH expired AS (
+    SELECT id FROM {schema}.job
+    WHERE status = 'queued' AND expires_at IS NOT NULL AND expires_at <= now()
+    ORDER BY expires_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.job AS j
+SET status = 'cancelled', finished_at = now(), last_error = {schema}.expired_error(j.expires_at)
+FROM expired
+WHERE j.id = expired.id
+RETURNING j.id;
 
 -- name: heartbeat_leases
 -- Renews every lease a worker holds in one statement and returns the live ones with their
@@ -322,12 +342,13 @@ FROM old;
 -- name: find_job
 -- Reads add the job's parent (`Job.parent_id`) and durable steps (`Job.steps`) after its columns.
 SELECT {columns}, (SELECT c.parent_id FROM {schema}.job_child AS c WHERE c.child_id = j.id),
-       (SELECT jsonb_object_agg(s.name, s.result) FROM {schema}.job_step AS s WHERE s.job_id = j.id)
+       (SELECT jsonb_object_agg(s.name, s.result) FROM {schema}.job_step AS s WHERE s.job_id = j.id),
+       j.expires_at
 FROM {schema}.job AS j WHERE id = %(id)s;
 
 -- name: find_job_legacy
 -- find_job on a schema before migration 0010 (a rolling deploy): no parent, no steps.
-SELECT {columns}, NULL::uuid, NULL::jsonb FROM {schema}.job AS j WHERE id = %(id)s;
+SELECT {columns}, NULL::uuid, NULL::jsonb, NULL::timestamptz FROM {schema}.job AS j WHERE id = %(id)s;
 
 -- name: group_progress
 SELECT status, count(*) FROM {schema}.job WHERE group_id = %(group_id)s GROUP BY status;
@@ -335,7 +356,8 @@ SELECT status, count(*) FROM {schema}.job WHERE group_id = %(group_id)s GROUP BY
 -- name: list_jobs
 -- Keyset pagination on id (UUIDv7, so creation order): pass the last id seen as %(after)s.
 SELECT {columns}, (SELECT c.parent_id FROM {schema}.job_child AS c WHERE c.child_id = j.id),
-       (SELECT jsonb_object_agg(s.name, s.result) FROM {schema}.job_step AS s WHERE s.job_id = j.id)
+       (SELECT jsonb_object_agg(s.name, s.result) FROM {schema}.job_step AS s WHERE s.job_id = j.id),
+       j.expires_at
 FROM {schema}.job AS j
 WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
   AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
@@ -348,7 +370,7 @@ LIMIT %(limit)s;
 -- name: list_jobs_legacy
 -- list_jobs on a schema before migration 0010.
 -- Keyset pagination on id (UUIDv7, so creation order): pass the last id seen as %(after)s.
-SELECT {columns}, NULL::uuid, NULL::jsonb
+SELECT {columns}, NULL::uuid, NULL::jsonb, NULL::timestamptz
 FROM {schema}.job AS j
 WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
   AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))

@@ -7,6 +7,7 @@
   fenced itself before that point; one that comes back keeps whatever it claims afterwards.
 - A lease that expired (a hung or partitioned worker that still refreshes its row, a worker whose row
   was forgotten) is taken back too.
+- A queued job past its `expires_at` that no claim met (claims cancel those they meet) is cancelled.
 
 Taken back means `queued` again with the attempt counted, `failed` when that was the last attempt,
 `cancelled` when cancellation was asked for; listeners of this process hear of each.
@@ -61,6 +62,12 @@ class Rescuer:
             expired: list[RecoveredJob] = await self._run(self.jobs.recover_expired_leases(BATCH))
             await self._announce(expired)
             if len(expired) < BATCH:
+                break
+        while True:
+            cancelled: int = await self._run(self.jobs.cancel_expired_jobs(BATCH))
+            if cancelled:
+                logger.info("%d queued job(s) expired before they started: cancelled", cancelled)
+            if cancelled < BATCH:
                 return
 
     async def _announce(self, recovered: list[RecoveredJob]) -> None:

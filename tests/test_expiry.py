@@ -1,0 +1,212 @@
+"""Expiry: a job not started by its `expires` never runs; it ends `cancelled` with an error that says it
+expired. The claim cancels the expired rows it takes and takes again for them, under limits too; the
+leader's rescuer cancels those no claim meets."""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+import jobbus
+from jobbus import JobRequest, JobStatus
+from jobbus.store import run_sync
+from tests.storehelpers import claim, write
+
+
+def _expire(conn: psycopg.Connection[Any], *ids: uuid.UUID) -> None:
+    conn.execute("UPDATE jobbus.job SET expires_at = now() - interval '1 second' WHERE id = ANY(%s)", (list(ids),))
+
+
+def _count(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute("SELECT count(*) FROM jobbus.job").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_expires_is_stored_from_seconds_timedelta_and_datetime(sync_app: jobbus.App) -> None:
+    at = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
+    by_seconds = sync_app.sync.schedule("t", expires=60)
+    by_delta = sync_app.sync.schedule("t", expires=timedelta(hours=1))
+    by_datetime = sync_app.sync.schedule("t", expires=at)
+    never = sync_app.sync.schedule("t")
+    (many,) = sync_app.sync.schedule_many([JobRequest("t", expires=at)])
+    (shared,) = sync_app.sync.schedule_many("t", [{}], expires=at)
+    jobs = {job_id: sync_app.sync.find(job_id) for job_id in (by_seconds, by_delta, by_datetime, never, many, shared)}
+    got = {
+        job_id: (job.expires_at - job.created_at if job and job.expires_at else None) for job_id, job in jobs.items()
+    }
+    assert timedelta(seconds=59) < got[by_seconds] <= timedelta(seconds=61)  # type: ignore[operator]
+    assert timedelta(minutes=59) < got[by_delta] <= timedelta(minutes=61)  # type: ignore[operator]
+    assert got[never] is None
+    for job_id in (by_datetime, many, shared):
+        job = jobs[job_id]
+        assert job is not None and job.expires_at == at
+
+
+@pytest.mark.parametrize(
+    ("expires", "problem"),
+    [
+        (-1, "expires must be more than 0"),
+        (0, "expires must be more than 0"),
+        (timedelta(seconds=-5), "expires must be more than 0"),
+        (float("nan"), "expires must be more than 0"),
+        (datetime(2030, 1, 1), "expires must be an aware datetime"),
+        ("soon", "expires must be seconds"),
+        (True, "expires must be seconds"),
+    ],
+)
+def test_bad_expires_is_refused_and_writes_nothing(dsn: str, sync_app: jobbus.App, expires: Any, problem: str) -> None:
+    with pytest.raises(jobbus.InvalidJobError, match=problem):
+        sync_app.sync.schedule("t", expires=expires)
+    with pytest.raises(jobbus.InvalidJobError, match=problem):
+        sync_app.sync.schedule_many([JobRequest("t"), JobRequest("t", expires=expires)])
+    with psycopg.connect(dsn) as conn:
+        assert _count(conn) == 0
+
+
+def test_an_expired_job_is_never_claimed_and_ends_cancelled(dsn: str, sync_app: jobbus.App) -> None:
+    expired = sync_app.sync.schedule("t", expires=3600)
+    fresh = sync_app.sync.schedule("t", expires=3600)
+    plain = sync_app.sync.schedule("t")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        _expire(conn, expired)
+        jobs = claim(sync_app, conn, 10)
+    assert {j.id for j in jobs} == {fresh, plain}
+    job = sync_app.sync.find(expired)
+    assert job is not None
+    assert job.status is JobStatus.CANCELLED and job.attempts == 0 and job.started_at is None
+    assert job.last_error is not None and "expired" in job.last_error
+    assert job.finished_at is not None
+
+
+def test_expired_jobs_at_the_head_of_a_queue_do_not_shrink_the_batch(dsn: str, sync_app: jobbus.App) -> None:
+    head = sync_app.sync.schedule_many("t", [{} for _ in range(5)], priority=5, expires=3600)
+    tail = sync_app.sync.schedule_many("t", [{} for _ in range(5)])
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        _expire(conn, *head)
+        jobs = claim(sync_app, conn, 5)
+    assert {j.id for j in jobs} == set(tail)
+    assert all(j.status is JobStatus.CANCELLED for j in map(sync_app.sync.find, head) if j is not None)
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [
+        {"concurrency": 2},
+        {"concurrency_per_key": 1},
+        {"rate_limit": jobbus.RateLimit(2, per=timedelta(minutes=1))},
+        {"rate_limit_per_key": jobbus.RateLimit(1, per=timedelta(minutes=1))},
+    ],
+    ids=["concurrency", "per-key", "rate", "rate-per-key"],
+)
+def test_expiry_holds_under_limits_and_expired_jobs_take_no_slot(
+    dsn: str, sync_app: jobbus.App, limits: dict[str, Any]
+) -> None:
+    sync_app.sync.set_queue("a", **limits)
+    expired = [
+        sync_app.sync.schedule("t", queue="a", concurrency_key=f"k{n}", priority=9, expires=3600) for n in range(2)
+    ]
+    live = [sync_app.sync.schedule("t", queue="a", concurrency_key=f"k{n}") for n in range(2)]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        _expire(conn, *expired)
+        jobs = claim(sync_app, conn, 10)
+        assert {j.id for j in jobs} == set(live)
+        for job in jobs:
+            assert write(sync_app, conn, job, JobStatus.COMPLETED)
+    statuses = Counter(job.status for job in map(sync_app.sync.find, expired) if job is not None)
+    assert statuses == {JobStatus.CANCELLED: 2}
+
+
+def test_a_job_retrying_after_its_expiry_does_not_run_again(dsn: str, sync_app: jobbus.App) -> None:
+    job_id = sync_app.sync.schedule("t", expires=3600, max_attempts=3)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        (job,) = claim(sync_app, conn, 1)
+        assert write(sync_app, conn, job, JobStatus.QUEUED, error="boom", delay_seconds=0)
+        _expire(conn, job_id)
+        assert claim(sync_app, conn, 1) == []
+    found = sync_app.sync.find(job_id)
+    assert found is not None
+    assert found.status is JobStatus.CANCELLED and found.attempts == 1
+    assert found.last_error is not None and "expired" in found.last_error
+
+
+def test_the_rescuer_cancels_expired_jobs_no_claim_meets(dsn: str, sync_app: jobbus.App) -> None:
+    unserved = sync_app.sync.schedule("nobody.serves", expires=3600)
+    later = sync_app.sync.schedule("t", expires=3600, available_at=timedelta(hours=2))
+    keep = sync_app.sync.schedule("t", available_at=timedelta(hours=2))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        _expire(conn, unserved, later)
+        assert run_sync(conn, sync_app.store.cancel_expired_jobs(1)) == 1
+        assert run_sync(conn, sync_app.store.cancel_expired_jobs(10)) == 1
+        assert run_sync(conn, sync_app.store.cancel_expired_jobs(10)) == 0
+    for job_id, status in ((unserved, JobStatus.CANCELLED), (later, JobStatus.CANCELLED), (keep, JobStatus.QUEUED)):
+        job = sync_app.sync.find(job_id)
+        assert job is not None and job.status is status
+
+
+def test_a_follow_up_and_a_group_callback_carry_their_expiry(dsn: str, sync_app: jobbus.App) -> None:
+    at = datetime(2031, 5, 6, tzinfo=UTC)
+    first = sync_app.sync.schedule("t", then=JobRequest("t.next", expires=at))
+    _, members = sync_app.sync.schedule_group([JobRequest("t")], then=JobRequest("t.done", expires=120))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        jobs = claim(sync_app, conn, 10)
+        assert {j.id for j in jobs} == {first, *members}
+        for job in jobs:
+            assert write(sync_app, conn, job, JobStatus.COMPLETED)
+        rows: dict[str, timedelta] = dict(
+            conn.execute(
+                "SELECT type, expires_at - created_at FROM jobbus.job WHERE type IN ('t.next', 't.done')"
+            ).fetchall()
+        )
+        (absolute,) = conn.execute("SELECT expires_at FROM jobbus.job WHERE type = 't.next'").fetchone() or (None,)
+    assert absolute == at
+    assert timedelta(seconds=119) < rows["t.done"] <= timedelta(seconds=121)
+
+
+def test_jobbus_schedule_expires_and_jobs_show(dsn: str) -> None:
+    from tests.cli import jobbus as run_cli
+    from tests.cli import jobbus_json
+
+    at = "2031-03-04T05:06:07+00:00"
+    by_time = run_cli(dsn, "schedule", "t", "--expires", at)
+    by_seconds = run_cli(dsn, "schedule", "t", "--expires", "90")
+    assert by_time.returncode == 0 and by_seconds.returncode == 0, by_time.stderr + by_seconds.stderr
+    shown = jobbus_json(dsn, "jobs", "show", by_time.stdout.strip())
+    assert datetime.fromisoformat(shown["expires_at"]) == datetime.fromisoformat(at)
+    seconds = jobbus_json(dsn, "jobs", "show", by_seconds.stdout.strip())
+    created, expires = (datetime.fromisoformat(seconds[k]) for k in ("created_at", "expires_at"))
+    assert timedelta(seconds=89) < expires - created <= timedelta(seconds=91)
+    human = run_cli(dsn, "jobs", "show", by_time.stdout.strip())
+    assert human.returncode == 0 and "expires" in human.stdout and "2031-03-0" in human.stdout
+    for bad in ("-5", "2031-03-04T05:06:07", "soon"):
+        result = run_cli(dsn, "schedule", "t", "--expires", bad)
+        assert result.returncode == 64, (bad, result.stderr)
+        assert "expires" in result.stderr
+    with psycopg.connect(dsn) as conn:
+        assert _count(conn) == 2
+
+
+async def test_the_dashboards_job_page_shows_the_expiry(dsn: str) -> None:
+    import httpx
+
+    from jobbus.dashboard import create_app
+
+    app = jobbus.App(dsn=dsn)
+    async with app:
+        job_id = await app.schedule("t", expires=datetime(2031, 3, 4, 5, 6, 7, tzinfo=UTC))
+        plain = await app.schedule("t")
+    asgi = create_app(jobbus.App(dsn=dsn))
+    try:
+        transport = httpx.ASGITransport(app=asgi)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+            page = (await http.get(f"/jobs/{job_id}")).text
+            other = (await http.get(f"/jobs/{plain}")).text
+    finally:
+        await asgi.state.dashboard.close()
+    assert "<dt>expires</dt><dd>2031-03-04 05:06:07+00:00" in page
+    assert "<dt>expires</dt><dd>—</dd>" in other
