@@ -383,7 +383,8 @@ LIMIT %(limit)s;
 -- name: list_jobs_newest
 -- list_jobs, the newest first: pass the last id seen as %(after)s for the next (older) page.
 SELECT {columns}, (SELECT c.parent_id FROM {schema}.job_child AS c WHERE c.child_id = j.id),
-       (SELECT jsonb_object_agg(s.name, s.result) FROM {schema}.job_step AS s WHERE s.job_id = j.id)
+       (SELECT jsonb_object_agg(s.name, s.result) FROM {schema}.job_step AS s WHERE s.job_id = j.id),
+       j.expires_at
 FROM {schema}.job AS j
 WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
   AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
@@ -395,7 +396,7 @@ LIMIT %(limit)s;
 
 -- name: list_jobs_newest_legacy
 -- list_jobs_newest on a schema before migration 0010.
-SELECT {columns}, NULL::uuid, NULL::jsonb
+SELECT {columns}, NULL::uuid, NULL::jsonb, NULL::timestamptz
 FROM {schema}.job AS j
 WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
   AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
