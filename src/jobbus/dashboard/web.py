@@ -393,14 +393,24 @@ def create_starlette(
         status = await dash.app.cancel(job_id)
         return f"job {job_id}: {'cancellation requested' if status is JobStatus.RUNNING else status.value}"
 
+    async def delete_job(request: Request, form: dict[str, Any]) -> str:
+        job_id = _require_uuid(request.path_params["job_id"])
+        await dash.app.delete(job_id)
+        return f"job {job_id} deleted"
+
+    async def run_job_now(request: Request, form: dict[str, Any]) -> str:
+        job_id = _require_uuid(request.path_params["job_id"])
+        await dash.app.run_now(job_id)
+        return f"job {job_id} is available now"
+
     async def bulk_jobs(request: Request, form: dict[str, Any]) -> str:
         ids = [_require_uuid(i) for i in (form.get("ids") or [])][:BULK_LIMIT]
         verb = form.get("action")
-        if verb not in ("retry", "cancel"):
-            raise ValueError("bulk action must be retry or cancel")
+        if verb not in BULK_ACTIONS:
+            raise ValueError("bulk action must be retry, cancel or delete")
         if not ids:
             return "no job selected"
-        done = await (_retry_many(dash.app, ids) if verb == "retry" else _cancel_many(dash.app, ids))
+        done = await BULK_ACTIONS[verb](dash.app, ids)
         return f"{verb}: {done} of {len(ids)} selected job(s)"
 
     async def retry_failures(request: Request, form: dict[str, Any]) -> str:
@@ -479,6 +489,8 @@ def create_starlette(
         Route("/jobs/{job_id}", page(job_detail)),
         Route("/jobs/{job_id}/retry", action(retry_job), methods=["POST"]),
         Route("/jobs/{job_id}/cancel", action(cancel_job), methods=["POST"]),
+        Route("/jobs/{job_id}/delete", action(delete_job), methods=["POST"]),
+        Route("/jobs/{job_id}/run-now", action(run_job_now), methods=["POST"]),
         Route("/failures", page(failures)),
         Route("/failures/retry", action(retry_failures), methods=["POST"]),
         Route("/workers", page(workers)),
@@ -523,6 +535,24 @@ async def _cancel_many(app: App, ids: list[uuid.UUID]) -> int:
             status = await app.cancel(job_id)
             done += status in (JobStatus.CANCELLED, JobStatus.RUNNING)
     return done
+
+
+async def _delete_many(app: App, ids: list[uuid.UUID]) -> int:
+    done = 0
+    for job_id in ids:
+        with contextlib.suppress(InvalidStateError):
+            await app.delete(job_id)
+            done += 1
+    return done
+
+
+#: The bulk actions of the jobs page; each counts the selected jobs it acted on (a job in a state the
+#: action does not apply to is skipped, as a single action would refuse it).
+BULK_ACTIONS: dict[str, Callable[[App, list[uuid.UUID]], Awaitable[int]]] = {
+    "retry": _retry_many,
+    "cancel": _cancel_many,
+    "delete": _delete_many,
+}
 
 
 def _set_csrf_cookie(request: Request, response: Response) -> None:

@@ -277,6 +277,44 @@ SELECT old.status, (SELECT count(*) FROM updated) = 1,
        (SELECT pg_notify(%(channel)s, json_build_array(queue, type)::text) IS NULL FROM updated)
 FROM old;
 
+-- name: end_job_for_delete
+-- The first of `App.delete`'s two statements (one transaction): locks the job (FOR UPDATE, as cancel_job,
+-- so no claim can take it until the delete commits) and ends a queued one as cancelled, so that the
+-- trigger job_finished moves its group's and its parent's counts as for any job that ends: a group's
+-- callback still fires when its other members are done, a parent waiting for its children wakes. Returns
+-- the status before; no row when there is no such job.
+WITH old AS (
+    SELECT id, status FROM {schema}.job WHERE id = %(id)s FOR UPDATE
+), ended AS (
+    UPDATE {schema}.job AS j
+    SET status = 'cancelled', finished_at = now()
+    FROM old
+    WHERE j.id = old.id AND old.status = 'queued'
+    RETURNING j.id
+)
+SELECT old.status, (SELECT count(*) FROM ended) FROM old;
+
+-- name: delete_job
+-- The second statement of `App.delete`: the row is still locked by the first, so its status is the one
+-- that statement saw or wrote; a running job is never deleted.
+DELETE FROM {schema}.job WHERE id = %(id)s AND status <> 'running';
+
+-- name: run_job_now
+-- `App.run_now`: a queued job becomes available at once (and workers are told); the status before is
+-- returned, no row when there is no such job.
+WITH old AS (
+    SELECT id, status FROM {schema}.job WHERE id = %(id)s FOR UPDATE
+), updated AS (
+    UPDATE {schema}.job AS j
+    SET available_at = now()
+    FROM old
+    WHERE j.id = old.id AND old.status = 'queued'
+    RETURNING j.queue, j.type
+)
+SELECT old.status, (SELECT count(*) FROM updated) = 1,
+       (SELECT pg_notify(%(channel)s, json_build_array(queue, type)::text) IS NULL FROM updated)
+FROM old;
+
 -- name: find_job
 -- Reads add the job's parent (`Job.parent_id`) and durable steps (`Job.steps`) after its columns.
 SELECT {columns}, (SELECT c.parent_id FROM {schema}.job_child AS c WHERE c.child_id = j.id),
