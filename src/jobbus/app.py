@@ -25,7 +25,7 @@ from jobbus.errors import DatabaseUnavailableError, InvalidJobError, InvalidStat
 from jobbus.events import EventHub, JobCancelled, JobEvent, JobScheduled
 from jobbus.execution import check_event_key
 from jobbus.limits import KEEP, Keep, QueueSettings, RateLimit, check_count, check_rate
-from jobbus.models import ClaimedJob, GroupProgress, Job, JobSpec, JobStatus
+from jobbus.models import JOB_VIEWS, ClaimedJob, GroupProgress, Job, JobSpec, JobStatus
 from jobbus.periodic import Periodic, PeriodicSpec
 from jobbus.requests import (
     MAX_TYPE_BYTES,
@@ -610,7 +610,9 @@ class App:
         after: uuid.UUID | None = None,
         limit: int = 100,
     ) -> list[Job]:
-        """Jobs in creation order, filtered; pass the last id seen as `after` for the next page."""
+        """Jobs in creation order, filtered; pass the last id seen as `after` for the next page.
+
+        `status` takes statuses and the views of queued jobs (`scheduled`, `retrying`, `waiting`)."""
         filters = _list_filters(status, queue, type, group_id, after, limit)
         try:
             return await self._run(self.store.list_jobs(**filters))
@@ -1353,13 +1355,17 @@ def _list_filters(
             return None
         return [str(value)] if isinstance(value, str) else [str(v) for v in value]
 
-    statuses = many(status)
-    for s in statuses or []:
-        JobStatus(s)
+    wanted = many(status)
+    for s in wanted or []:
+        if s not in JOB_VIEWS:
+            JobStatus(s)
+    statuses = [s for s in wanted or [] if s not in JOB_VIEWS] or None
+    views = [s for s in wanted or [] if s in JOB_VIEWS] or None
     if not 1 <= limit <= 10_000:
         raise InvalidJobError(f"limit must be between 1 and 10000, got {limit}")
     return {
         "statuses": statuses,
+        "views": views,
         "queues": many(queue),
         "types": many(type),
         "group_id": _uuid(group_id) if group_id is not None else None,

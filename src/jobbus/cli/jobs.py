@@ -28,9 +28,11 @@ from jobbus.cli.output import (
 )
 from jobbus.cli.schedule import parse_when
 from jobbus.cli.text import shown
-from jobbus.models import Job, JobStatus
+from jobbus.models import JOB_VIEWS, Job, JobStatus
 
 STATUSES = [s.value for s in JobStatus]
+#: What `jobs list --status` accepts: the statuses, and the views of queued jobs.
+STATUS_CHOICES = [*STATUSES, *JOB_VIEWS]
 
 
 def _job_id(text: str) -> uuid.UUID:
@@ -56,7 +58,13 @@ def jobs_group() -> None:
 
 
 @jobs_group.command("list")
-@click.option("--status", "statuses", multiple=True, type=click.Choice(STATUSES), help="Filter (repeatable).")
+@click.option(
+    "--status",
+    "statuses",
+    multiple=True,
+    type=click.Choice(STATUS_CHOICES),
+    help="Filter by status, or by a view of queued jobs: scheduled, retrying, waiting (repeatable).",
+)
 @click.option("--queue", "queues", multiple=True, metavar="Q", help="Filter by queue (repeatable).")
 @click.option("--type", "types", multiple=True, metavar="T", help="Filter by job type (repeatable).")
 @click.option("--group-id", metavar="UUID", help="Only jobs of this group.")

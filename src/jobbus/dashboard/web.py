@@ -37,7 +37,7 @@ from jobbus.dashboard.security import (
 )
 from jobbus.errors import InvalidJobError, InvalidStateError
 from jobbus.limits import KEEP, Keep, RateLimit
-from jobbus.models import TRACE_KEY, JobStatus
+from jobbus.models import JOB_VIEWS, TRACE_KEY, JobStatus
 from jobbus.store.dashboard import Cursor, DashboardStore
 from jobbus.store.statements import Statement, run_async
 
@@ -49,6 +49,8 @@ PAGE_SIZE = 50
 #: A bulk action acts on at most this many jobs per click (a failure group says how many are left).
 BULK_LIMIT = 1000
 STATUSES = ("queued", "running", "completed", "failed", "cancelled")
+#: The views of queued jobs the jobs page offers beside the statuses (jobbus.models.JOB_VIEWS).
+VIEWS = JOB_VIEWS
 WORKER_ACTIONS = ("pause", "resume", "drain", "stop", "restart")
 FLASH_COOKIE = "jobbus_flash"
 #: No framing (a page of buttons in someone else's frame is a clickjacking target), no script or style
@@ -215,7 +217,7 @@ def create_starlette(
     async def jobs(request: Request) -> Response:
         params = request.query_params
         status = params.get("status") or None
-        if status not in (None, *STATUSES, "finished"):
+        if status not in (None, *STATUSES, *VIEWS, "finished"):
             raise HTTPException(400, f"unknown status {status!r}")
         group = _parse_uuid(params.get("group"))
         cursor = Cursor.decode(params["after"]) if params.get("after") else None
@@ -243,9 +245,14 @@ def create_starlette(
         if job_page.next is not None:
             next_url = "/jobs?" + urlencode({**query, "after": job_page.next.encode()})
         queues = await dash.run(dash.store.latest_sample())
+        counts = await dash.run(dash.store.job_counts(queue=filters["queue"] or None, type=filters["type"] or None))
+        tab_query = {k: v for k, v in query.items() if k not in ("status", "group", "q")}
         return dash.render(
             request,
             "jobs.html",
+            counts=counts,
+            views=VIEWS,
+            tab_base="/jobs?" + urlencode(tab_query) + ("&" if tab_query else ""),
             page_jobs=job_page.jobs,
             next_url=next_url,
             first_url="/jobs?" + urlencode(query) if cursor else None,

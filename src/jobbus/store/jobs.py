@@ -350,6 +350,7 @@ class JobStore:
         self,
         *,
         statuses: Sequence[str] | None = None,
+        views: Sequence[str] | None = None,
         queues: Sequence[str] | None = None,
         types: Sequence[str] | None = None,
         group_id: uuid.UUID | None = None,
@@ -359,6 +360,7 @@ class JobStore:
     ) -> Statement[list[Job]]:
         params = {
             "statuses": list(statuses) if statuses else None,
+            "views": list(views) if views else None,
             "queues": list(queues) if queues else None,
             "types": list(types) if types else None,
             "group_id": group_id,

@@ -329,11 +329,20 @@ SELECT {columns}, NULL::uuid, NULL::jsonb FROM {schema}.job AS j WHERE id = %(id
 SELECT status, count(*) FROM {schema}.job WHERE group_id = %(group_id)s GROUP BY status;
 
 -- name: list_jobs
--- Keyset pagination on id (UUIDv7, so creation order): pass the last id seen as %(after)s.
+-- Keyset pagination on id (UUIDv7, so creation order): pass the last id seen as %(after)s. Beside the
+-- statuses, the views of queued jobs (jobbus.models.JOB_VIEWS): `waiting` (parked in a durable wait:
+-- available later, its last history entry "waiting"), `retrying` (after a failed attempt, not parked)
+-- and `scheduled` (available later, never attempted, not parked); a job is in at most one of them.
 SELECT {columns}, (SELECT c.parent_id FROM {schema}.job_child AS c WHERE c.child_id = j.id),
        (SELECT jsonb_object_agg(s.name, s.result) FROM {schema}.job_step AS s WHERE s.job_id = j.id)
 FROM {schema}.job AS j
-WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+WHERE ((%(statuses)s::text[] IS NULL AND %(views)s::text[] IS NULL) OR status = ANY(%(statuses)s::text[])
+       OR (status = 'queued' AND %(views)s::text[] IS NOT NULL AND (
+              ('waiting' = ANY(%(views)s::text[]) AND available_at > now() AND history -> -1 ->> 'outcome' = 'waiting')
+           OR ('retrying' = ANY(%(views)s::text[]) AND attempts > 0
+               AND NOT (available_at > now() AND coalesce(history -> -1 ->> 'outcome', '') = 'waiting'))
+           OR ('scheduled' = ANY(%(views)s::text[]) AND available_at > now() AND attempts = 0
+               AND coalesce(history -> -1 ->> 'outcome', '') <> 'waiting'))))
   AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
   AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
   AND (%(group_id)s::uuid IS NULL OR group_id = %(group_id)s::uuid)
@@ -346,7 +355,13 @@ LIMIT %(limit)s;
 -- Keyset pagination on id (UUIDv7, so creation order): pass the last id seen as %(after)s.
 SELECT {columns}, NULL::uuid, NULL::jsonb
 FROM {schema}.job AS j
-WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+WHERE ((%(statuses)s::text[] IS NULL AND %(views)s::text[] IS NULL) OR status = ANY(%(statuses)s::text[])
+       OR (status = 'queued' AND %(views)s::text[] IS NOT NULL AND (
+              ('waiting' = ANY(%(views)s::text[]) AND available_at > now() AND history -> -1 ->> 'outcome' = 'waiting')
+           OR ('retrying' = ANY(%(views)s::text[]) AND attempts > 0
+               AND NOT (available_at > now() AND coalesce(history -> -1 ->> 'outcome', '') = 'waiting'))
+           OR ('scheduled' = ANY(%(views)s::text[]) AND available_at > now() AND attempts = 0
+               AND coalesce(history -> -1 ->> 'outcome', '') <> 'waiting'))))
   AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
   AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
   AND (%(group_id)s::uuid IS NULL OR group_id = %(group_id)s::uuid)
