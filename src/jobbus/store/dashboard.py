@@ -169,12 +169,12 @@ STATUS_MODES = {
     "waiting": "dashboard_jobs_queued",
 }
 #: The bound of each count of the jobs page's tabs.
-COUNT_CAP = 10_000
+COUNT_CAP = 5_000
 
 
 @dataclass(frozen=True, slots=True)
 class JobCounts:
-    """The tabs of the jobs page: each count, and whether it reached its bound (then "10,000+")."""
+    """The tabs of the jobs page: each count, and whether it reached its bound (then "5,000+")."""
 
     counts: dict[str, int]
     capped: frozenset[str]

@@ -132,7 +132,7 @@ SELECT 'end', (SELECT id FROM last), (SELECT available_at FROM last), (SELECT co
 -- The tabs of the jobs page: a count per status and per view of queued jobs, each bounded. Queued and
 -- running jobs are read along their partial indexes, at most %(cap)s rows each (the views are counted
 -- among those queued rows); finished ones among the %(cap)s most recently finished (job_finished_idx).
--- A count that reached its bound is a lower bound, and the page says so ("10,000+").
+-- A count that reached its bound is a lower bound, and the page says so ("5,000+").
 WITH queued AS (
     SELECT available_at, attempts,
            CASE WHEN available_at > now() THEN history -> -1 ->> 'outcome' END AS last_outcome
@@ -140,6 +140,7 @@ WITH queued AS (
     WHERE status = 'queued'
       AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
       AND (%(type)s::text IS NULL OR type = %(type)s::text)
+    ORDER BY queue, type, priority DESC, available_at, id  -- along job_queue_claim_idx, never a table scan
     LIMIT %(cap)s
 ), running AS (
     SELECT 1 FROM {schema}.job
