@@ -26,7 +26,7 @@ from jobbus.errors import DatabaseUnavailableError, InvalidJobError, InvalidStat
 from jobbus.events import EventHub, JobCancelled, JobEvent, JobScheduled
 from jobbus.execution import check_event_key
 from jobbus.limits import KEEP, Keep, QueueSettings, RateLimit, check_count, check_rate
-from jobbus.models import ClaimedJob, GroupProgress, Job, JobSpec, JobStatus
+from jobbus.models import JOB_VIEWS, ClaimedJob, GroupProgress, Job, JobSpec, JobStatus
 from jobbus.periodic import Periodic, PeriodicSpec
 from jobbus.requests import (
     MAX_TYPE_BYTES,
@@ -43,11 +43,11 @@ from jobbus.requests import (
 )
 from jobbus.resilience import Backoff, first_line, is_transient, open_pool, open_pool_sync
 from jobbus.settings import Settings
-from jobbus.store import CancelResult, Copy, JobStore, Statement, run_async, run_sync
+from jobbus.store import CancelResult, JobStore, Statement, run_async, run_sync
 from jobbus.store.jobs import GROUP_REFUSED
 from jobbus.store.periodic import PeriodicStore
 from jobbus.store.queues import QueueStore
-from jobbus.store.statements import channel_name, configure_async, configure_connection
+from jobbus.store.statements import Operation, channel_name, configure_async, configure_connection
 from jobbus.waiting import FinishedJobs, SyncFinishedJobs, timeout_message, vanished_message
 
 if TYPE_CHECKING:
@@ -342,7 +342,7 @@ class App:
 
     async def _run(
         self,
-        statement: Statement[T] | Copy[T],
+        statement: Operation[T],
         connection: psycopg.AsyncConnection[Any] | None = None,
         *,
         repeatable: bool = True,
@@ -640,7 +640,9 @@ class App:
         newest_first: bool = False,
     ) -> list[Job]:
         """Jobs in creation order (the newest first with `newest_first`), filtered; pass the last id
-        seen as `after` for the next page in the same order."""
+        seen as `after` for the next page in the same order.
+
+        `status` takes statuses and the views of queued jobs (`scheduled`, `retrying`, `waiting`)."""
         filters = _list_filters(status, queue, type, group_id, after, limit, newest_first)
         try:
             return await self._run(self.store.list_jobs(**filters))
@@ -668,6 +670,22 @@ class App:
                 f"job {job_id} cannot be retried: another active job holds its unique_key"
             ) from None
         _check_retry(job_id, before, done)
+
+    async def delete(self, job_id: uuid.UUID) -> None:
+        """Remove a queued or terminal job; a running one (or an unknown id) raises `InvalidStateError`.
+
+        A queued job is ended as cancelled before it goes, in the same transaction: its group counts it
+        as done (the group's callback fires once the other members are terminal), a parent waiting for
+        its children no longer waits for it, and its own `then=` follow-up is not scheduled.
+        """
+        before = await self._run(self.store.delete_job(_uuid(job_id)), repeatable=False)
+        _check_delete(job_id, before)
+
+    async def run_now(self, job_id: uuid.UUID) -> None:
+        """Make a queued job available at once (a delayed, retrying or parked one); anything else raises
+        `InvalidStateError`. A job parked in a durable wait that is not over parks again when it runs."""
+        before, done = await self._run(self.store.run_job_now(_uuid(job_id)))
+        _check_run_now(job_id, before, done)
 
     async def prune(
         self, older_than: timedelta, statuses: Sequence[str | JobStatus] = ("completed", "cancelled")
@@ -877,7 +895,7 @@ class SyncApp:
 
     def _run(
         self,
-        statement: Statement[T] | Copy[T],
+        statement: Operation[T],
         connection: psycopg.Connection[Any] | None = None,
         *,
         repeatable: bool = True,
@@ -1076,6 +1094,16 @@ class SyncApp:
                 f"job {job_id} cannot be retried: another active job holds its unique_key"
             ) from None
         _check_retry(job_id, before, done)
+
+    def delete(self, job_id: uuid.UUID) -> None:
+        """Remove a queued or terminal job; a running one (or an unknown id) raises `InvalidStateError`."""
+        before = self._run(self._app.store.delete_job(_uuid(job_id)), repeatable=False)
+        _check_delete(job_id, before)
+
+    def run_now(self, job_id: uuid.UUID) -> None:
+        """Make a queued job available at once; anything else raises `InvalidStateError`."""
+        before, done = self._run(self._app.store.run_job_now(_uuid(job_id)))
+        _check_run_now(job_id, before, done)
 
     def prune(self, older_than: timedelta, statuses: Sequence[str | JobStatus] = ("completed", "cancelled")) -> int:
         params = _prune_params(older_than, statuses)
@@ -1373,6 +1401,20 @@ def _check_retry(job_id: uuid.UUID, before: JobStatus | None, done: bool) -> Non
         raise InvalidStateError(f"job {job_id} is {before.value}; only failed jobs can be retried")
 
 
+def _check_delete(job_id: uuid.UUID, before: JobStatus | None) -> None:
+    if before is None:
+        raise InvalidStateError(f"job {job_id} does not exist")
+    if before is JobStatus.RUNNING:
+        raise InvalidStateError(f"job {job_id} is running; cancel it first, delete it once it has stopped")
+
+
+def _check_run_now(job_id: uuid.UUID, before: JobStatus | None, done: bool) -> None:
+    if before is None:
+        raise InvalidStateError(f"job {job_id} does not exist")
+    if not done:
+        raise InvalidStateError(f"job {job_id} is {before.value}; only queued jobs can be run now")
+
+
 def _list_filters(
     status: Sequence[str | JobStatus] | str | JobStatus | None,
     queue: Sequence[str] | str | None,
@@ -1387,13 +1429,17 @@ def _list_filters(
             return None
         return [str(value)] if isinstance(value, str) else [str(v) for v in value]
 
-    statuses = many(status)
-    for s in statuses or []:
-        JobStatus(s)
+    wanted = many(status)
+    for s in wanted or []:
+        if s not in JOB_VIEWS:
+            JobStatus(s)
+    statuses = [s for s in wanted or [] if s not in JOB_VIEWS] or None
+    views = [s for s in wanted or [] if s in JOB_VIEWS] or None
     if not 1 <= limit <= 10_000:
         raise InvalidJobError(f"limit must be between 1 and 10000, got {limit}")
     return {
         "statuses": statuses,
+        "views": views,
         "queues": many(queue),
         "types": many(type),
         "group_id": _uuid(group_id) if group_id is not None else None,

@@ -26,6 +26,12 @@ class JobStatus(enum.StrEnum):
 
 TERMINAL_STATUSES = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED})
 
+#: Views of queued jobs, accepted beside the statuses by `App.list_jobs(status=...)`, `jobbus jobs list
+#: --status` and the dashboard's jobs page; a queued job is in at most one of them. `scheduled`: available
+#: later and never attempted; `retrying`: queued again after a failed attempt (or a lost lease);
+#: `waiting`: parked in a durable sleep or wait (`job.sleep`, `wait_for_event`, `wait_for_children`).
+JOB_VIEWS = ("scheduled", "retrying", "waiting")
+
 
 @dataclass(frozen=True, slots=True)
 class Job:

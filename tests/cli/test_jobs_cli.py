@@ -1,4 +1,4 @@
-"""schedule, jobs list|show|cancel|retry and prune through the real executable."""
+"""schedule, jobs list|show|cancel|retry|delete|run-now and prune through the real executable."""
 
 from __future__ import annotations
 
@@ -120,6 +120,30 @@ def test_cancel_and_retry(dsn: str) -> None:
 
     refused = jobbus(dsn, "jobs", "retry", failed)
     assert refused.returncode == 1 and "only failed jobs can be retried" in refused.stderr
+
+
+def test_delete_and_run_now(dsn: str) -> None:
+    later = _schedule(dsn, "noop", "--at", (datetime.now(UTC) + timedelta(hours=3)).isoformat())
+    moved = jobbus(dsn, "jobs", "run-now", later)
+    assert moved.returncode == 0 and "available now" in moved.stdout, moved.stderr
+    assert query_value(dsn, "SELECT available_at <= now() FROM jobbus.job WHERE id = %s", later)
+
+    running = _schedule(dsn, "noop")
+    execute(dsn, "UPDATE jobbus.job SET status = 'running', attempts = 1 WHERE id = %s", running)
+    refused = jobbus(dsn, "jobs", "delete", running)
+    assert refused.returncode == 1 and "is running" in refused.stderr
+    assert job_status(dsn, running) == "running"
+    refused = jobbus(dsn, "jobs", "run-now", running)
+    assert refused.returncode == 1 and "only queued jobs can be run now" in refused.stderr
+
+    deleted = jobbus(dsn, "jobs", "delete", later)
+    assert deleted.returncode == 0 and f"job {later} deleted" in deleted.stdout, deleted.stderr
+    assert query_value(dsn, "SELECT count(*) FROM jobbus.job WHERE id = %s", later) == 0
+    for verb in ("delete", "run-now"):
+        missing = jobbus(dsn, "jobs", verb, later)
+        assert missing.returncode == 1 and "does not exist" in missing.stderr, verb
+        malformed = jobbus(dsn, "jobs", verb, "not-a-uuid")
+        assert malformed.returncode == 64 and "is not a job id" in malformed.stderr, verb
 
 
 def test_prune_deletes_old_finished_jobs_by_status(dsn: str) -> None:

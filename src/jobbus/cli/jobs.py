@@ -1,4 +1,4 @@
-"""`jobbus jobs list|show|cancel|retry`: look at jobs and act on one."""
+"""`jobbus jobs list|show|cancel|retry|delete|run-now`: look at jobs and act on one."""
 
 from __future__ import annotations
 
@@ -29,9 +29,11 @@ from jobbus.cli.output import (
 )
 from jobbus.cli.schedule import parse_when
 from jobbus.cli.text import shown
-from jobbus.models import Job, JobStatus
+from jobbus.models import JOB_VIEWS, Job, JobStatus
 
 STATUSES = [s.value for s in JobStatus]
+#: What `jobs list --status` accepts: the statuses, and the views of queued jobs.
+STATUS_CHOICES = [*STATUSES, *JOB_VIEWS]
 
 
 def _job_id(text: str) -> uuid.UUID:
@@ -43,7 +45,7 @@ def _job_id(text: str) -> uuid.UUID:
 
 @click.group("jobs")
 def jobs_group() -> None:
-    """List jobs, show one, cancel one, retry a failed one.
+    """List jobs, show one, cancel one, retry a failed one, delete one, run a queued one now.
 
     \b
     Examples:
@@ -51,11 +53,19 @@ def jobs_group() -> None:
       jobbus jobs show 0190f3c4-8f2e-7a71-9c1e-2b1f0e6d4a10
       jobbus jobs cancel 0190f3c4-8f2e-7a71-9c1e-2b1f0e6d4a10
       jobbus jobs retry 0190f3c4-8f2e-7a71-9c1e-2b1f0e6d4a10
+      jobbus jobs delete 0190f3c4-8f2e-7a71-9c1e-2b1f0e6d4a10
+      jobbus jobs run-now 0190f3c4-8f2e-7a71-9c1e-2b1f0e6d4a10
     """
 
 
 @jobs_group.command("list")
-@click.option("--status", "statuses", multiple=True, type=click.Choice(STATUSES), help="Filter (repeatable).")
+@click.option(
+    "--status",
+    "statuses",
+    multiple=True,
+    type=click.Choice(STATUS_CHOICES),
+    help="Filter by status, or by a view of queued jobs: scheduled, retrying, waiting (repeatable).",
+)
 @click.option("--queue", "queues", multiple=True, metavar="Q", help="Filter by queue (repeatable).")
 @click.option("--type", "types", multiple=True, metavar="T", help="Filter by job type (repeatable).")
 @click.option("--group-id", metavar="UUID", help="Only jobs of this group.")
@@ -321,6 +331,53 @@ def retry_command(job_id: str, at_text: str | None, dsn: str | None) -> None:
         async with admin_app(dsn) as app:
             await app.retry(ident, available_at=at)
         click.echo(f"job {ident} requeued" + (f" for {human_time(at)}" if at else ""))
+        return exit_codes.OK
+
+    sys.exit(run(body))
+
+
+@jobs_group.command("delete")
+@click.argument("job_id", metavar="ID")
+@dsn_option
+def delete_command(job_id: str, dsn: str | None) -> None:
+    """Delete a queued or finished job (a running one: cancel it first). A queued member of a group
+    counts as done for the group's callback; a parent waiting for its children stops waiting for it.
+
+    \b
+    Example:
+      jobbus jobs delete 0190f3c4-8f2e-7a71-9c1e-2b1f0e6d4a10
+
+    Exit codes: 0 deleted, 1 no such job or running, 64 not a UUID.
+    """
+    ident = _job_id(job_id)
+
+    async def body() -> int:
+        async with admin_app(dsn) as app:
+            await app.delete(ident)
+        click.echo(f"job {ident} deleted")
+        return exit_codes.OK
+
+    sys.exit(run(body))
+
+
+@jobs_group.command("run-now")
+@click.argument("job_id", metavar="ID")
+@dsn_option
+def run_now_command(job_id: str, dsn: str | None) -> None:
+    """Make a queued job (scheduled for later, waiting to retry, or parked) available at once.
+
+    \b
+    Example:
+      jobbus jobs run-now 0190f3c4-8f2e-7a71-9c1e-2b1f0e6d4a10
+
+    Exit codes: 0 done, 1 no such job or not queued, 64 not a UUID.
+    """
+    ident = _job_id(job_id)
+
+    async def body() -> int:
+        async with admin_app(dsn) as app:
+            await app.run_now(ident)
+        click.echo(f"job {ident} is available now")
         return exit_codes.OK
 
     sys.exit(run(body))

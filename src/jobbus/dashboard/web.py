@@ -37,7 +37,7 @@ from jobbus.dashboard.security import (
 )
 from jobbus.errors import InvalidJobError, InvalidStateError
 from jobbus.limits import KEEP, Keep, RateLimit
-from jobbus.models import TRACE_KEY, JobStatus
+from jobbus.models import JOB_VIEWS, TRACE_KEY, JobStatus
 from jobbus.store.dashboard import COUNT_CAP, Cursor, DashboardStore, QueueRow
 from jobbus.store.statements import Statement, run_async
 
@@ -49,6 +49,8 @@ PAGE_SIZE = 50
 #: A bulk action acts on at most this many jobs per click (a failure group says how many are left).
 BULK_LIMIT = 1000
 STATUSES = ("queued", "running", "completed", "failed", "cancelled")
+#: The views of queued jobs the jobs page offers beside the statuses (jobbus.models.JOB_VIEWS).
+VIEWS = JOB_VIEWS
 WORKER_ACTIONS = ("pause", "resume", "drain", "stop", "restart")
 FLASH_COOKIE = "jobbus_flash"
 #: No framing (a page of buttons in someone else's frame is a clickjacking target), no script or style
@@ -228,7 +230,7 @@ def create_starlette(
     async def jobs(request: Request) -> Response:
         params = request.query_params
         status = params.get("status") or None
-        if status not in (None, *STATUSES, "finished"):
+        if status not in (None, *STATUSES, *VIEWS, "finished"):
             raise HTTPException(400, f"unknown status {status!r}")
         group = _parse_uuid(params.get("group"))
         cursor = Cursor.decode(params["after"]) if params.get("after") else None
@@ -256,9 +258,14 @@ def create_starlette(
         if job_page.next is not None:
             next_url = "/jobs?" + urlencode({**query, "after": job_page.next.encode()})
         queues = await dash.run(dash.store.latest_sample())
+        counts = await dash.run(dash.store.job_counts(queue=filters["queue"] or None, type=filters["type"] or None))
+        tab_query = {k: v for k, v in query.items() if k not in ("status", "group", "q")}
         return dash.render(
             request,
             "jobs.html",
+            counts=counts,
+            views=VIEWS,
+            tab_base="/jobs?" + urlencode(tab_query) + ("&" if tab_query else ""),
             page_jobs=job_page.jobs,
             next_url=next_url,
             first_url="/jobs?" + urlencode(query) if cursor else None,
@@ -410,14 +417,24 @@ def create_starlette(
         status = await dash.app.cancel(job_id)
         return f"job {job_id}: {'cancellation requested' if status is JobStatus.RUNNING else status.value}"
 
+    async def delete_job(request: Request, form: dict[str, Any]) -> str:
+        job_id = _require_uuid(request.path_params["job_id"])
+        await dash.app.delete(job_id)
+        return f"job {job_id} deleted"
+
+    async def run_job_now(request: Request, form: dict[str, Any]) -> str:
+        job_id = _require_uuid(request.path_params["job_id"])
+        await dash.app.run_now(job_id)
+        return f"job {job_id} is available now"
+
     async def bulk_jobs(request: Request, form: dict[str, Any]) -> str:
         ids = [_require_uuid(i) for i in (form.get("ids") or [])][:BULK_LIMIT]
         verb = form.get("action")
-        if verb not in ("retry", "cancel"):
-            raise ValueError("bulk action must be retry or cancel")
+        if verb not in BULK_ACTIONS:
+            raise ValueError("bulk action must be retry, cancel or delete")
         if not ids:
             return "no job selected"
-        done = await (_retry_many(dash.app, ids) if verb == "retry" else _cancel_many(dash.app, ids))
+        done = await BULK_ACTIONS[verb](dash.app, ids)
         return f"{verb}: {done} of {len(ids)} selected job(s)"
 
     async def retry_failures(request: Request, form: dict[str, Any]) -> str:
@@ -496,6 +513,8 @@ def create_starlette(
         Route("/jobs/{job_id}", page(job_detail)),
         Route("/jobs/{job_id}/retry", action(retry_job), methods=["POST"]),
         Route("/jobs/{job_id}/cancel", action(cancel_job), methods=["POST"]),
+        Route("/jobs/{job_id}/delete", action(delete_job), methods=["POST"]),
+        Route("/jobs/{job_id}/run-now", action(run_job_now), methods=["POST"]),
         Route("/failures", page(failures)),
         Route("/failures/retry", action(retry_failures), methods=["POST"]),
         Route("/workers", page(workers)),
@@ -540,6 +559,24 @@ async def _cancel_many(app: App, ids: list[uuid.UUID]) -> int:
             status = await app.cancel(job_id)
             done += status in (JobStatus.CANCELLED, JobStatus.RUNNING)
     return done
+
+
+async def _delete_many(app: App, ids: list[uuid.UUID]) -> int:
+    done = 0
+    for job_id in ids:
+        with contextlib.suppress(InvalidStateError):
+            await app.delete(job_id)
+            done += 1
+    return done
+
+
+#: The bulk actions of the jobs page; each counts the selected jobs it acted on (a job in a state the
+#: action does not apply to is skipped, as a single action would refuse it).
+BULK_ACTIONS: dict[str, Callable[[App, list[uuid.UUID]], Awaitable[int]]] = {
+    "retry": _retry_many,
+    "cancel": _cancel_many,
+    "delete": _delete_many,
+}
 
 
 def _set_csrf_cookie(request: Request, response: Response) -> None:

@@ -1,4 +1,4 @@
--- The web dashboard with its actions (retry, cancel, pause, resume, drain, stop, restart, limits,
+-- The web dashboard with its actions (retry, cancel, delete, run now, pause, resume, drain, stop, restart, limits,
 -- periodic pause/resume/run now). A read-only dashboard needs only the observer role.
 GRANT USAGE ON SCHEMA {schema} TO {dashboard};
 GRANT SELECT ON {schema}.job, {schema}.worker, {schema}.pause, {schema}.command, {schema}.migration,
@@ -6,6 +6,9 @@ GRANT SELECT ON {schema}.job, {schema}.worker, {schema}.pause, {schema}.command,
 -- Retry and cancel change these columns and no other (the job's input and history stay as they are).
 GRANT UPDATE (status, attempts, available_at, finished_at, cancellation_requested_at, result) ON {schema}.job
     TO {dashboard};
+-- Delete (one job or in bulk): a queued or finished job goes, its steps and workflow rows with it (the
+-- trigger job_deleted, which runs as the schema's owner, removes those).
+GRANT DELETE ON {schema}.job TO {dashboard};
 -- "Run now" of a periodic job inserts its job and moves the periodic row's bookkeeping.
 GRANT INSERT ON {schema}.job TO {dashboard};
 GRANT UPDATE ON {schema}.periodic TO {dashboard};

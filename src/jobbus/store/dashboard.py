@@ -165,7 +165,21 @@ STATUS_MODES = {
     "failed": "dashboard_jobs_finished",
     "cancelled": "dashboard_jobs_finished",
     "finished": "dashboard_jobs_finished",
+    # The views of queued jobs (jobbus.models.JOB_VIEWS) walk the queued jobs' index with a filter.
+    "scheduled": "dashboard_jobs_queued",
+    "retrying": "dashboard_jobs_queued",
+    "waiting": "dashboard_jobs_queued",
 }
+#: The bound of each count of the jobs page's tabs.
+COUNT_CAP = 5_000
+
+
+@dataclass(frozen=True, slots=True)
+class JobCounts:
+    """The tabs of the jobs page: each count, and whether it reached its bound (then "5,000+")."""
+
+    counts: dict[str, int]
+    capped: frozenset[str]
 
 
 class DashboardStore:
@@ -174,6 +188,33 @@ class DashboardStore:
     def __init__(self, schema: str) -> None:
         self.schema = schema
         self._q = queries(schema)
+
+    def job_counts(self, *, queue: str | None, type: str | None, cap: int = COUNT_CAP) -> Statement[JobCounts]:
+        """A bounded count per status and per view (dashboard_job_counts)."""
+
+        def decode(rows: list[Row], _: int) -> JobCounts:
+            queued, running, finished, completed, failed, cancelled, scheduled, retrying, waiting = map(int, rows[0])
+            counts = {
+                "queued": queued,
+                "running": running,
+                "completed": completed,
+                "failed": failed,
+                "cancelled": cancelled,
+                "scheduled": scheduled,
+                "retrying": retrying,
+                "waiting": waiting,
+            }
+            capped = set()
+            if queued >= cap:
+                capped |= {"queued", "scheduled", "retrying", "waiting"}
+            if running >= cap:
+                capped.add("running")
+            if finished >= cap:
+                capped |= {"completed", "failed", "cancelled"}
+            return JobCounts(counts, frozenset(capped))
+
+        params = {"queue": queue, "type": type, "cap": cap}
+        return Statement(self._q["dashboard_job_counts"], params, decode)
 
     def list_jobs(
         self,
@@ -190,8 +231,11 @@ class DashboardStore:
         """One page of jobs along the index that fits the status (see dashboard.sql)."""
         name = "dashboard_jobs_in_group" if group_id is not None else STATUS_MODES[status]
         statuses = None
+        view = status if status in ("scheduled", "retrying", "waiting") else None
         if status in ("completed", "failed", "cancelled") or (group_id is not None and status is not None):
             statuses = ["completed", "failed", "cancelled"] if status == "finished" else [status]
+            if view is not None:  # within a group (a few rows): its queued jobs
+                statuses = ["queued"]
         params: dict[str, Any] = {
             "id": cursor.id if cursor else None,
             "at": cursor.at if cursor else None,
@@ -199,6 +243,7 @@ class DashboardStore:
             "cursor_queue": cursor.queue if cursor else None,
             "cursor_type": cursor.type if cursor else None,
             "statuses": statuses,
+            "view": view,
             "queue": queue,
             "type": type,
             "group_id": group_id,

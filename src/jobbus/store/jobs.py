@@ -13,7 +13,7 @@ from psycopg.types.json import Jsonb
 
 from jobbus.models import JOB_COLUMNS, TRACE_KEY, ClaimedJob, GroupProgress, Job, JobSpec, JobStatus
 from jobbus.schema import VERSION_QUERY, render
-from jobbus.store.statements import Copy, Row, Statement, channel_name, queries
+from jobbus.store.statements import Chain, Copy, Row, Statement, channel_name, queries
 
 #: SQLSTATE of the schema's refusal of a group (migration 0013): `schedule_group` on an id that has jobs,
 #: or a job added to a group that has a callback.
@@ -347,6 +347,29 @@ class JobStore:
 
         return Statement(self._q["retry_job"], params, decode)
 
+    def delete_job(self, job_id: uuid.UUID) -> Chain[JobStatus | None]:
+        """Delete a queued or terminal job; returns its status before (None: no such job). A queued job is
+        first ended as cancelled in the same transaction, so its group and its parent count it as done."""
+        delete = Statement(self._q["delete_job"], {"id": job_id}, lambda _rows, _count: None)
+
+        def decode(rows: list[Row], _: int) -> JobStatus | None:
+            return JobStatus(rows[0][0]) if rows else None
+
+        def then(before: JobStatus | None) -> Statement[None] | None:
+            return None if before in (None, JobStatus.RUNNING) else delete
+
+        return Chain(Statement(self._q["end_job_for_delete"], {"id": job_id}, decode), then)
+
+    def run_job_now(self, job_id: uuid.UUID) -> Statement[tuple[JobStatus | None, bool]]:
+        """Make a queued job available now; returns (status before, whether it was moved)."""
+
+        def decode(rows: list[Row], _: int) -> tuple[JobStatus | None, bool]:
+            if not rows:
+                return None, False
+            return JobStatus(rows[0][0]), bool(rows[0][1])
+
+        return Statement(self._q["run_job_now"], {"id": job_id, "channel": self.channel}, decode)
+
     def find_job(self, job_id: uuid.UUID, *, legacy: bool = False) -> Statement[Job | None]:
         """One job with its steps; `legacy`: on a schema before migration 0010 (no steps, no parent)."""
         query = self._q["find_job_legacy" if legacy else "find_job"]
@@ -356,6 +379,7 @@ class JobStore:
         self,
         *,
         statuses: Sequence[str] | None = None,
+        views: Sequence[str] | None = None,
         queues: Sequence[str] | None = None,
         types: Sequence[str] | None = None,
         group_id: uuid.UUID | None = None,
@@ -367,6 +391,7 @@ class JobStore:
         """One page in creation order (UUIDv7 ids), along the primary key in either direction."""
         params = {
             "statuses": list(statuses) if statuses else None,
+            "views": list(views) if views else None,
             "queues": list(queues) if queues else None,
             "types": list(types) if types else None,
             "group_id": group_id,

@@ -85,17 +85,34 @@ class Copy(Generic[T]):
     instead: Statement[T]
 
 
-async def run_async(conn: psycopg.AsyncConnection[Any], statement: Statement[T] | Copy[T]) -> T:
+@dataclass(frozen=True, slots=True)
+class Chain(Generic[T]):
+    """Two statements in one transaction (the caller's, or the pool's): `first`, then `then(result)` when
+    it gives a statement. For an operation that needs a trigger of the first statement to have run
+    before the second (`App.delete`)."""
+
+    first: Statement[T]
+    then: Callable[[T], Statement[Any] | None]
+
+
+Operation = Statement[T] | Copy[T] | Chain[T]
+
+
+async def run_async(conn: psycopg.AsyncConnection[Any], statement: Operation[T]) -> T:
     if isinstance(statement, Copy):
         return await _copy_async(conn, statement)
+    if isinstance(statement, Chain):
+        return await _chain_async(conn, statement)
     cursor = await conn.execute(statement.query.encode(), statement.params, prepare=statement.prepare)
     rows = await cursor.fetchall() if cursor.description else []
     return statement.decode(rows, cursor.rowcount)
 
 
-def run_sync(conn: psycopg.Connection[Any], statement: Statement[T] | Copy[T]) -> T:
+def run_sync(conn: psycopg.Connection[Any], statement: Operation[T]) -> T:
     if isinstance(statement, Copy):
         return _copy_sync(conn, statement)
+    if isinstance(statement, Chain):
+        return _chain_sync(conn, statement)
     cursor = conn.execute(statement.query.encode(), statement.params, prepare=statement.prepare)
     rows = cursor.fetchall() if cursor.description else []
     return statement.decode(rows, cursor.rowcount)
@@ -132,6 +149,28 @@ def _copy_sync(conn: psycopg.Connection[Any], op: Copy[T]) -> T:
             return run_sync(conn, op.then)
     except psycopg.errors.UniqueViolation:
         return run_sync(conn, op.instead)
+
+
+async def _chain_async(conn: psycopg.AsyncConnection[Any], op: Chain[T]) -> T:
+    if not conn.autocommit and conn.info.transaction_status == pq.TransactionStatus.IDLE:
+        await conn.execute(_OPEN)
+    async with conn.transaction():
+        result = await run_async(conn, op.first)
+        second = op.then(result)
+        if second is not None:
+            await run_async(conn, second)
+    return result
+
+
+def _chain_sync(conn: psycopg.Connection[Any], op: Chain[T]) -> T:
+    if not conn.autocommit and conn.info.transaction_status == pq.TransactionStatus.IDLE:
+        conn.execute(_OPEN)
+    with conn.transaction():
+        result = run_sync(conn, op.first)
+        second = op.then(result)
+        if second is not None:
+            run_sync(conn, second)
+    return result
 
 
 class UndecodableJson(dict[str, Any]):

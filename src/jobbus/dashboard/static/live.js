@@ -36,7 +36,8 @@
     source.onerror = function () { dot.className = "live off"; };
   }
   document.addEventListener("submit", function (e) {
-    var message = e.target.getAttribute("data-confirm");
+    // A form asks before it is sent when it, or the button that sent it, carries data-confirm.
+    var message = (e.submitter && e.submitter.getAttribute("data-confirm")) || e.target.getAttribute("data-confirm");
     if (message && !window.confirm(message)) e.preventDefault();
   });
   document.addEventListener("change", function (e) {

@@ -68,7 +68,9 @@ SELECT 'end', (SELECT id FROM last), (SELECT finished_at FROM last), (SELECT cou
 -- cursor is three index range scans in a row: the rest of the cursor's priority, the lower priorities
 -- of its (queue, type), then the (queue, type) pairs after it.
 WITH scanned AS (
-    (SELECT 1 AS part, id, queue, type, priority, available_at, name, unique_key, last_error
+    (SELECT 1 AS part, id, queue, type, priority, available_at, name, unique_key, last_error,
+            attempts, CASE WHEN %(view)s::text IS NOT NULL AND available_at > now()
+                           THEN history -> -1 ->> 'outcome' END AS last_outcome
      FROM {schema}.job
      WHERE status = 'queued' AND %(id)s::uuid IS NOT NULL
        AND queue = %(cursor_queue)s::text AND type = %(cursor_type)s::text AND priority = %(priority)s::int
@@ -76,14 +78,18 @@ WITH scanned AS (
      ORDER BY available_at, id
      LIMIT %(window)s)
     UNION ALL
-    (SELECT 2, id, queue, type, priority, available_at, name, unique_key, last_error
+    (SELECT 2, id, queue, type, priority, available_at, name, unique_key, last_error,
+            attempts, CASE WHEN %(view)s::text IS NOT NULL AND available_at > now()
+                           THEN history -> -1 ->> 'outcome' END AS last_outcome
      FROM {schema}.job
      WHERE status = 'queued' AND %(id)s::uuid IS NOT NULL
        AND queue = %(cursor_queue)s::text AND type = %(cursor_type)s::text AND priority < %(priority)s::int
      ORDER BY priority DESC, available_at, id
      LIMIT %(window)s)
     UNION ALL
-    (SELECT 3, id, queue, type, priority, available_at, name, unique_key, last_error
+    (SELECT 3, id, queue, type, priority, available_at, name, unique_key, last_error,
+            attempts, CASE WHEN %(view)s::text IS NOT NULL AND available_at > now()
+                           THEN history -> -1 ->> 'outcome' END AS last_outcome
      FROM {schema}.job
      WHERE status = 'queued'
        AND (%(id)s::uuid IS NULL OR (queue, type) > (%(cursor_queue)s::text, %(cursor_type)s::text))
@@ -95,7 +101,12 @@ WITH scanned AS (
     SELECT * FROM scanned ORDER BY part, queue, type, priority DESC, available_at, id LIMIT %(window)s
 ), hits AS (
     SELECT id, part, queue, type, priority, available_at FROM windowed
-    WHERE (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+    WHERE (%(view)s::text IS NULL
+           OR (%(view)s::text = 'waiting' AND last_outcome = 'waiting')
+           OR (%(view)s::text = 'retrying' AND attempts > 0 AND last_outcome IS DISTINCT FROM 'waiting')
+           OR (%(view)s::text = 'scheduled' AND available_at > now() AND attempts = 0
+               AND last_outcome IS DISTINCT FROM 'waiting'))
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
       AND (%(type)s::text IS NULL OR type = %(type)s::text)
       AND (%(text)s::text IS NULL OR name ILIKE %(text)s OR unique_key ILIKE %(text)s
            OR last_error ILIKE %(text)s OR id::text ILIKE %(text)s)
@@ -116,6 +127,44 @@ UNION ALL
 SELECT 'end', (SELECT id FROM last), (SELECT available_at FROM last), (SELECT count(*) FROM windowed)::text,
        (SELECT queue FROM last), (SELECT type FROM last), NULL, NULL, NULL, (SELECT priority FROM last), NULL, NULL,
        NULL, NULL, NULL, NULL, NULL, NULL, NULL;
+
+-- name: dashboard_job_counts
+-- The tabs of the jobs page: a count per status and per view of queued jobs, each bounded. Queued and
+-- running jobs are read along their partial indexes, at most %(cap)s rows each (the views are counted
+-- among those queued rows); finished ones among the %(cap)s most recently finished (job_finished_idx).
+-- A count that reached its bound is a lower bound, and the page says so ("5,000+").
+WITH queued AS (
+    SELECT available_at, attempts,
+           CASE WHEN available_at > now() THEN history -> -1 ->> 'outcome' END AS last_outcome
+    FROM {schema}.job
+    WHERE status = 'queued'
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+      AND (%(type)s::text IS NULL OR type = %(type)s::text)
+    ORDER BY queue, type, priority DESC, available_at, id  -- along job_queue_claim_idx, never a table scan
+    LIMIT %(cap)s
+), running AS (
+    SELECT 1 FROM {schema}.job
+    WHERE status = 'running'
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+      AND (%(type)s::text IS NULL OR type = %(type)s::text)
+    LIMIT %(cap)s
+), finished AS (
+    SELECT status, queue, type FROM {schema}.job
+    WHERE finished_at IS NOT NULL
+    ORDER BY finished_at DESC
+    LIMIT %(cap)s
+)
+SELECT (SELECT count(*) FROM queued), (SELECT count(*) FROM running),
+       (SELECT count(*) FROM finished),
+       count(*) FILTER (WHERE f.status = 'completed'), count(*) FILTER (WHERE f.status = 'failed'),
+       count(*) FILTER (WHERE f.status = 'cancelled'),
+       (SELECT count(*) FROM queued WHERE available_at > now() AND attempts = 0
+                                      AND last_outcome IS DISTINCT FROM 'waiting'),
+       (SELECT count(*) FROM queued WHERE attempts > 0 AND last_outcome IS DISTINCT FROM 'waiting'),
+       (SELECT count(*) FROM queued WHERE last_outcome = 'waiting')
+FROM finished AS f
+WHERE (%(queue)s::text IS NULL OR f.queue = %(queue)s::text)
+  AND (%(type)s::text IS NULL OR f.type = %(type)s::text);
 
 -- name: dashboard_jobs_running
 -- Running jobs: as many as the fleet's concurrency, never millions; the newest attempt first.

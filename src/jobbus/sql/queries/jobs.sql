@@ -339,6 +339,44 @@ SELECT old.status, (SELECT count(*) FROM updated) = 1,
        (SELECT pg_notify(%(channel)s, json_build_array(queue, type)::text) IS NULL FROM updated)
 FROM old;
 
+-- name: end_job_for_delete
+-- The first of `App.delete`'s two statements (one transaction): locks the job (FOR UPDATE, as cancel_job,
+-- so no claim can take it until the delete commits) and ends a queued one as cancelled, so that the
+-- trigger job_finished moves its group's and its parent's counts as for any job that ends: a group's
+-- callback still fires when its other members are done, a parent waiting for its children wakes. Returns
+-- the status before; no row when there is no such job.
+WITH old AS (
+    SELECT id, status FROM {schema}.job WHERE id = %(id)s FOR UPDATE
+), ended AS (
+    UPDATE {schema}.job AS j
+    SET status = 'cancelled', finished_at = now()
+    FROM old
+    WHERE j.id = old.id AND old.status = 'queued'
+    RETURNING j.id
+)
+SELECT old.status, (SELECT count(*) FROM ended) FROM old;
+
+-- name: delete_job
+-- The second statement of `App.delete`: the row is still locked by the first, so its status is the one
+-- that statement saw or wrote; a running job is never deleted.
+DELETE FROM {schema}.job WHERE id = %(id)s AND status <> 'running';
+
+-- name: run_job_now
+-- `App.run_now`: a queued job becomes available at once (and workers are told); the status before is
+-- returned, no row when there is no such job.
+WITH old AS (
+    SELECT id, status FROM {schema}.job WHERE id = %(id)s FOR UPDATE
+), updated AS (
+    UPDATE {schema}.job AS j
+    SET available_at = now()
+    FROM old
+    WHERE j.id = old.id AND old.status = 'queued'
+    RETURNING j.queue, j.type
+)
+SELECT old.status, (SELECT count(*) FROM updated) = 1,
+       (SELECT pg_notify(%(channel)s, json_build_array(queue, type)::text) IS NULL FROM updated)
+FROM old;
+
 -- name: find_job
 -- Reads add the job's parent (`Job.parent_id`) and durable steps (`Job.steps`) after its columns.
 SELECT {columns}, (SELECT c.parent_id FROM {schema}.job_child AS c WHERE c.child_id = j.id),
@@ -354,12 +392,21 @@ SELECT {columns}, NULL::uuid, NULL::jsonb, NULL::timestamptz FROM {schema}.job A
 SELECT status, count(*) FROM {schema}.job WHERE group_id = %(group_id)s GROUP BY status;
 
 -- name: list_jobs
--- Keyset pagination on id (UUIDv7, so creation order): pass the last id seen as %(after)s.
+-- Keyset pagination on id (UUIDv7, so creation order): pass the last id seen as %(after)s. Beside the
+-- statuses, the views of queued jobs (jobbus.models.JOB_VIEWS): `waiting` (parked in a durable wait:
+-- available later, its last history entry "waiting"), `retrying` (after a failed attempt, not parked)
+-- and `scheduled` (available later, never attempted, not parked); a job is in at most one of them.
 SELECT {columns}, (SELECT c.parent_id FROM {schema}.job_child AS c WHERE c.child_id = j.id),
        (SELECT jsonb_object_agg(s.name, s.result) FROM {schema}.job_step AS s WHERE s.job_id = j.id),
        j.expires_at
 FROM {schema}.job AS j
-WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+WHERE ((%(statuses)s::text[] IS NULL AND %(views)s::text[] IS NULL) OR status = ANY(%(statuses)s::text[])
+       OR (status = 'queued' AND %(views)s::text[] IS NOT NULL AND (
+              ('waiting' = ANY(%(views)s::text[]) AND available_at > now() AND history -> -1 ->> 'outcome' = 'waiting')
+           OR ('retrying' = ANY(%(views)s::text[]) AND attempts > 0
+               AND NOT (available_at > now() AND coalesce(history -> -1 ->> 'outcome', '') = 'waiting'))
+           OR ('scheduled' = ANY(%(views)s::text[]) AND available_at > now() AND attempts = 0
+               AND coalesce(history -> -1 ->> 'outcome', '') <> 'waiting'))))
   AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
   AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
   AND (%(group_id)s::uuid IS NULL OR group_id = %(group_id)s::uuid)
@@ -372,7 +419,13 @@ LIMIT %(limit)s;
 -- Keyset pagination on id (UUIDv7, so creation order): pass the last id seen as %(after)s.
 SELECT {columns}, NULL::uuid, NULL::jsonb, NULL::timestamptz
 FROM {schema}.job AS j
-WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+WHERE ((%(statuses)s::text[] IS NULL AND %(views)s::text[] IS NULL) OR status = ANY(%(statuses)s::text[])
+       OR (status = 'queued' AND %(views)s::text[] IS NOT NULL AND (
+              ('waiting' = ANY(%(views)s::text[]) AND available_at > now() AND history -> -1 ->> 'outcome' = 'waiting')
+           OR ('retrying' = ANY(%(views)s::text[]) AND attempts > 0
+               AND NOT (available_at > now() AND coalesce(history -> -1 ->> 'outcome', '') = 'waiting'))
+           OR ('scheduled' = ANY(%(views)s::text[]) AND available_at > now() AND attempts = 0
+               AND coalesce(history -> -1 ->> 'outcome', '') <> 'waiting'))))
   AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
   AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
   AND (%(group_id)s::uuid IS NULL OR group_id = %(group_id)s::uuid)
@@ -386,7 +439,13 @@ SELECT {columns}, (SELECT c.parent_id FROM {schema}.job_child AS c WHERE c.child
        (SELECT jsonb_object_agg(s.name, s.result) FROM {schema}.job_step AS s WHERE s.job_id = j.id),
        j.expires_at
 FROM {schema}.job AS j
-WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+WHERE ((%(statuses)s::text[] IS NULL AND %(views)s::text[] IS NULL) OR status = ANY(%(statuses)s::text[])
+       OR (status = 'queued' AND %(views)s::text[] IS NOT NULL AND (
+              ('waiting' = ANY(%(views)s::text[]) AND available_at > now() AND history -> -1 ->> 'outcome' = 'waiting')
+           OR ('retrying' = ANY(%(views)s::text[]) AND attempts > 0
+               AND NOT (available_at > now() AND coalesce(history -> -1 ->> 'outcome', '') = 'waiting'))
+           OR ('scheduled' = ANY(%(views)s::text[]) AND available_at > now() AND attempts = 0
+               AND coalesce(history -> -1 ->> 'outcome', '') <> 'waiting'))))
   AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
   AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
   AND (%(group_id)s::uuid IS NULL OR group_id = %(group_id)s::uuid)
@@ -398,7 +457,13 @@ LIMIT %(limit)s;
 -- list_jobs_newest on a schema before migration 0010.
 SELECT {columns}, NULL::uuid, NULL::jsonb, NULL::timestamptz
 FROM {schema}.job AS j
-WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
+WHERE ((%(statuses)s::text[] IS NULL AND %(views)s::text[] IS NULL) OR status = ANY(%(statuses)s::text[])
+       OR (status = 'queued' AND %(views)s::text[] IS NOT NULL AND (
+              ('waiting' = ANY(%(views)s::text[]) AND available_at > now() AND history -> -1 ->> 'outcome' = 'waiting')
+           OR ('retrying' = ANY(%(views)s::text[]) AND attempts > 0
+               AND NOT (available_at > now() AND coalesce(history -> -1 ->> 'outcome', '') = 'waiting'))
+           OR ('scheduled' = ANY(%(views)s::text[]) AND available_at > now() AND attempts = 0
+               AND coalesce(history -> -1 ->> 'outcome', '') <> 'waiting'))))
   AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
   AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
   AND (%(group_id)s::uuid IS NULL OR group_id = %(group_id)s::uuid)
