@@ -119,7 +119,11 @@ def test_a_parent_waiting_for_a_deleted_child_wakes(sync_app: jobbus.App, dsn: s
         assert query(dsn, "SELECT status, available_at <= now() FROM jobbus.job WHERE id = %s", (parent.id,)) == [
             ("queued", True)
         ]
-        assert [c.id for c in run_sync(conn, app.store.list_children(parent.id))] == [kept]
+        children = (
+            "SELECT c.child_id FROM jobbus.job_child AS c JOIN jobbus.job AS j ON j.id = c.child_id"
+            " WHERE c.parent_id = %s"
+        )
+        assert query(dsn, children, (parent.id,)) == [(kept,)]
 
 
 def test_delete_waits_for_a_claim_in_flight_and_never_deletes_a_running_job(sync_app: jobbus.App, dsn: str) -> None:
