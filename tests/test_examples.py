@@ -211,6 +211,7 @@ def test_the_fastapi_readme_installs_seeds_and_serves_as_written(shell: _Shell) 
     assert json.loads(shell.run(order)) == {"detail": "mug is out of stock"}  # the eleventh, as the README says
 
 
+@pytest.mark.server  # needs a TCP server (the embedded one listens on a socket only)
 def test_the_django_readme_migrates_seeds_serves_and_works_as_written(shell: _Shell) -> None:
     setup, worker, requests = _blocks("Django: `django_shop`")
     assert setup[0] == "pip install -e '.[django]'"

@@ -331,6 +331,7 @@ def _node_example() -> str:
     return text[start : text.index("```", start)]
 
 
+@pytest.mark.server  # needs a TCP server (the embedded one listens on a socket only)
 def test_the_node_example_of_docs_sql_md_runs(dsn: str, tmp_path: Path) -> None:
     npm, node = shutil.which("npm"), shutil.which("node")
     if npm is None or node is None:

@@ -290,6 +290,7 @@ def _uri_of(dsn: str) -> str:
     return f"postgresql://{params['user']}@{params['host']}/{params['dbname']}?connect_timeout=10"
 
 
+@pytest.mark.server  # needs a TCP server (the embedded one listens on a socket only)
 def test_a_jobbus_dsn_naming_djangos_database_still_joins_its_transaction(django_db: str) -> None:
     from django.conf import settings
 
