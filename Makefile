@@ -77,16 +77,16 @@ dist-check: venv
 VENV_DEMO ?= .venv-demo
 DEMO_ARGS ?=
 
-# A venv without pip of its own, filled by $(PYTHON)'s pip (`--python`, pip 22.3+) when it has one: copying
-# pip into the venv is a third of a cold run. No bytecode compiled ahead: Python compiles what it imports.
+# A venv without pip of its own, filled by uv (the one on PATH, or one pip puts into the venv): uv
+# resolves and downloads in parallel, a cold install in a third of pip's time. When uv cannot be had
+# or fails (an index only pip is configured for), $(PYTHON)'s pip installs (`--python`, pip 22.3+). No
+# bytecode compiled ahead: Python compiles what it imports.
+DEMO_PIP = $(PYTHON) -m pip --python $(VENV_DEMO)/bin/python install --quiet --disable-pip-version-check --no-compile
 $(VENV_DEMO)/.installed: pyproject.toml
 	$(PYTHON) -m venv --without-pip $(VENV_DEMO)
-	if $(PYTHON) -m pip install --help 2>/dev/null | grep -q -- '--python '; then \
-		pip="$(PYTHON) -m pip --python $(VENV_DEMO)/bin/python"; \
-	else \
-		$(VENV_DEMO)/bin/python -m ensurepip --default-pip >/dev/null && pip="$(VENV_DEMO)/bin/python -m pip"; \
-	fi; \
-	$$pip install --quiet --disable-pip-version-check --no-compile -e '.[embedded,dashboard]'
+	uv=$$(command -v uv || { $(DEMO_PIP) uv >/dev/null 2>&1 && echo $(VENV_DEMO)/bin/uv; }); \
+	{ [ -n "$$uv" ] && $$uv pip install --quiet --python $(VENV_DEMO)/bin/python -e '.[embedded,dashboard]'; } \
+		|| $(DEMO_PIP) -e '.[embedded,dashboard]'
 	touch $@
 
 demo: $(VENV_DEMO)/.installed

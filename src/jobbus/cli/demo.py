@@ -68,7 +68,7 @@ def create_app(dsn: str | None = None) -> App:
         sizes = list(job.configuration["sizes"])
         done = int(job.execution_data.get("done", 0))
         for index in range(done, len(sizes)):
-            await asyncio.sleep(random.uniform(0.02, 0.08))  # stand-in for real work
+            await asyncio.sleep(random.uniform(0.01, 0.04))  # stand-in for real work
             await job.checkpoint({"done": index + 1})
             await job.progress(index + 1, len(sizes))
         return {"image": job.configuration["image"], "sizes": sizes}

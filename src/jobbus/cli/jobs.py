@@ -15,10 +15,12 @@ from rich.text import Text
 from jobbus.cli import exit_codes
 from jobbus.cli.errors import UsageProblem, fail, run
 from jobbus.cli.output import (
+    Column,
     admin_app,
     check_names,
     console,
     dsn_option,
+    fitted_table,
     human_time,
     job_dict,
     job_status_text,
@@ -123,7 +125,7 @@ def list_command(
         if not jobs:
             con.print(Text("no jobs match", style="dim"))
             return exit_codes.OK
-        con.print(_jobs_table(jobs))
+        con.print(_jobs_table(jobs, con.width))
         if len(jobs) == limit:
             con.print(Text(f"more may follow: --after {jobs[-1].id}", style="dim"))
         return exit_codes.OK
@@ -131,18 +133,21 @@ def list_command(
     sys.exit(run(body))
 
 
-def _jobs_table(jobs: list[Job]) -> Table:
-    table = Table(title_justify="left")
-    table.add_column("id", no_wrap=True)
-    table.add_column("type", no_wrap=True)
-    table.add_column("queue", no_wrap=True)
-    table.add_column("status", no_wrap=True)
-    table.add_column("attempts", justify="right")
-    table.add_column("created", no_wrap=True)
-    table.add_column("finished", no_wrap=True)
-    table.add_column("last error")
-    for job in jobs:
-        table.add_row(
+_JOB_COLUMNS = [
+    Column("id", rank=0),
+    Column("type", rank=2),
+    Column("queue", rank=3),
+    Column("status", rank=1),
+    Column("attempts", rank=4, justify="right"),
+    Column("created", rank=6),
+    Column("finished", rank=5),
+    Column("last error", rank=7, flexible=True),
+]
+
+
+def _jobs_table(jobs: list[Job], width: int) -> Table:
+    rows: list[list[str | Text]] = [
+        [
             str(job.id),
             shown(job.type),
             shown(job.queue),
@@ -151,8 +156,10 @@ def _jobs_table(jobs: list[Job]) -> Table:
             human_time(job.created_at),
             human_time(job.finished_at),
             shown(one_line(job.last_error, 60), style="red"),
-        )
-    return table
+        ]
+        for job in jobs
+    ]
+    return fitted_table(width, _JOB_COLUMNS, rows)
 
 
 @jobs_group.command("show")

@@ -21,7 +21,9 @@ from typing import Any, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import click
-from rich.console import Console
+from rich import box
+from rich.console import Console, JustifyMethod, OverflowMethod
+from rich.table import Table
 from rich.text import Text
 
 from jobbus.app import App
@@ -115,6 +117,66 @@ def console(*, stderr: bool = False) -> Console:
     if not con.is_terminal and "COLUMNS" not in os.environ:
         con.width = 200
     return con
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+    """One column of a fitted table; `flexible` columns may be cut short, the others never are."""
+
+    header: str
+    #: lower is more important; the highest is left out first when the table is too wide
+    rank: int
+    justify: JustifyMethod = "left"
+    flexible: bool = False
+    #: the header of the compact layout, when the full one is long
+    short: str | None = None
+
+
+def fitted_table(
+    width: int,
+    columns: list[Column],
+    rows: list[list[str | Text]],
+    *,
+    title: str | None = None,
+    footer: list[str | Text] | None = None,
+) -> Table:
+    """A table of `rows` (and a `footer` row below a rule) within `width`, every cell whole.
+
+    When the bordered table is too wide it turns compact (no vertical borders, short headers), then
+    leaves out the least important columns (highest rank) until the rest fit: a narrow terminal loses
+    a column rather than seeing every column cut to a stub (an id cut short cannot be pasted back)."""
+    cells = [[Text(c) if isinstance(c, str) else c for c in row] for row in [*rows, *([footer] if footer else [])]]
+
+    def natural(i: int, compact: bool) -> int:
+        header = (columns[i].short or columns[i].header) if compact else columns[i].header
+        longest = max([len(header), *(row[i].cell_len for row in cells)])
+        return min(longest, 20) if columns[i].flexible else longest
+
+    def needed(indexes: list[int], compact: bool) -> int:
+        # border and padding: three characters a column bordered, two compact, and the edges
+        return sum(natural(i, compact) for i in indexes) + (2 if compact else 3) * len(indexes) + 2
+
+    kept = sorted(range(len(columns)), key=lambda i: columns[i].rank)
+    compact = needed(kept, compact=False) > width
+    while len(kept) > 1 and needed(kept, compact) > width:
+        kept.pop()
+    kept.sort()
+    table = Table(
+        title=title,
+        title_justify="left",
+        box=box.SIMPLE_HEAD if compact else box.HEAVY_HEAD,
+        collapse_padding=compact,
+    )
+    for i in kept:
+        col = columns[i]
+        header = (col.short or col.header) if compact else col.header
+        overflow: OverflowMethod = "ellipsis" if col.flexible else "fold"
+        table.add_column(header, justify=col.justify, no_wrap=not col.flexible, overflow=overflow)
+    for n, row in enumerate(cells):
+        if footer and n == len(cells) - 1:
+            table.add_section()
+        table.add_row(*(row[i] for i in kept))
+    return table
 
 
 def styled(value: str) -> Text:

@@ -17,10 +17,12 @@ from jobbus import control
 from jobbus.cli import exit_codes
 from jobbus.cli.errors import run
 from jobbus.cli.output import (
+    Column,
     FiniteFloatRange,
     admin_app,
     console,
     dsn_option,
+    fitted_table,
     human_seconds,
     json_option,
     print_json,
@@ -72,7 +74,8 @@ def status_command(as_json: bool, watch: bool, interval: float, dsn: str | None)
         if as_json:
             print_json(status_dict(report))
         else:
-            console().print(render_status(report))
+            con = console()
+            con.print(render_status(report, con.width))
         return exit_codes.OK
 
     sys.exit(run(body))
@@ -86,48 +89,61 @@ async def _watch(dsn: str | None, interval: float) -> int:
         loop.add_signal_handler(sig, stop.set)
     try:
         async with admin_app(dsn) as app:
-            with Live(render_status(await control.queue_status(app)), console=console(), auto_refresh=False) as live:
+            con = console()
+            with Live(
+                render_status(await control.queue_status(app), con.width), console=con, auto_refresh=False
+            ) as live:
                 while not stop.is_set():
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(stop.wait(), interval)
-                    live.update(render_status(await control.queue_status(app)), refresh=True)
+                    live.update(render_status(await control.queue_status(app), con.width), refresh=True)
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
     return exit_codes.OK
 
 
-def render_status(report: control.StatusReport) -> Group:
+_QUEUE_COLUMNS = [
+    Column("queue", rank=0),
+    Column("available", rank=1, justify="right", short="avail"),
+    Column("scheduled", rank=5, justify="right", short="sched"),
+    Column("running", rank=2, justify="right", short="run"),
+    Column("completed", rank=7, justify="right", short="done"),
+    Column("failed", rank=3, justify="right"),
+    Column("cancelled", rank=9, justify="right", short="cancel"),
+    Column("oldest wait", rank=4, justify="right", short="oldest"),
+    Column("done/min", rank=6, justify="right", short="/min"),
+    Column("failed/h", rank=8, justify="right", short="fail/h"),
+]
+
+
+def render_status(report: control.StatusReport, width: int) -> Group:
     data = status_dict(report)
-    table = Table(title="queues", title_justify="left", expand=False)
-    table.add_column("queue", no_wrap=True)
-    for column in ("available", "scheduled", "running", "completed", "failed", "cancelled"):
-        table.add_column(column, justify="right")
-    table.add_column("oldest wait", justify="right")
-    table.add_column("done/min", justify="right")
-    table.add_column("failed/h", justify="right")
+    rows: list[list[str | Text]] = []
     for q in data["queues"]:
         name = shown(q["queue"])
         if q["paused"]:
             name.append(" (paused)", style="yellow")
-        table.add_row(
-            name,
-            _count(q["available"], "cyan"),
-            _count(q["scheduled"], "cyan"),
-            _count(q["running"], "yellow"),
-            _count(q["completed"], "green"),
-            _count(q["failed"], "red"),
-            _count(q["cancelled"], "magenta"),
-            human_seconds(q["oldest_waiting_seconds"]),
-            str(q["completed_last_minute"]),
-            _count(q["failed_last_hour"], "red"),
+        rows.append(
+            [
+                name,
+                _count(q["available"], "cyan"),
+                _count(q["scheduled"], "cyan"),
+                _count(q["running"], "yellow"),
+                _count(q["completed"], "green"),
+                _count(q["failed"], "red"),
+                _count(q["cancelled"], "magenta"),
+                human_seconds(q["oldest_waiting_seconds"]),
+                str(q["completed_last_minute"]),
+                _count(q["failed_last_hour"], "red"),
+            ]
         )
-    if not data["queues"]:
-        table.add_row(Text("no jobs yet", style="dim"), *[""] * 9)
+    footer: list[str | Text] | None = None
+    if not rows:
+        rows.append([Text("no jobs yet", style="dim"), *[""] * 9])
     else:
         t = data["totals"]
-        table.add_section()
-        table.add_row(
+        footer = [
             Text("total", style="bold"),
             str(t["available"]),
             str(t["scheduled"]),
@@ -138,7 +154,8 @@ def render_status(report: control.StatusReport) -> Group:
             human_seconds(t["oldest_waiting_seconds"]),
             str(t["completed_last_minute"]),
             str(t["failed_last_hour"]),
-        )
+        ]
+    table = fitted_table(width, _QUEUE_COLUMNS, rows, title="queues", footer=footer)
     w = data["workers"]
     states = ", ".join(f"{w[s]} {s}" for s in ("running", "paused", "draining", "stopping") if w[s])
     line = Text(f"workers: {w['live']} live", style="bold")

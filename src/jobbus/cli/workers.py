@@ -12,9 +12,11 @@ from jobbus import control
 from jobbus.cli import exit_codes
 from jobbus.cli.errors import run
 from jobbus.cli.output import (
+    Column,
     admin_app,
     console,
     dsn_option,
+    fitted_table,
     human_seconds,
     json_option,
     print_json,
@@ -53,27 +55,31 @@ def workers_command(as_json: bool, live_only: bool, dsn: str | None) -> None:
         if as_json:
             print_json([worker_dict(w) for w in workers])
         else:
-            console().print(render_workers(workers))
+            con = console()
+            con.print(render_workers(workers, con.width))
         return exit_codes.OK
 
     sys.exit(run(body))
 
 
-def render_workers(workers: list[control.WorkerInfo]) -> Table | Text:
+_WORKER_COLUMNS = [
+    Column("id", rank=0),
+    Column("host", rank=6),
+    Column("pid", rank=7, justify="right"),
+    Column("state", rank=1),
+    Column("queues", rank=3, flexible=True),
+    Column("in flight", rank=2, justify="right", short="slots"),
+    Column("done", rank=5, justify="right"),
+    Column("failed", rank=4, justify="right"),
+    Column("last seen", rank=8, justify="right", short="seen"),
+]
+
+
+def render_workers(workers: list[control.WorkerInfo], width: int) -> Table | Text:
     if not workers:
         return Text("no workers registered (start one with `jobbus worker --app module:app`)", style="dim")
-    table = Table(title="workers", title_justify="left")
-    table.add_column("id", no_wrap=True)
-    table.add_column("host", no_wrap=True)
-    table.add_column("pid", justify="right")
-    table.add_column("state")
-    table.add_column("queues")
-    table.add_column("in flight", justify="right")
-    table.add_column("done", justify="right")
-    table.add_column("failed", justify="right")
-    table.add_column("last seen", justify="right")
-    for w in workers:
-        table.add_row(
+    rows: list[list[str | Text]] = [
+        [
             shown(w.id),
             shown(w.host),
             str(w.pid),
@@ -83,5 +89,7 @@ def render_workers(workers: list[control.WorkerInfo]) -> Table | Text:
             str(w.done),
             Text(str(w.failed), style="red" if w.failed else "dim"),
             f"{human_seconds(w.seen_seconds_ago)} ago",
-        )
-    return table
+        ]
+        for w in workers
+    ]
+    return fitted_table(width, _WORKER_COLUMNS, rows, title="workers")
