@@ -1,22 +1,35 @@
 // Live updates: one event stream per tab; on each change the page's own HTML is fetched again and
-// swapped in, unless the user is selecting or typing; what the user unfolded stays unfolded.
-// Confirmation for destructive actions.
+// swapped in, unless the user is selecting, typing or has typed something not sent yet (checked when
+// the fetch starts and again when it lands); the refresh skipped meanwhile runs when the user leaves
+// the field. What the user unfolded stays unfolded. Confirmation for destructive actions.
 (function () {
   "use strict";
-  var main = document.getElementById("main"), dot = document.getElementById("live"), busy = false;
+  var main = document.getElementById("main"), dot = document.getElementById("live"), busy = false, pending = false;
+  var some = function (list, test) { return Array.prototype.some.call(list, test); };
+  function edited() {  // a value typed or chosen in a form and not sent yet
+    return some(main.querySelectorAll("input:not([type=checkbox]):not([type=hidden]):not([type=submit]), textarea"),
+                function (i) { return i.value !== i.defaultValue; }) ||
+      some(main.querySelectorAll("select"), function (s) {
+        return some(s.options, function (o) { return o.selected !== o.defaultSelected; });
+      });
+  }
   function idle() {
     var a = document.activeElement;
-    return !main.querySelector("input[type=checkbox]:checked") && !(a && /INPUT|SELECT|TEXTAREA/.test(a.tagName));
+    return !main.querySelector("input[type=checkbox]:checked") && !(a && /INPUT|SELECT|TEXTAREA/.test(a.tagName)) &&
+      !edited();
   }
   function refresh() {
-    if (busy || !idle()) return;
+    if (busy) return;
+    if (!idle()) { pending = true; return; }
     busy = true;
+    pending = false;
     fetch(location.href, {headers: {"X-Jobbus-Fragment": "1"}, credentials: "same-origin"})
       .then(function (r) { return r.ok ? r.text() : null; })
       .then(function (html) {
         if (html === null) return;
         var doc = new DOMParser().parseFromString(html, "text/html"), fresh = doc.getElementById("main");
         if (!fresh) return;
+        if (!idle()) { pending = true; return; }  // the user started typing while the page was fetched
         var flash = main.querySelector("p.flash");  // the outcome of the last action stays in view
         var opened = Array.prototype.map.call(main.querySelectorAll("details[open][data-key]"),
                                               function (d) { return d.dataset.key; });
@@ -35,6 +48,9 @@
     source.onopen = function () { dot.className = "live on"; };
     source.onerror = function () { dot.className = "live off"; };
   }
+  document.addEventListener("focusout", function () {
+    setTimeout(function () { if (pending && idle()) refresh(); }, 0);
+  });
   document.addEventListener("submit", function (e) {
     // A form asks before it is sent when it, or the button that sent it, carries data-confirm.
     var message = (e.submitter && e.submitter.getAttribute("data-confirm")) || e.target.getAttribute("data-confirm");
