@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import jobbus
 from jobbus.models import ClaimedJob, JobStatus
-from tests.storehelpers import claim, write
+from tests.storehelpers import claim, expire_lease, write
 
 
 def _jobs(app: jobbus.App, queue: str, count: int, *, key: str | None = None, type: str = "t") -> None:
@@ -292,6 +292,41 @@ def test_a_key_at_its_limit_runs_again_as_soon_as_its_job_ends(dsn: str, sync_ap
             assert claim(sync_app, conn, 5) == []  # at its limit until the lease ends...
             assert write(sync_app, conn, job, JobStatus.COMPLETED)  # ...or the job does
         assert claim(sync_app, conn, 5) == []
+
+
+@pytest.mark.parametrize("limit", ["concurrency", "concurrency_per_key"])
+def test_an_expired_lease_frees_its_slot_before_the_job_is_recovered(
+    dsn: str, sync_app: jobbus.App, limit: str
+) -> None:
+    """SPEC 12: a holder that stopped renewing (killed, frozen, cut off) keeps its row `running` until
+    recovery runs, but its slot is free as soon as its lease is over."""
+    sync_app.sync.set_queue("a", **{limit: 1})
+    _jobs(sync_app, "a", 2, key="k")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        [held] = claim(sync_app, conn, 5)
+        assert claim(sync_app, conn, 5) == []
+        expire_lease(conn, held.id)
+        [taken] = claim(sync_app, conn, 5)
+        assert taken.id != held.id
+        statuses = dict(conn.execute("SELECT id, status FROM jobbus.job").fetchall())
+    assert statuses == {held.id: "running", taken.id: "running"}  # nothing recovered the first one
+
+
+def test_a_job_due_later_or_waiting_for_its_retry_holds_no_slot(dsn: str, sync_app: jobbus.App) -> None:
+    """SPEC 12: only a lease holds a slot. A job scheduled for later (even ahead by priority) and a job
+    waiting for its retry backoff leave their queue's and their key's slot to a job that can run."""
+    sync_app.sync.set_queue("a", concurrency=1, concurrency_per_key=1)
+    later = sync_app.sync.schedule("t", queue="a", concurrency_key="k", priority=9, available_at=timedelta(hours=1))
+    _jobs(sync_app, "a", 2, key="k")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        [first] = claim(sync_app, conn, 5)
+        assert first.id != later
+        assert write(sync_app, conn, first, JobStatus.QUEUED, error="again", delay_seconds=3600)
+        [second] = claim(sync_app, conn, 5)
+        assert second.id not in (later, first.id)
+        assert claim(sync_app, conn, 5) == []  # the one running job holds the slot: the limit still holds
+        waiting = dict(conn.execute("SELECT id, status FROM jobbus.job WHERE id <> %s", (second.id,)).fetchall())
+    assert waiting == {later: "queued", first.id: "queued"}
 
 
 def test_a_job_enqueued_while_per_key_limits_are_set_is_not_lost(dsn: str, sync_app: jobbus.App) -> None:
