@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 import jobbus
 from jobbus.models import ClaimedJob, JobStatus
-from tests.storehelpers import claim, write
+from jobbus.store import run_sync
+from tests.storehelpers import claim, claim_statement, write
 
 
 def _jobs(app: jobbus.App, queue: str, count: int, *, key: str | None = None, type: str = "t") -> None:
@@ -138,6 +139,39 @@ def test_a_keyed_claim_reads_what_it_takes_not_the_keys_at_their_limit(dsn: str,
             assert claim(sync_app, conn, 50) == []
             read = {t: _rows_read(conn, t) - before[t] for t in before}
         assert sum(read.values()) < 50, read
+
+
+def test_a_claim_of_a_queue_without_limits_touches_nothing_of_flow_control(dsn: str, sync_app: jobbus.App) -> None:
+    """SPEC 12: queues without limits pay nothing for them. Beside a queue with every kind of limit, a
+    claim of a queue without any scans and writes none of the tables flow control keeps."""
+    sync_app.sync.set_queue(
+        "limited",
+        concurrency=1,
+        concurrency_per_key=1,
+        rate_limit=jobbus.RateLimit(5, per=timedelta(minutes=1)),
+        rate_limit_per_key=jobbus.RateLimit(5, per=timedelta(minutes=1)),
+    )
+    _jobs(sync_app, "limited", 3, key="k")
+    _jobs(sync_app, "free", 5)
+    tables = ("queue_setting", "queue_key", "queue_key_note", "queue_start")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        statement = claim_statement(sync_app, conn, 10, queues=["free"])
+        with conn.transaction():
+            before = {t: _touched(conn, t) for t in tables}
+            jobs = run_sync(conn, statement)
+            touched = {t: _touched(conn, t) - before[t] for t in tables}
+    assert [j.queue for j in jobs] == ["free"] * 5
+    assert touched == dict.fromkeys(tables, 0)
+
+
+def _touched(conn: psycopg.Connection[Any], table: str) -> int:
+    """Scans and row writes of `table` by this transaction so far."""
+    row = conn.execute(
+        "SELECT coalesce(seq_scan, 0) + coalesce(idx_scan, 0) + n_tup_ins + n_tup_upd + n_tup_del"
+        " FROM pg_stat_xact_user_tables WHERE schemaname = 'jobbus' AND relname = %s",
+        (table,),
+    ).fetchone()
+    return int(row[0]) if row else 0
 
 
 # A randomized topology: queues with random limits, claimers each serving a random subset of them on its
@@ -292,6 +326,41 @@ def test_a_key_at_its_limit_runs_again_as_soon_as_its_job_ends(dsn: str, sync_ap
             assert claim(sync_app, conn, 5) == []  # at its limit until the lease ends...
             assert write(sync_app, conn, job, JobStatus.COMPLETED)  # ...or the job does
         assert claim(sync_app, conn, 5) == []
+
+
+@pytest.mark.parametrize("limit", ["concurrency", "concurrency_per_key"])
+def test_an_expired_lease_frees_its_slot_before_the_job_is_recovered(
+    dsn: str, sync_app: jobbus.App, limit: str
+) -> None:
+    """SPEC 12: a holder that stopped renewing (killed, frozen, cut off) keeps its row `running` until
+    recovery runs, but its slot is free as soon as its lease is over."""
+    sync_app.sync.set_queue("a", **{limit: 1})
+    _jobs(sync_app, "a", 2, key="k")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        [held] = claim(sync_app, conn, 5, lease_seconds=1)
+        assert claim(sync_app, conn, 5) == []
+        time.sleep(1.2)  # its holder never renews it
+        [taken] = claim(sync_app, conn, 5)
+        assert taken.id != held.id
+        statuses = dict(conn.execute("SELECT id, status FROM jobbus.job").fetchall())
+    assert statuses == {held.id: "running", taken.id: "running"}  # nothing recovered the first one
+
+
+def test_a_job_due_later_or_waiting_for_its_retry_holds_no_slot(dsn: str, sync_app: jobbus.App) -> None:
+    """SPEC 12: only a lease holds a slot. A job scheduled for later (even ahead by priority) and a job
+    waiting for its retry backoff leave their queue's and their key's slot to a job that can run."""
+    sync_app.sync.set_queue("a", concurrency=1, concurrency_per_key=1)
+    later = sync_app.sync.schedule("t", queue="a", concurrency_key="k", priority=9, available_at=timedelta(hours=1))
+    _jobs(sync_app, "a", 2, key="k")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        [first] = claim(sync_app, conn, 5)
+        assert first.id != later
+        assert write(sync_app, conn, first, JobStatus.QUEUED, error="again", delay_seconds=3600)
+        [second] = claim(sync_app, conn, 5)
+        assert second.id not in (later, first.id)
+        assert claim(sync_app, conn, 5) == []  # the one running job holds the slot: the limit still holds
+        waiting = dict(conn.execute("SELECT id, status FROM jobbus.job WHERE id <> %s", (second.id,)).fetchall())
+    assert waiting == {later: "queued", first.id: "queued"}
 
 
 def test_a_job_enqueued_while_per_key_limits_are_set_is_not_lost(dsn: str, sync_app: jobbus.App) -> None:

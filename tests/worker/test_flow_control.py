@@ -164,3 +164,19 @@ def test_a_queue_without_limits_beside_a_limited_one_is_not_held_back(dsn: str, 
             timeout=60,
         )
         assert _done(dsn) < 40  # the limited queue is still working through its one slot
+
+
+def test_a_limit_set_while_a_worker_runs_binds_it_within_one_poll_interval(dsn: str, sync_app: jobbus.App) -> None:
+    """SPEC 12: limits apply to workers already running within one poll interval (1 s here), with no
+    restart: several jobs at once before the change, never more than one after it."""
+    sync_app.sync.schedule_many("work", [{"max_sleep": 0.3} for _ in range(60)], queue="limited")
+    with fleet(dsn, 1, "--poll-interval", "1"):
+        with Sampler(dsn) as before:
+            wait_until(lambda: _done(dsn) >= 12, timeout=60, what="jobs to run without a limit")
+        sync_app.sync.set_queue("limited", concurrency=1)
+        time.sleep(1.0 + 2.0)  # one poll interval, then the jobs started before it end (0.3 s, on a loaded machine)
+        with Sampler(dsn) as after:
+            wait_until(lambda: _done(dsn) == 60, timeout=120, what="every job done")
+    assert before.max_total > 1
+    assert after.samples > 100
+    assert after.max_total == 1, f"saw {after.max_total} jobs holding a valid lease at once"

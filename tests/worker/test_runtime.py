@@ -63,6 +63,31 @@ async def test_sync_handler_runs_in_a_thread_with_blocking_methods(app: jobbus.A
     assert all(j and j.execution_data == {"step": 1} and j.progress_current == 1 for j in jobs)
 
 
+async def test_async_handlers_share_the_workers_one_event_loop_up_to_its_concurrency(app: jobbus.App) -> None:
+    """SPEC 1, cooperative runtime: no fork pool and no thread per async job; `concurrency` bounds them."""
+    import os
+    import threading
+
+    loop, process, thread = asyncio.get_running_loop(), os.getpid(), threading.get_ident()
+    running: list[int] = [0, 0]  # now, peak
+    seen: set[tuple[int, int, bool]] = set()
+
+    @app.job("a")
+    async def handler(job: jobbus.JobExecution) -> None:
+        seen.add((os.getpid(), threading.get_ident(), asyncio.get_running_loop() is loop))
+        running[0] += 1
+        running[1] = max(running[1], running[0])
+        await asyncio.sleep(0.2)
+        running[0] -= 1
+
+    ids = await app.schedule_many("a", [{} for _ in range(12)])
+    assert await drain(app, concurrency=3) == 0
+    assert seen == {(process, thread, True)}
+    assert running[1] == 3
+    jobs = [await app.find(i) for i in ids]
+    assert all(job is not None and job.status is JobStatus.COMPLETED for job in jobs)
+
+
 async def test_none_result_is_not_stored_and_unserialisable_result_fails_clearly(app: jobbus.App) -> None:
     @app.job("none")
     async def none(job: jobbus.JobExecution) -> None:

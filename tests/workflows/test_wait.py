@@ -29,6 +29,22 @@ async def test_wait_returns_the_completed_job_with_its_result(app: jobbus.App, d
     assert (job.id, job.status, job.result) == (job_id, JobStatus.COMPLETED, {"ok": True})
 
 
+async def test_a_waiter_is_woken_by_the_notification_long_before_a_poll_would_come(dsn: str) -> None:
+    """SPEC 13: `wait` is woken by the finishing transaction's notification; with a 60 s poll interval a
+    poll could not have answered within seconds."""
+    app = jobbus.App(dsn=dsn, poll_interval_seconds=60)
+    async with app:
+        job_id = await app.schedule("t")
+        waiter = asyncio.create_task(app.wait(job_id, timeout=120))
+        await asyncio.sleep(1.0)  # the waiter read the job and listens
+        assert not waiter.done()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            (claimed,) = claim(app, conn)
+            assert write(app, conn, claimed, JobStatus.COMPLETED, result_json="7")
+        job = await asyncio.wait_for(waiter, timeout=20)  # a third of the poll interval
+    assert (job.status, job.result) == (JobStatus.COMPLETED, 7)
+
+
 async def test_wait_returns_at_once_for_a_finished_job_and_refuses_unknown_ids(app: jobbus.App) -> None:
     job_id = await app.schedule("t")
     assert await app.cancel(job_id) is JobStatus.CANCELLED
