@@ -20,12 +20,13 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
+from jobbus.durations import seconds_or_none
 from jobbus.errors import InvalidJobError, LeaseLostError, NonRetryableError, Snooze
 from jobbus.events import JobCancelled, JobCompleted, JobEvent, JobFailed, JobRetried
 from jobbus.execution import JobParked, StopReason
 from jobbus.models import JobStatus
 from jobbus.redaction import redact_text
-from jobbus.requests import json_text, seconds_or_none
+from jobbus.requests import json_text
 from jobbus.retry import backoff_seconds
 from jobbus.settings import Settings
 from jobbus.store import Outcome
@@ -130,7 +131,12 @@ class OutcomePolicy:
         if cancelled_by_worker:
             return self.fenced(attempt) if StopReason.FENCED in signals else self.release(attempt)
         if isinstance(exc, Snooze):
-            return self.snoozed(attempt, exc.delay_seconds)
+            try:
+                delay = seconds_or_none("Snooze delay", exc.delay, allow_zero=True)
+            except InvalidJobError as invalid:
+                return self.failure(attempt, invalid)
+            assert delay is not None
+            return self.snoozed(attempt, delay)
         return self.failure(attempt, exc)
 
     # -- outcomes -----------------------------------------------------------------------------------
