@@ -36,7 +36,7 @@ from django.utils import timezone  # noqa: E402
 
 from jobbus.contrib.django import JobbusBackend, get_app  # noqa: E402
 from jobbus.contrib.django import tasks_api as api  # noqa: E402
-from jobbus.contrib.django.backend import DJANGO_TASK_TYPE  # noqa: E402
+from jobbus.contrib.django.handler import DJANGO_TASK_TYPE  # noqa: E402
 from tests.contrib import django_task_functions as fns  # noqa: E402
 
 if api.FRAMEWORK == "django.tasks":
