@@ -80,7 +80,9 @@ async def test_every_base_exception_from_a_handler_is_a_failed_attempt_not_a_dea
 
 
 @pytest.mark.parametrize(
-    "delay", [-1, float("nan"), timedelta(days=400), "soon"], ids=["negative", "nan", "over-a-year", "not-a-duration"]
+    "delay",
+    [-1, float("nan"), timedelta(days=400), "soon", None],
+    ids=["negative", "nan", "over-a-year", "not-a-duration", "none"],
 )
 async def test_a_snooze_with_an_impossible_delay_is_a_failed_attempt_that_names_the_delay(
     app: jobbus.App, delay: Any

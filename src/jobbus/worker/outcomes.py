@@ -131,11 +131,12 @@ class OutcomePolicy:
         if cancelled_by_worker:
             return self.fenced(attempt) if StopReason.FENCED in signals else self.release(attempt)
         if isinstance(exc, Snooze):
-            try:
+            try:  # checked here, not in Snooze: errors.py sits below durations.py
                 delay = seconds_or_none("Snooze delay", exc.delay, allow_zero=True)
-            except InvalidJobError as invalid:
+                if delay is None:
+                    raise InvalidJobError("Snooze delay must be seconds (a number) or a timedelta, got None")
+            except Exception as invalid:  # a hostile __repr__ too: the attempt fails, the worker goes on
                 return self.failure(attempt, invalid)
-            assert delay is not None
             return self.snoozed(attempt, delay)
         return self.failure(attempt, exc)
 
