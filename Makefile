@@ -19,6 +19,7 @@ lint: venv
 	$(VENV)/bin/ruff check $(LINTED)
 	$(VENV)/bin/ruff format --check $(LINTED)
 	$(VENV)/bin/mypy $(LINTED)
+	$(VENV)/bin/lint-imports
 
 test: lint
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
@@ -123,4 +124,4 @@ dashboard: venv
 	$(VENV)/bin/jobbus dashboard
 
 clean:
-	rm -rf $(VENV) $(VENV_DJANGO6) $(VENV_DEMO) .pytest_cache .mypy_cache .ruff_cache dist site
+	rm -rf $(VENV) $(VENV_DJANGO6) $(VENV_DEMO) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache dist site

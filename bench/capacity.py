@@ -32,14 +32,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 
 from bench import harness
-
-if TYPE_CHECKING:
-    from bench.run import Suite, System
+from bench.suite import DB_PREFIX, Suite, System, clean_env, parse_result, run_driver
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PROCESS_COUNTS = (1, 2, 4)
@@ -202,8 +200,6 @@ def jobbus_of(suite: Suite) -> System | None:
 @contextmanager
 def jobbus_database(suite: Suite, system: System, label: str) -> Iterator[str]:
     """A fresh database with the jobbus schema; its name. Dropped afterwards."""
-    from bench.run import DB_PREFIX, run_driver
-
     name = f"{DB_PREFIX}{os.getpid()}_{label}"
     dsn = suite.server.create_database(name)
     try:
@@ -215,8 +211,6 @@ def jobbus_database(suite: Suite, system: System, label: str) -> Iterator[str]:
 
 def drain_processes(suite: Suite) -> None:
     """One backlog, drained by 1, 2 and 4 worker processes: rate, and the CPU and I/O behind it."""
-    from bench.run import run_driver
-
     system = jobbus_of(suite)
     if system is None:
         return
@@ -336,8 +330,6 @@ DELETE FROM jobbus.job WHERE created_at >= %(mark)s AND queue = 'default' AND ty
 
 def backlog(suite: Suite) -> None:
     """Claim latency and drain rate against a clean table and three backlogs the worker cannot take."""
-    from bench.run import DB_PREFIX, run_driver
-
     system = jobbus_of(suite)
     if system is None:
         return
@@ -533,8 +525,6 @@ def wal(conn: psycopg.Connection[Any]) -> int:
 
 def enqueue_processes(suite: Suite, processes: int = 4) -> None:
     """`processes` producer processes at once, each scheduling one job per call; the pooled rate."""
-    from bench.run import clean_env, parse_result
-
     scenario, jobs = "enqueue_4proc", suite.sizes.single
     with suite.databases(scenario) as dbs:
         for run in range(suite.runs):

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.run import DEFAULT_DSN, Server, parse_result  # noqa: E402
+from bench.suite import DEFAULT_DSN, Server, parse_result  # noqa: E402
 
 OUT = ROOT / "bench" / "profile"
 

@@ -6,12 +6,12 @@ import json
 import os
 from pathlib import Path
 
-from bench import capacity, harness, run
+from bench import capacity, harness, run, suite
 
 
-def _suite() -> run.Suite:
-    server = run.Server("postgresql://postgres@127.0.0.1:5432/test", quiet_threshold=None)
-    return run.Suite(server, [run.jobbus_system(quick=True)], run.QUICK, runs=1)
+def _suite() -> suite.Suite:
+    server = suite.Server("postgresql://postgres@127.0.0.1:5432/test", quiet_threshold=None)
+    return suite.Suite(server, [run.jobbus_system(quick=True)], suite.QUICK, runs=1)
 
 
 def test_merge_adds_only_scenarios_not_measured_again_and_their_best_setting(tmp_path: Path) -> None:

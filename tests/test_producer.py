@@ -17,7 +17,8 @@ import jobbus
 import jobbus.store as jobbus_store
 import jobbus.store.jobs as jobbus_jobs
 from jobbus import JobRequest, JobStatus
-from jobbus.requests import EARLIEST_AVAILABLE_AT, LATEST_AVAILABLE_AT, MAX_JSON_DEPTH, json_text
+from jobbus.durations import EARLIEST_AVAILABLE_AT, LATEST_AVAILABLE_AT
+from jobbus.requests import MAX_JSON_DEPTH, json_text
 
 
 def _count(dsn: str) -> int:

@@ -22,6 +22,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from jobbus import schema as schema_module
 from jobbus import tracing
 from jobbus.batching import InsertBatcher
+from jobbus.durations import resolve_available_at, seconds_or_none
 from jobbus.errors import DatabaseUnavailableError, InvalidJobError, InvalidStateError, JobbusError
 from jobbus.events import EventHub, JobCancelled, JobEvent, JobScheduled
 from jobbus.execution import check_event_key
@@ -35,8 +36,6 @@ from jobbus.requests import (
     build_spec,
     json_text,
     new_job_id,
-    resolve_available_at,
-    seconds_or_none,
     spec_json,
     specs_sharing,
     validate_text,

@@ -46,13 +46,10 @@ class Snooze(Exception):
     """Raised by a handler: not ready yet, run again after `delay` (seconds or a timedelta).
 
     The job goes back to `queued` at now + delay; the attempt does not count and the checkpoint
-    (`execution_data`) is kept. The job's history records the snooze.
+    (`execution_data`) is kept. The job's history records the snooze. The worker checks the delay
+    when it handles the snooze: one that is not 0 to a year fails the attempt with `InvalidJobError`.
     """
 
     def __init__(self, delay: float | timedelta) -> None:
-        from jobbus.requests import seconds_or_none
-
-        seconds = seconds_or_none("Snooze delay", delay, allow_zero=True)
-        assert seconds is not None
-        super().__init__(f"snoozed for {seconds:g} s")
-        self.delay_seconds = seconds
+        super().__init__(f"snoozed for {delay.total_seconds() if isinstance(delay, timedelta) else delay} s")
+        self.delay = delay

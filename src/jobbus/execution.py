@@ -19,15 +19,12 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from jobbus.errors import LeaseLostError
 from jobbus.models import ClaimedJob, Job, JobSpec
 from jobbus.requests import JobRequest, json_text, spec_json
-from jobbus.store import Statement
-
-if TYPE_CHECKING:
-    from jobbus.store import JobStore
+from jobbus.store import JobStore, Statement
 
 T = TypeVar("T")
 Runner = Callable[[Statement[Any]], Awaitable[Any]]

@@ -28,8 +28,9 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
+from jobbus.durations import seconds_or_none
 from jobbus.errors import InvalidJobError
-from jobbus.requests import INT32_MAX, INT32_MIN, MAX_TYPE_BYTES, configuration_json, seconds_or_none, validate_text
+from jobbus.requests import INT32_MAX, INT32_MIN, MAX_TYPE_BYTES, configuration_json, validate_text
 
 #: The shortest interval a periodic job may have.
 MIN_EVERY_SECONDS = 1.0

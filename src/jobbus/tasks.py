@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 import psycopg
 
 from jobbus import encoding
+from jobbus.durations import seconds_or_none
 from jobbus.encoding import EncodingError
 from jobbus.errors import InvalidJobError, NonRetryableError
 from jobbus.execution import JobExecution, SyncJobExecution
-from jobbus.requests import seconds_or_none
 
 if TYPE_CHECKING:
     from jobbus.app import App

@@ -36,7 +36,7 @@ from django.utils import timezone  # noqa: E402
 
 from jobbus.contrib.django import JobbusBackend, get_app  # noqa: E402
 from jobbus.contrib.django import tasks_api as api  # noqa: E402
-from jobbus.contrib.django.backend import DJANGO_TASK_TYPE  # noqa: E402
+from jobbus.contrib.django.handler import DJANGO_TASK_TYPE  # noqa: E402
 from tests.contrib import django_task_functions as fns  # noqa: E402
 
 if api.FRAMEWORK == "django.tasks":
@@ -239,11 +239,11 @@ def test_unknown_and_mismatched_results(django_db: str) -> None:
 
 
 def test_signals_are_sent_on_enqueue_start_and_finish(django_db: str) -> None:
-    seen: list[tuple[str, Any]] = []
+    seen: list[tuple[str, Any, Any]] = []
 
     def record(name: str) -> Any:
         def receiver(sender: Any, task_result: Any, **kwargs: Any) -> None:
-            seen.append((name, task_result.status))
+            seen.append((name, task_result.status, sender))
 
         return receiver
 
@@ -263,7 +263,11 @@ def test_signals_are_sent_on_enqueue_start_and_finish(django_db: str) -> None:
     finally:
         for signal, receiver in receivers.items():
             signal.disconnect(receiver)
-    assert seen == [("enqueued", Status.READY), ("started", Status.RUNNING), ("finished", Status.SUCCESSFUL)]
+    assert seen == [
+        ("enqueued", Status.READY, JobbusBackend),
+        ("started", Status.RUNNING, JobbusBackend),
+        ("finished", Status.SUCCESSFUL, JobbusBackend),
+    ]
 
 
 # -- Django's transaction ----------------------------------------------------------------------------

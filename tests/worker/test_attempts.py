@@ -80,6 +80,35 @@ async def test_every_base_exception_from_a_handler_is_a_failed_attempt_not_a_dea
 
 
 @pytest.mark.parametrize(
+    "delay",
+    [-1, float("nan"), timedelta(days=400), "soon", None],
+    ids=["negative", "nan", "over-a-year", "not-a-duration", "none"],
+)
+async def test_a_snooze_with_an_impossible_delay_is_a_failed_attempt_that_names_the_delay(
+    app: jobbus.App, delay: Any
+) -> None:
+    @app.job("snoozes")
+    async def snoozes(job: jobbus.JobExecution) -> None:
+        raise jobbus.Snooze(delay)
+
+    @app.job("snoozes_once")
+    def snoozes_once(job: jobbus.SyncJobExecution) -> str:
+        if not job.execution_data:
+            job.checkpoint({"snoozed": True})
+            raise jobbus.Snooze(0)
+        return "after a snooze"
+
+    bad_id = await app.schedule("snoozes", max_attempts=1)
+    good_id = await app.schedule("snoozes_once", max_attempts=1)
+    assert await drain(app) == 0
+    bad, good = await app.find(bad_id), await app.find(good_id)
+    assert bad is not None and (bad.status, bad.attempts) == (JobStatus.FAILED, 1)
+    assert "InvalidJobError" in (bad.last_error or "") and "Snooze delay must be" in (bad.last_error or "")
+    assert good is not None and (good.status, good.attempts, good.result) == (JobStatus.COMPLETED, 1, "after a snooze")
+    assert [entry["outcome"] for entry in good.history] == ["snoozed", "completed"]
+
+
+@pytest.mark.parametrize(
     ("result", "reason"),
     [("\ud800", "surrogate"), (float("nan"), "NaN"), ({"x": float("inf")}, "Infinity"), ("x" * 2_000_000, "bytes")],
     ids=["lone-surrogate", "nan", "infinity", "too-large"],

@@ -34,11 +34,12 @@ import psycopg
 from jobbus import encoding
 from jobbus.bus.codecs import Codec, CodecError, JsonCodec, is_typeddict
 from jobbus.bus.envelope import CORRELATION_ID, DEFAULT_CODEC, Envelope, EnvelopeError, correlation_scope, make_headers
+from jobbus.durations import resolve_available_at
 from jobbus.encoding import EncodingError
 from jobbus.errors import InvalidJobError
 from jobbus.execution import JobExecution, SyncJobExecution
 from jobbus.models import JobSpec
-from jobbus.requests import JobRequest, build_spec, resolve_available_at
+from jobbus.requests import JobRequest, build_spec
 
 if TYPE_CHECKING:
     from jobbus.app import App

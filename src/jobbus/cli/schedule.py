@@ -17,6 +17,7 @@ from jobbus.cli.errors import UsageProblem, probe_database, run
 from jobbus.cli.loading import open_app
 from jobbus.cli.output import admin_app, dsn_option
 from jobbus.cli.text import visible
+from jobbus.durations import resolve_available_at
 from jobbus.errors import InvalidJobError
 from jobbus.models import JobStatus
 from jobbus.requests import (
@@ -26,7 +27,6 @@ from jobbus.requests import (
     JobDefaults,
     JobRequest,
     build_spec,
-    resolve_available_at,
 )
 
 

@@ -2,7 +2,7 @@
 
 from jobbus.store.jobs import CancelResult, JobStore, Outcome, RecoveredJob
 from jobbus.store.maintenance import MaintenanceStore, QueueSample
-from jobbus.store.statements import Copy, Row, Statement, dumps, queries, run_async, run_sync
+from jobbus.store.statements import Copy, Row, Statement, queries, run_async, run_sync
 from jobbus.store.workers import ControlState, DeadWorker, Registration, WorkerStore
 
 __all__ = [
@@ -19,7 +19,6 @@ __all__ = [
     "Row",
     "Statement",
     "WorkerStore",
-    "dumps",
     "queries",
     "run_async",
     "run_sync",

@@ -9,7 +9,6 @@ one source of truth for the SQL and two thin ways to execute it.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -17,11 +16,11 @@ from functools import cache
 from importlib import resources
 from typing import Any, Generic, TypeVar
 
-import msgspec
 import psycopg
 from psycopg import pq
 from psycopg.types.json import set_json_loads
 
+from jobbus.jsontext import loads
 from jobbus.models import JOB_COLUMNS
 from jobbus.schema import render
 
@@ -173,43 +172,9 @@ def _chain_sync(conn: psycopg.Connection[Any], op: Chain[T]) -> T:
     return result
 
 
-class UndecodableJson(dict[str, Any]):
-    """Stands for a stored JSON value this process cannot decode (say, nested deeper than Python's
-    recursion limit, written by another producer). Empty, so reads of such a row still work; the
-    worker fails the job at once with `reason`."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__()
-        self.reason = reason
-
-    def __repr__(self) -> str:
-        return f"<undecodable JSON: {self.reason}>"
-
-
-_decode = msgspec.json.Decoder().decode
-
-
-def _loads(data: str | bytes) -> Any:
-    """JSON decoding that never raises on a value the database accepted: no row can kill a reader.
-
-    msgspec first (several times faster than json.loads on the two jsonb columns of every claimed
-    job); a value it refuses (a number beyond float or 64-bit range, nesting too deep) goes through
-    json.loads, which decides as before: a value, or `UndecodableJson`."""
-    try:
-        return _decode(data)
-    except (msgspec.DecodeError, RecursionError):
-        pass
-    try:
-        return json.loads(data)
-    except RecursionError:
-        return UndecodableJson(f"nested too deeply to decode ({len(data)} bytes of JSON)")
-    except ValueError as exc:
-        return UndecodableJson(f"invalid JSON: {exc}")
-
-
 def configure_connection(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
     """What every connection of jobbus needs: JSON decoding that hostile rows cannot break."""
-    set_json_loads(_loads, conn)
+    set_json_loads(loads, conn)
 
 
 async def configure_async(conn: psycopg.AsyncConnection[Any]) -> None:
@@ -232,8 +197,3 @@ def channel_name(schema: str, suffix: str = "") -> str:
     digest = hashlib.sha256(schema.encode()).hexdigest()[:12]
     room = MAX_IDENTIFIER_BYTES - len("jobbus__") - len(digest) - len(suffix)
     return f"jobbus_{schema[:room]}_{digest}{suffix}"
-
-
-def dumps(value: Any) -> str:
-    """JSON text for the database; refuses NaN and infinities, which jsonb cannot hold."""
-    return json.dumps(value, allow_nan=False, separators=(",", ":"))

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 from jobbus import tracing
 from jobbus.events import JobEvent, JobFailed, JobStarted
 from jobbus.execution import StopReason, SyncJobExecution, enter_job, leave_job
+from jobbus.jsontext import UndecodableJson
 from jobbus.models import JobStatus
-from jobbus.store.statements import UndecodableJson
 from jobbus.worker.attempt import Attempt, Phase
 from jobbus.worker.completer import Completer
 from jobbus.worker.outcomes import Decision, OutcomePolicy

@@ -20,12 +20,13 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
+from jobbus.durations import seconds_or_none
 from jobbus.errors import InvalidJobError, LeaseLostError, NonRetryableError, Snooze
 from jobbus.events import JobCancelled, JobCompleted, JobEvent, JobFailed, JobRetried
 from jobbus.execution import JobParked, StopReason
 from jobbus.models import JobStatus
 from jobbus.redaction import redact_text
-from jobbus.requests import json_text, seconds_or_none
+from jobbus.requests import json_text
 from jobbus.retry import backoff_seconds
 from jobbus.settings import Settings
 from jobbus.store import Outcome
@@ -130,7 +131,13 @@ class OutcomePolicy:
         if cancelled_by_worker:
             return self.fenced(attempt) if StopReason.FENCED in signals else self.release(attempt)
         if isinstance(exc, Snooze):
-            return self.snoozed(attempt, exc.delay_seconds)
+            try:  # checked here, not in Snooze: errors.py sits below durations.py
+                delay = seconds_or_none("Snooze delay", exc.delay, allow_zero=True)
+                if delay is None:
+                    raise InvalidJobError("Snooze delay must be seconds (a number) or a timedelta, got None")
+            except Exception as invalid:  # a hostile __repr__ too: the attempt fails, the worker goes on
+                return self.failure(attempt, invalid)
+            return self.snoozed(attempt, delay)
         return self.failure(attempt, exc)
 
     # -- outcomes -----------------------------------------------------------------------------------

@@ -16,20 +16,7 @@ See docs/integrations.md.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
+from jobbus.contrib.django.backend import JobbusBackend
 from jobbus.contrib.django.conf import connection, database_dsn, get_app, worker_app
 
-if TYPE_CHECKING:
-    from jobbus.contrib.django.backend import JobbusBackend
-
 __all__ = ["JobbusBackend", "connection", "database_dsn", "get_app", "worker_app"]
-
-
-def __getattr__(name: str) -> Any:
-    # The backend imports Django's tasks framework: only when a TASKS setting names it.
-    if name == "JobbusBackend":
-        from jobbus.contrib.django.backend import JobbusBackend
-
-        return JobbusBackend
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,30 +14,17 @@ between attempts.
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import traceback
 import uuid
 from datetime import datetime
 from typing import Any
 
-from django.db import close_old_connections
 from django.utils import timezone
-from django.utils.module_loading import import_string
 
 from jobbus.app import App
 from jobbus.contrib.django import tasks_api as api
 from jobbus.contrib.django.conf import connection, database_alias, get_app, joins_django_transactions
-from jobbus.execution import SyncJobExecution
+from jobbus.contrib.django.handler import DJANGO_TASK_TYPE, ERRORS_KEY, django_task, json_value
 from jobbus.models import Job, JobStatus
-
-#: The job type of every Django task.
-DJANGO_TASK_TYPE = "django.task"
-#: Where a failed attempt's exception is kept in `execution_data`.
-ERRORS_KEY = "django_task_errors"
-#: This process, as `TaskResult.worker_ids` shows it while a task runs here.
-WORKER_ID = f"{socket.gethostname()}-{os.getpid()}"
 
 _STATUS = {
     JobStatus.QUEUED: api.TaskResultStatus.READY,
@@ -96,8 +83,8 @@ class JobbusBackend(api.BaseTaskBackend):
         self.validate_task(task)
         configuration = {
             "task": task.module_path,
-            "args": _json(list(args), "args"),
-            "kwargs": _json(dict(kwargs), "kwargs"),
+            "args": json_value(list(args), "args"),
+            "kwargs": json_value(dict(kwargs), "kwargs"),
             "backend": self.alias,
         }
         job_id = self.app.sync.schedule(
@@ -142,7 +129,7 @@ class JobbusBackend(api.BaseTaskBackend):
 def result_of(job: Job, alias: str) -> Any:
     """The `TaskResult` of a Django task's job, as it stands."""
     configuration = job.configuration_data
-    task = _task(configuration, job)
+    task = django_task(configuration, job)
     attempted = [entry.get("worker_id") or "" for entry in job.history if "attempt" in entry]
     if job.status is JobStatus.RUNNING and job.worker_id:
         attempted.append(job.worker_id)
@@ -169,95 +156,7 @@ def result_of(job: Job, alias: str) -> Any:
     return result
 
 
-def register_handler(app: App) -> None:
-    """Register the handler of ``django.task`` jobs on `app` (once)."""
-    if DJANGO_TASK_TYPE not in app.handlers:
-        app.job(DJANGO_TASK_TYPE)(run_django_task)
-
-
-def run_django_task(job: SyncJobExecution) -> Any:
-    """Run one Django task in a worker thread, with Django's per-request connection hygiene around it."""
-    configuration = job.configuration
-    close_old_connections()
-    try:
-        task = _task(configuration, None, queue=job.queue)
-        result = _running(job, task, configuration)
-        api.task_started.send(sender=JobbusBackend, task_result=result)
-        args, kwargs = list(configuration.get("args", [])), dict(configuration.get("kwargs", {}))
-        try:
-            if task.takes_context:
-                value = task.call(api.TaskContext(task_result=result), *args, **kwargs)
-            else:
-                value = task.call(*args, **kwargs)
-            value = _json(value, "the return value")
-        except BaseException as exc:
-            error = {"exception_class_path": _path(type(exc)), "traceback": "".join(traceback.format_exception(exc))}
-            errors = [*job.execution_data.get(ERRORS_KEY, []), error]
-            job.checkpoint({**job.execution_data, ERRORS_KEY: errors})
-            object.__setattr__(result, "status", api.TaskResultStatus.FAILED)
-            object.__setattr__(result, "finished_at", timezone.now())
-            result.errors.append(api.TaskError(**error))
-            api.task_finished.send(sender=JobbusBackend, task_result=result)
-            raise
-        object.__setattr__(result, "status", api.TaskResultStatus.SUCCESSFUL)
-        object.__setattr__(result, "finished_at", timezone.now())
-        object.__setattr__(result, "_return_value", value)
-        api.task_finished.send(sender=JobbusBackend, task_result=result)
-        return value
-    finally:
-        close_old_connections()
-
-
-def _running(job: SyncJobExecution, task: Any, configuration: Any) -> Any:
-    now = timezone.now()
-    return api.TaskResult(
-        task=task,
-        id=str(job.id),
-        status=api.TaskResultStatus.RUNNING,
-        enqueued_at=job.created_at,
-        started_at=now,
-        finished_at=None,
-        last_attempted_at=now,
-        args=list(configuration.get("args", [])),
-        kwargs=dict(configuration.get("kwargs", {})),
-        backend=str(configuration.get("backend", "default")),
-        errors=[
-            api.TaskError(exception_class_path=error["exception_class_path"], traceback=error["traceback"])
-            for error in job.execution_data.get(ERRORS_KEY, [])
-        ],
-        worker_ids=[*([""] * (job.attempt - 1)), WORKER_ID],  # one per attempt: `attempts` counts them
-    )
-
-
-def _task(configuration: Any, job: Job | None, *, queue: str | None = None) -> Any:
-    """The Django Task named by a job, with the job's queue and priority."""
-    path = configuration.get("task")
-    try:
-        task = import_string(path)
-    except ImportError:
-        raise api.TaskResultDoesNotExist(f"the task {path!r} of this job cannot be imported") from None
-    if not isinstance(task, api.Task):
-        raise api.TaskResultDoesNotExist(f"{path!r} is not a Django task")
-    changes: dict[str, Any] = {"backend": configuration.get("backend", task.backend)}
-    if job is not None:
-        changes.update(queue_name=job.queue, priority=job.priority)
-    elif queue is not None:
-        changes.update(queue_name=queue)
-    return task.using(**changes)
-
-
 def _last_attempt(job: Job) -> datetime | None:
     if job.status is JobStatus.RUNNING or not job.history:
         return job.started_at
     return job.finished_at or job.started_at
-
-
-def _json(value: Any, what: str) -> Any:
-    try:
-        return json.loads(json.dumps(value))
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"a Django task's {what} must be JSON: {exc}") from None
-
-
-def _path(cls: type[BaseException]) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"

@@ -14,6 +14,7 @@ from django.db import connections
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from jobbus.app import App
+from jobbus.contrib.django.handler import register_handler
 
 #: Keys of `JOBBUS` that are not App settings.
 OWN_KEYS = frozenset({"app", "database"})
@@ -58,8 +59,6 @@ def get_app() -> App:
             app = _load(target) if target else App(**_settings(own))
             if target:
                 app.reconfigure(**_settings(own))
-            from jobbus.contrib.django.backend import register_handler
-
             register_handler(app)
             _apps[target] = app
         if app._pool is None:
