@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+import uuid
 from collections import Counter
 from datetime import timedelta
 from typing import Any
@@ -334,7 +335,10 @@ def test_an_expired_lease_frees_its_slot_before_the_job_is_recovered(
 ) -> None:
     """SPEC 12: a holder that stopped renewing (killed, frozen, cut off) keeps its row `running` until
     recovery runs, but its slot is free as soon as its lease is over."""
-    sync_app.sync.set_queue("a", **{limit: 1})
+    if limit == "concurrency":
+        sync_app.sync.set_queue("a", concurrency=1)
+    else:
+        sync_app.sync.set_queue("a", concurrency_per_key=1)
     _jobs(sync_app, "a", 2, key="k")
     with psycopg.connect(dsn, autocommit=True) as conn:
         [held] = claim(sync_app, conn, 5, lease_seconds=1)
@@ -342,7 +346,7 @@ def test_an_expired_lease_frees_its_slot_before_the_job_is_recovered(
         time.sleep(1.2)  # its holder never renews it
         [taken] = claim(sync_app, conn, 5)
         assert taken.id != held.id
-        statuses = dict(conn.execute("SELECT id, status FROM jobbus.job").fetchall())
+        statuses: dict[uuid.UUID, str] = dict(conn.execute("SELECT id, status FROM jobbus.job").fetchall())
     assert statuses == {held.id: "running", taken.id: "running"}  # nothing recovered the first one
 
 
@@ -359,7 +363,9 @@ def test_a_job_due_later_or_waiting_for_its_retry_holds_no_slot(dsn: str, sync_a
         [second] = claim(sync_app, conn, 5)
         assert second.id not in (later, first.id)
         assert claim(sync_app, conn, 5) == []  # the one running job holds the slot: the limit still holds
-        waiting = dict(conn.execute("SELECT id, status FROM jobbus.job WHERE id <> %s", (second.id,)).fetchall())
+        waiting: dict[uuid.UUID, str] = dict(
+            conn.execute("SELECT id, status FROM jobbus.job WHERE id <> %s", (second.id,)).fetchall()
+        )
     assert waiting == {later: "queued", first.id: "queued"}
 
 
