@@ -25,7 +25,7 @@ def parked(dsn: str, job_id: uuid.UUID) -> bool:
 def test_a_workflow_on_the_job_page(dsn: str, processes: Processes, page: Any) -> None:
     app = jobbus.App(dsn=dsn)
     with app.sync:
-        parent = app.sync.schedule("flow", {"children": 3, "child_sleep": 8})
+        parent = app.sync.schedule("flow", {"children": 3, "child_sleep": 8}, queue="flows")
     processes.worker("--worker-id", "worker-flow", "--concurrency", "4")
     url = processes.dashboard()
     wait_until(lambda: parked(dsn, parent), what="the parent to park in wait_for_children")

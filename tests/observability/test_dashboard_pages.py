@@ -130,12 +130,12 @@ def workflow(dsn: str, *, children: int, active: int) -> dict[str, Any]:
         )
         conn.execute("INSERT INTO jobbus.job_child (child_id, parent_id) SELECT unnest(%s::uuid[]), %s", (kids, parent))
         conn.execute(
-            "INSERT INTO jobbus.job_parent (parent_id, active, waiting) VALUES (%s, %s, true)", (parent, active)
+            "INSERT INTO jobbus.job_parent (parent_id, active, waiting) VALUES (%s, %s, true)", (parent, children)
         )
-        finished = kids[: children - active]
+        # The trigger job_finished takes each child that ends off its parent's active ones.
         conn.execute(
-            "UPDATE jobbus.job SET status = 'completed', attempts = 1, finished_at = now() WHERE id = ANY(%s)",
-            (finished,),
+            "UPDATE jobbus.job SET status = 'completed', attempts = 1, finished_at = now() WHERE id = ANY(%s::uuid[])",
+            (kids[: children - active],),
         )
     return {"parent": parent, "children": kids}
 
