@@ -31,7 +31,7 @@ def test_a_workflow_on_the_job_page(dsn: str, processes: Processes, page: Any) -
     wait_until(lambda: parked(dsn, parent), what="the parent to park in wait_for_children")
     page.goto(f"{url}/jobs/{parent}")
     # Parked: the attempts row says what it waits for; its step and its children are listed.
-    expect(page.locator("table.history span.waiting")).to_have_text(re.compile(r"waiting for [1-3] child(ren)?$"))
+    expect(page.locator("table.history span.reason")).to_have_text(re.compile(r"waiting for [1-3] child(ren)?$"))
     expect(page.locator("table.steps tr[data-step]")).to_have_count(1)
     assert (
         "fetch" in page.locator("table.steps").inner_text()

@@ -182,9 +182,10 @@ async def test_a_parked_job_says_until_when_it_sleeps_and_which_event_it_waits_f
     async with client(asgi) as http:
         nap = (await http.get(f"/jobs/{napping}")).text
         wait = (await http.get(f"/jobs/{waiting}")).text
-    assert re.search(r'<span class="waiting">sleeping \(nap\) until \d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ \(in 60 min\)', nap)
+    assert re.search(r'<span class="reason">sleeping \(nap\) until \d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ \(in 60 min\)', nap)
     assert '<span class="status sleeping">sleeping</span>' in nap
-    assert '<span class="waiting">waiting for event order-7</span>' in wait
+    assert '<span class="reason">waiting for event order-7</span>' in wait
+    assert "when woken (parked without a deadline)" in wait  # not "available in 2,546,865 days"
     assert '<span class="status waiting">waiting</span>' in wait
 
 
