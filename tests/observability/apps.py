@@ -42,3 +42,13 @@ async def slow(job: jobbus.JobExecution) -> str:
             return "stopped"
         await asyncio.sleep(0.05)
     return "done"
+
+
+@app.job("flow", queue="flows")
+async def flow(job: jobbus.JobExecution) -> dict[str, Any]:
+    """A workflow: a durable step, `children` children (each `child_sleep` seconds), then their outcome."""
+    fetched = await job.step("fetch", lambda: {"rows": 12})
+    for n in range(int(job.configuration.get("children", 3))):
+        await job.spawn("ok", {"to": f"child{n}@example.com", "sleep": job.configuration.get("child_sleep", 0)})
+    children = await job.wait_for_children()
+    return {"rows": fetched["rows"], "children": sorted(child.status.value for child in children)}

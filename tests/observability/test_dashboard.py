@@ -540,7 +540,7 @@ async def test_a_job_page_shows_its_steps_redacted_and_its_parent(dsn: str, dash
     _, asgi = dashboard
     async with client(asgi) as http:
         page = (await http.get(f"/jobs/{child}")).text
-    assert "<h2>Steps</h2>" in page and "ch_41" in page
+    assert '<h2>Steps <span class="count">1</span></h2>' in page and "ch_41" in page
     assert "sk-live-7" not in page and MASK in page
     assert f'href="/jobs/{parent}"' in page
 

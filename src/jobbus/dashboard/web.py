@@ -9,11 +9,13 @@ import math
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
+from http import HTTPStatus
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlencode
 
+import psycopg
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -35,10 +37,21 @@ from jobbus.dashboard.security import (
     Redactor,
     redact_secrets,
 )
+from jobbus.dashboard.workflow import step_views, waiting_reason
 from jobbus.errors import InvalidJobError, InvalidStateError
 from jobbus.limits import KEEP, Keep, RateLimit
 from jobbus.models import JOB_VIEWS, TRACE_KEY, JobStatus
-from jobbus.store.dashboard import COUNT_CAP, Cursor, DashboardStore, QueueRow
+from jobbus.store.dashboard import (
+    COUNT_CAP,
+    FAMILY_LIMIT,
+    WINDOW,
+    Children,
+    Cursor,
+    DashboardStore,
+    JobPageRow,
+    QueueRow,
+    Steps,
+)
 from jobbus.store.statements import Statement, run_async
 
 if TYPE_CHECKING:
@@ -53,6 +66,8 @@ STATUSES = ("queued", "running", "completed", "failed", "cancelled")
 VIEWS = JOB_VIEWS
 WORKER_ACTIONS = ("pause", "resume", "drain", "stop", "restart")
 FLASH_COOKIE = "jobbus_flash"
+#: What reading a job's workflow raises on a schema without migration 0010's tables (or 0014's column).
+BEFORE_WORKFLOWS = (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn)
 #: No framing (a page of buttons in someone else's frame is a clickjacking target), no script or style
 #: from anywhere but this dashboard, no referrer leaving it.
 SECURITY_HEADERS = {
@@ -231,7 +246,7 @@ def create_starlette(
         params = request.query_params
         status = params.get("status") or None
         if status not in (None, *STATUSES, *VIEWS, "finished"):
-            raise HTTPException(400, f"unknown status {status!r}")
+            raise HTTPException(400, f"unknown status {status!r}: one of {', '.join((*STATUSES, *VIEWS, 'finished'))}")
         group = _parse_uuid(params.get("group"))
         cursor = Cursor.decode(params["after"]) if params.get("after") else None
         filters = {
@@ -279,33 +294,58 @@ def create_starlette(
         )
 
     async def job_detail(request: Request) -> Response:
-        job_id = _parse_uuid(request.path_params["job_id"])
-        job = await dash.app.find(job_id) if job_id else None
-        if job is None:
-            raise HTTPException(404, "no such job (it may have been pruned)")
+        raw_id = request.path_params["job_id"]
+        job_id = _parse_uuid(raw_id)
+        if job_id is None:
+            raise HTTPException(404, f"{raw_id[:80]!r} is not a job id: a job id is a UUID")
+        after = _parse_uuid(request.query_params.get("children_after"))
+        try:
+            found = await dash.run(dash.store.job(job_id))
+            steps = await dash.run(dash.store.job_steps(job_id))
+            children = await dash.run(dash.store.job_children(job_id, after=after))
+        except BEFORE_WORKFLOWS:  # a schema a migration behind (rolling deploy): no workflow to show
+            legacy = await dash.app.find(job_id)
+            found = JobPageRow(legacy, None, None) if legacy else None
+            steps, children = Steps([], 0), Children([], 0, None)
+        if found is None:
+            raise HTTPException(404, f"no job has the id {job_id}: it may have been deleted, or pruned by retention")
+        job = found.job
         execution = {k: v for k, v in job.execution_data.items() if k != TRACE_KEY}
         fields = {
             "configuration": dash.redact("configuration", job.configuration_data),
             "execution_data": dash.redact("execution_data", execution),
             "result": dash.redact("result", job.result),
             "last_error": dash.redact("last_error", job.last_error),
-            "steps": dash.redact("steps", job.steps),
         }
+        by_name = {row.name: row for row in steps.rows}
+        parked = job.status is JobStatus.QUEUED and bool(job.history)
         history = [
             {
                 **entry,
                 "error": dash.redact("last_error", entry.get("error")),
                 "traceback": dash.redact("traceback", entry["traceback"]) if entry.get("traceback") else None,
+                "reason": waiting_reason(
+                    entry, current=parked and n == len(job.history) - 1, job=job, steps=by_name, active=children.active
+                ),
             }
-            for entry in job.history
+            for n, entry in enumerate(job.history)
             if isinstance(entry, dict)
         ]
+        results = dash.redact("steps", {row.name: row.result for row in steps.rows})
         return dash.render(
             request,
             "job.html",
             job=job,
+            parent=found,
             fields=fields,
             history=history,
+            steps=step_views(steps.rows, results, datetime.now(UTC)),
+            steps_total=steps.total,
+            children=children,
+            children_after=after,
+            children_next=children.rows[-1].id if children.total > len(children.rows) else None,
+            page_size=FAMILY_LIMIT,
+            window=WINDOW,
             trace=job.execution_data.get(TRACE_KEY),
             progress=_progress(job.progress_current, job.progress_total),
         )
@@ -440,7 +480,7 @@ def create_starlette(
     async def retry_failures(request: Request, form: dict[str, Any]) -> str:
         pattern = form.get("pattern")
         groups = await dash.run(dash.store.failures(limit=1000, ids=BULK_LIMIT))
-        group = next((g for g in groups if g.pattern == pattern), None)
+        group = next((g for g in groups if g.key == pattern), None)
         if group is None:
             return "that failure group is gone (retried or pruned meanwhile)"
         done = await _retry_many(dash.app, group.ids)
@@ -499,6 +539,22 @@ def create_starlette(
             return f"periodic job {name}: job {job_id} enqueued"
         raise HTTPException(404)
 
+    async def http_error(request: Request, exc: Exception) -> Response:
+        """An error (unknown page or job, malformed id, bad filter) as a page of the dashboard, with its
+        navigation, for whoever may see the dashboard; anyone else gets only the status line."""
+        assert isinstance(exc, HTTPException)
+        if not dash.guard.authenticated(request):
+            return PlainTextResponse(exc.detail, status_code=exc.status_code, headers=exc.headers)
+        title = HTTPStatus(exc.status_code).phrase
+        message = "There is no page at this address." if exc.detail == title and exc.status_code == 404 else exc.detail
+        response = dash.render(request, "error.html", title=title, status_code=exc.status_code, message=message)
+        response.status_code = exc.status_code
+        response.headers.update(exc.headers or {})
+        _set_csrf_cookie(request, response)
+        response.headers["cache-control"] = "no-store"
+        response.headers.update(SECURITY_HEADERS)
+        return response
+
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         try:
@@ -534,6 +590,7 @@ def create_starlette(
     starlette = Starlette(
         routes=routes,
         lifespan=lifespan,
+        exception_handlers={HTTPException: http_error},
         middleware=[Middleware(HostGuard, allowed_hosts=allowed_hosts, token=token)],
     )
     starlette.state.dashboard = dash

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import uuid
 from collections.abc import Callable
@@ -10,12 +11,18 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from jobbus.models import Job
+from jobbus.store.jobs import job_from_row
 from jobbus.store.statements import Row, Statement, queries
 
 #: How many index entries one list request walks at most (filters look inside this window).
 WINDOW = 5000
 #: How many finished jobs the failures page groups at most.
 FAILURE_WINDOW = 20000
+#: The job page shows this many steps and children at once (children page on: "next 50").
+FAMILY_LIMIT = 50
+#: A step's result larger than this (as stored) is not read for the job page.
+STEP_RESULT_BYTES = 16384
 #: Counts read at request time (stale samples, work nobody takes) stop at this many rows each.
 COUNT_CAP = 10_000
 
@@ -96,6 +103,12 @@ class FailureGroup:
     queues: list[str]
     ids: list[uuid.UUID]
 
+    @property
+    def key(self) -> str:
+        """What names the group in a page and its retry form: a digest, since the pattern is an error
+        message (only folded) and may hold what redaction hides in the message shown."""
+        return hashlib.sha256(self.pattern.encode()).hexdigest()[:24]
+
 
 @dataclass(frozen=True, slots=True)
 class QueueRow:
@@ -155,6 +168,52 @@ class RunningJob:
     progress_current: float | None
     progress_total: float | None
     lease_expires_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobPageRow:
+    """A job as its page reads it: without steps, with its parent's type and status (None: no parent,
+    or the parent is gone)."""
+
+    job: Job
+    parent_type: str | None
+    parent_status: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class StepRow:
+    """A durable step as recorded; `result` is None when it is larger than `STEP_RESULT_BYTES` (`size`)."""
+
+    name: str
+    result: Any
+    size: int
+    attempt: int
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Steps:
+    rows: list[StepRow]
+    #: Steps other than spawns among those read (at most the window's).
+    total: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChildRow:
+    id: uuid.UUID
+    type: str
+    status: str
+    attempts: int
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class Children:
+    rows: list[ChildRow]
+    #: Children after the cursor among those read (at most the window's).
+    total: int
+    #: The parent's children not yet terminal; None when it never spawned one.
+    active: int | None
 
 
 STATUS_MODES = {
@@ -282,6 +341,37 @@ class DashboardStore:
 
         params = {"limit": limit, "ids": ids, "window": window}
         return Statement(self._q["dashboard_failures"], params, decode)
+
+    def job(self, job_id: uuid.UUID) -> Statement[JobPageRow | None]:
+        """One job without its steps (dashboard_job)."""
+
+        def decode(rows: list[Row], _: int) -> JobPageRow | None:
+            return JobPageRow(job_from_row(rows[0][:-2]), rows[0][-2], rows[0][-1]) if rows else None
+
+        return Statement(self._q["dashboard_job"], {"id": job_id}, decode)
+
+    def job_steps(
+        self, job_id: uuid.UUID, *, limit: int = FAMILY_LIMIT, window: int = WINDOW, max_bytes: int = STEP_RESULT_BYTES
+    ) -> Statement[Steps]:
+        """A job's first steps in recorded order, spawns left out."""
+
+        def decode(rows: list[Row], _: int) -> Steps:
+            return Steps([StepRow(*r[:5]) for r in rows], int(rows[0][5]) if rows else 0)
+
+        params = {"id": job_id, "limit": limit, "window": window, "max_bytes": max_bytes}
+        return Statement(self._q["dashboard_job_steps"], params, decode)
+
+    def job_children(
+        self, job_id: uuid.UUID, *, after: uuid.UUID | None = None, limit: int = FAMILY_LIMIT, window: int = WINDOW
+    ) -> Statement[Children]:
+        """A parent's children in creation order after `after`, with statuses."""
+
+        def decode(rows: list[Row], _: int) -> Children:
+            kids = [ChildRow(*r[2:]) for r in rows if r[2] is not None]
+            return Children(kids, int(rows[0][0]), None if rows[0][1] is None else int(rows[0][1]))
+
+        params = {"id": job_id, "after": after, "limit": limit, "window": window}
+        return Statement(self._q["dashboard_job_children"], params, decode)
 
     def latest_sample(self) -> Statement[list[QueueRow]]:
         return Statement(self._q["dashboard_latest_sample"], {}, lambda rows, _: [QueueRow(*r) for r in rows])

@@ -373,7 +373,7 @@ class JobStore:
     def find_job(self, job_id: uuid.UUID, *, legacy: bool = False) -> Statement[Job | None]:
         """One job with its steps; `legacy`: on a schema before migration 0010 (no steps, no parent)."""
         query = self._q["find_job_legacy" if legacy else "find_job"]
-        return Statement(query, {"id": job_id}, lambda rows, _: _job(rows[0]) if rows else None)
+        return Statement(query, {"id": job_id}, lambda rows, _: job_from_row(rows[0]) if rows else None)
 
     def list_jobs(
         self,
@@ -400,7 +400,7 @@ class JobStore:
         }
         name = "list_jobs_newest" if newest_first else "list_jobs"
         query = self._q[f"{name}_legacy" if legacy else name]
-        return Statement(query, params, lambda rows, _: [_job(r) for r in rows], prepare=False)
+        return Statement(query, params, lambda rows, _: [job_from_row(r) for r in rows], prepare=False)
 
     def group_progress(self, group_id: uuid.UUID) -> Statement[GroupProgress]:
         def decode(rows: list[Row], _: int) -> GroupProgress:
@@ -458,7 +458,8 @@ def _expires(spec: JobSpec) -> bool:
     return spec.expires_at is not None or spec.expires_in is not None
 
 
-def _job(row: Row) -> Job:
+def job_from_row(row: Row) -> Job:
+    """A `Job` from a read of the job's columns followed by its parent, its steps and `expires_at`."""
     values = dict(zip(JOB_COLUMNS, row[:-3], strict=True))
     values["status"] = JobStatus(values["status"])
     values["parent_id"] = row[-3]
