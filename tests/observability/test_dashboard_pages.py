@@ -266,9 +266,9 @@ async def test_the_login_page_has_no_navigation_live_dot_or_event_stream(dsn: st
             page = response.text
             assert 'name="token"' in page
             assert "<nav>" not in page and 'id="live"' not in page and "/events" not in page
-            wrong = await http.post(
-                "/login", data={"csrf": re.search(r'value="([0-9a-f]{64})"', page).group(1), "token": "x"}
-            )  # type: ignore[union-attr]
+            csrf = re.search(r'value="([0-9a-f]{64})"', page)
+            assert csrf is not None
+            wrong = await http.post("/login", data={"csrf": csrf.group(1), "token": "x"})
             assert wrong.status_code == 401 and "wrong token" in wrong.text
             assert "<nav>" not in wrong.text and "/events" not in wrong.text
     finally:
