@@ -230,7 +230,7 @@ STATUS_MODES = {
     "waiting": "dashboard_jobs_queued",
 }
 #: The bound of each count of the jobs page's tabs.
-COUNT_CAP = 5_000
+TAB_COUNT_CAP = 5_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,7 +248,7 @@ class DashboardStore:
         self.schema = schema
         self._q = queries(schema)
 
-    def job_counts(self, *, queue: str | None, type: str | None, cap: int = COUNT_CAP) -> Statement[JobCounts]:
+    def job_counts(self, *, queue: str | None, type: str | None, cap: int = TAB_COUNT_CAP) -> Statement[JobCounts]:
         """A bounded count per status and per view (dashboard_job_counts)."""
 
         def decode(rows: list[Row], _: int) -> JobCounts:
