@@ -5,7 +5,7 @@
 ``/ops/jobs/`` is the dashboard. The application's dependency `require_operator` lets a request in
 when it carries the application's API key (``X-API-Key``, for scripts) or the session cookie its own
 ``/login`` sets; a browser without either is redirected to ``/login``, anything else gets 401. The
-dashboard itself asks for nothing more (``host_auth=True``). tests/contrib/test_dashboard_mounts.py
+dashboard itself asks for nothing more (``host_auth=True``). tests/contrib/test_fastapi_dashboard.py
 drives it over HTTP.
 """
 
@@ -46,23 +46,29 @@ def require_operator(request: Request) -> None:
     raise HTTPException(status.HTTP_401_UNAUTHORIZED, "log in first", headers={"www-authenticate": "X-API-Key"})
 
 
-api = FastAPI(lifespan=lifespan(app))
-mount_dashboard(api, "/ops/jobs", create_app(app, host_auth=True), dependencies=[Depends(require_operator)])
+def build(app: jobbus.App) -> FastAPI:
+    """The application: its login, and the dashboard of `app` at /ops/jobs behind `require_operator`."""
+    api = FastAPI(lifespan=lifespan(app))
+    api.state.dashboard = create_app(app, host_auth=True)
+    mount_dashboard(api, "/ops/jobs", api.state.dashboard, dependencies=[Depends(require_operator)])
+
+    @api.get("/login", response_class=HTMLResponse)
+    def login_form(next: str = "/ops/jobs/") -> str:
+        return (
+            '<form method="post" action="/login"><input type="password" name="key" aria-label="API key">'
+            f'<input type="hidden" name="next" value="{quote(next)}"><button>Log in</button></form>'
+        )
+
+    @api.post("/login")
+    def login(key: str = Form(), next: str = Form("/ops/jobs/")) -> RedirectResponse:
+        if not hmac.compare_digest(key.encode(), API_KEY.encode()):
+            raise HTTPException(status.HTTP_401_UNAUTHORIZED, "wrong key")
+        target = next if next.startswith("/") and not next.startswith("//") else "/ops/jobs/"
+        response = RedirectResponse(target, status_code=status.HTTP_303_SEE_OTHER)
+        response.set_cookie(SESSION, _session_value(), httponly=True, samesite="strict")
+        return response
+
+    return api
 
 
-@api.get("/login", response_class=HTMLResponse)
-def login_form(next: str = "/ops/jobs/") -> str:
-    return (
-        '<form method="post" action="/login"><input type="password" name="key" aria-label="API key">'
-        f'<input type="hidden" name="next" value="{quote(next)}"><button>Log in</button></form>'
-    )
-
-
-@api.post("/login")
-def login(key: str = Form(), next: str = Form("/ops/jobs/")) -> RedirectResponse:
-    if not hmac.compare_digest(key.encode(), API_KEY.encode()):
-        raise HTTPException(status.HTTP_401_UNAUTHORIZED, "wrong key")
-    target = next if next.startswith("/") and not next.startswith("//") else "/ops/jobs/"
-    response = RedirectResponse(target, status_code=status.HTTP_303_SEE_OTHER)
-    response.set_cookie(SESSION, _session_value(), httponly=True, samesite="strict")
-    return response
+api = build(app)
