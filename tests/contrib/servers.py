@@ -10,13 +10,15 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Literal
 
 import uvicorn
 
 
 @contextmanager
-def served(asgi: Any, *, lifespan: str = "off", cleanup: Callable[[], Awaitable[None]] | None = None) -> Iterator[str]:
+def served(
+    asgi: Any, *, lifespan: Literal["on", "off"] = "off", cleanup: Callable[[], Awaitable[None]] | None = None
+) -> Iterator[str]:
     """The base URL of `asgi` served on 127.0.0.1; `cleanup` runs in the server's loop once it stopped."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

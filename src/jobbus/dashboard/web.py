@@ -217,7 +217,7 @@ def create_starlette(
             "overview.html",
             queues=queues,
             charts=_charts(series, range_),
-            range=range_,
+            chart_range=range_,
             ranges=RANGES.values(),
             range_totals=_range_totals(series, range_),
             workers=control.summarize_workers(workers),

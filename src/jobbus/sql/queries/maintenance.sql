@@ -92,8 +92,9 @@ WITH cutoff AS (
     HAVING count(*) > 1
 ), merged AS (
     DELETE FROM {schema}.queue_stat AS s
-    USING steps AS t
-    WHERE s.queue = t.queue AND floor(extract(epoch FROM s.sampled_at) / %(step_seconds)s) = t.step
+    USING steps AS t, cutoff AS c
+    WHERE s.sampled_at < c.at AND s.queue = t.queue
+      AND floor(extract(epoch FROM s.sampled_at) / %(step_seconds)s) = t.step
     RETURNING s.*
 )
 INSERT INTO {schema}.queue_stat (sampled_at, queue, available, scheduled, running, completed, failed, cancelled,
