@@ -6,7 +6,8 @@ by two routes of the application instead (its path and everything under it) that
 dependencies: a request the dependencies refuse gets the application's own answer (its 401, its
 redirect to a login page) and never reaches the dashboard; the others are handed to the dashboard
 unchanged, the live ``/events`` stream included. Make the dashboard with
-``create_app(app, host_auth=True)``: it then asks for no token of its own.
+``create_app(app, host_auth=True)``: it then asks for no token of its own. The dependencies must not
+read the request's body (form or JSON parameters): the dashboard's actions read it.
 """
 
 from __future__ import annotations
