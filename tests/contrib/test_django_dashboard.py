@@ -75,7 +75,7 @@ def test_staff_users_get_the_pages_and_the_event_stream(site: tuple[str, dict[st
             assert stream.headers["content-type"].startswith("text/event-stream")
             assert next(stream.iter_text()).startswith("retry: 2000")
         # Everything else is the project's own.
-        assert http.get("/admin/login/").status_code == 200
+        assert http.get("/admin/").status_code == 200  # the same session in the admin
         assert http.get("/orders").status_code == 405  # its view takes POST only
 
 

@@ -32,8 +32,8 @@ async def http(dsn: str) -> AsyncIterator[httpx.AsyncClient]:
 def _sample(conn: psycopg.Connection[Any], minutes_ago: float, completed: int, failed: int, queue: str = "q") -> None:
     conn.execute(
         "INSERT INTO jobbus.queue_stat (sampled_at, queue, available, scheduled, running, completed, failed, "
-        "cancelled, oldest_available_seconds) VALUES (now() - make_interval(mins => %s), %s, 4, 0, 1, %s, %s, 0, 2)",
-        (minutes_ago, queue, completed, failed),
+        "cancelled, oldest_available_seconds) VALUES (now() - make_interval(secs => %s), %s, 4, 0, 1, %s, %s, 0, 2)",
+        (minutes_ago * 60, queue, completed, failed),
     )
 
 

@@ -376,7 +376,8 @@ ORDER BY n.queue;
 -- every sample for an hour and one row per queue and 10 minutes for seven days, so this reads at most
 -- about 1,400 rows per queue.
 WITH bounds AS (
-    SELECT to_timestamp(ceil(extract(epoch FROM now()) / %(width)s) * %(width)s - %(width)s * %(buckets)s) AS since
+    SELECT to_timestamp(ceil(extract(epoch FROM now()) / %(width)s::float8) * %(width)s::float8
+                        - %(width)s::float8 * %(buckets)s::int) AS since
 ), per_sample AS (
     SELECT s.sampled_at, sum(s.completed) AS completed, sum(s.failed) AS failed, sum(s.cancelled) AS cancelled,
            sum(s.available) AS available, sum(s.running) AS running, max(s.oldest_available_seconds) AS oldest
@@ -384,7 +385,8 @@ WITH bounds AS (
     WHERE s.sampled_at >= b.since AND (%(queue)s::text IS NULL OR s.queue = %(queue)s::text)
     GROUP BY s.sampled_at
 ), bucketed AS (
-    SELECT least(floor(extract(epoch FROM p.sampled_at - b.since) / %(width)s)::int, %(buckets)s - 1) AS bucket, p.*
+    SELECT least(floor(extract(epoch FROM p.sampled_at - b.since) / %(width)s::float8)::int, %(buckets)s::int - 1)
+               AS bucket, p.*
     FROM per_sample AS p, bounds AS b
 )
 SELECT (SELECT since FROM bounds), bucket, sum(completed), sum(failed), sum(cancelled),
