@@ -43,7 +43,7 @@ def test_the_chart_range_switch_and_the_jobs_filters_with_counts(dsn: str, proce
     assert page.locator('a[data-range="1h"]').get_attribute("aria-current") == "page"
     hour = totals(page)
     assert page.locator(".chart svg text.y").count() == 12  # a scale in each of the four charts
-    assert re.fullmatch(r"\d\d:\d\d", page.locator(".chart svg text.x").first.inner_text())
+    assert re.fullmatch(r"\d\d:\d\d", page.locator(".chart svg text.x").first.text_content() or "")
     screenshot(page, "overview-range-1h")
 
     page.click('a[data-range="7d"]')
@@ -53,7 +53,7 @@ def test_the_chart_range_switch_and_the_jobs_filters_with_counts(dsn: str, proce
     week = totals(page)
     assert int(week["processed"].replace(",", "")) > int(hour["processed"].replace(",", ""))
     assert int(week["failed"].replace(",", "")) > 0
-    days = page.locator(".chart.ok svg text.x").all_inner_texts()
+    days = page.locator(".chart.ok svg text.x").all_text_contents()
     assert len(days) >= 6 and all(re.fullmatch(r"[A-Z][a-z]{2} \d\d", day) for day in days)
     assert "Completed per hour" in page.locator(".charts").inner_text()
     screenshot(page, "overview-range-7d")

@@ -86,8 +86,9 @@ def line_chart(
     while tick <= end:
         x = LEFT + (tick - since).total_seconds() / range_.seconds * plot_w
         parts.append(f'<line class="tick" x1="{x:.1f}" y1="{TOP + plot_h}" x2="{x:.1f}" y2="{TOP + plot_h + 3}"/>')
-        label = escape(tick.strftime(range_.tick_format))
-        parts.append(f'<text class="x" x="{x:.1f}" y="{HEIGHT - 4}" text-anchor="middle">{label}</text>')
+        if LEFT + 14 <= x <= WIDTH - RIGHT - 14:  # a label that would not fit inside is left out
+            label = escape(tick.strftime(range_.tick_format))
+            parts.append(f'<text class="x" x="{x:.1f}" y="{HEIGHT - 4}" text-anchor="middle">{label}</text>')
         tick += timedelta(seconds=range_.tick)
     parts.append(f'<line class="axis" x1="{LEFT}" y1="{TOP + plot_h}" x2="{WIDTH - RIGHT}" y2="{TOP + plot_h}"/>')
     if coords:
