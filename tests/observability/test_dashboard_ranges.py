@@ -121,7 +121,7 @@ def _options(html: str, name: str) -> dict[str, str]:
 async def test_queue_and_type_choices_carry_the_counts_of_the_tab_and_of_each_other(
     dsn: str, http: httpx.AsyncClient
 ) -> None:
-    await _jobs(dsn)
+    jobs = await _jobs(dsn)
     everything = (await http.get("/jobs")).text
     assert _options(everything, "queue") == {"mail": "5", "reports": "4"}
     assert _options(everything, "type") == {"mail.digest": "2", "mail.send": "3", "report.render": "4"}
@@ -135,6 +135,12 @@ async def test_queue_and_type_choices_carry_the_counts_of_the_tab_and_of_each_ot
     assert re.search(r'<option value="mail" selected>mail \(5\)</option>', in_mail)
     of_digest = (await http.get("/jobs?type=mail.digest")).text
     assert _options(of_digest, "queue") == {"mail": "2"}
+    # A view's choices add up to its tab.
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("UPDATE jobbus.job SET attempts = 1 WHERE id = %s", (jobs["send"][0],))
+    retrying = (await http.get("/jobs?status=retrying")).text
+    assert _options(retrying, "queue") == {"mail": "1"} and _options(retrying, "type") == {"mail.send": "1"}
+    assert re.search(r'data-tab="retrying"[^>]*>retrying <span class="count">1</span>', retrying)
     # A queue with nothing counted stays chosen, and says so.
     empty = (await http.get("/jobs?queue=nowhere")).text
     assert '<option value="nowhere" selected>nowhere (none among those counted)</option>' in empty

@@ -267,18 +267,22 @@ class DashboardStore:
         params = {"queue": queue, "type": type, "cap": cap}
         return Statement(self._q["dashboard_job_counts"], params, decode)
 
-    def job_choices(self, *, status: str | None, cap: int = CHOICE_CAP) -> Statement[Choices]:
+    def job_choices(
+        self, *, status: str | None, cap: int = CHOICE_CAP, view_cap: int = COUNT_CAP
+    ) -> Statement[Choices]:
         """The queue and type choices of the jobs page for `status` (a status, a view, "finished" or
-        None for all), each count bounded (dashboard_job_choices)."""
+        None for all), each count bounded (dashboard_job_choices); a view's among the `view_cap`
+        queued rows its tab counts."""
         view = status if status in ("scheduled", "retrying", "waiting") else None
         finished = ("completed", "failed", "cancelled")
         params = {
-            "queued": status in (None, "queued") or view is not None,
+            "queued": status in (None, "queued"),
             "view": view,
             "running": status in (None, "running"),
             "finished": status in (None, "finished", *finished),
             "statuses": [status] if status in finished else None,
             "cap": cap,
+            "view_cap": view_cap,
         }
 
         def decode(rows: list[Row], _: int) -> Choices:

@@ -176,11 +176,19 @@ WHERE (%(queue)s::text IS NULL OR f.queue = %(queue)s::text)
 -- The queue and type choices of the jobs page: a count per (queue, type) of the jobs of the chosen
 -- status or view (all: queued, running and recently finished), each bounded like the tabs' counts.
 -- Queued jobs: the distinct queued pairs (queued_pairs(): one index probe each), then at most %(cap)s
--- entries of job_queue_claim_idx per pair (the views are counted among those rows); running jobs: at
+-- entries of job_queue_claim_idx per pair; a view's jobs among the first %(view_cap)s queued rows in
+-- claim order (as the tab counts them, so the choices add up to the tab); running jobs: at
 -- most %(cap)s; finished ones: among the %(cap)s most recently finished (job_finished_idx). The
 -- last column says whether a count reached its bound.
 WITH pairs AS (
-    SELECT queue, type FROM {schema}.queued_pairs() WHERE %(queued)s
+    SELECT queue, type FROM {schema}.queued_pairs() WHERE %(queued)s AND %(view)s::text IS NULL
+), viewed_rows AS (
+    SELECT j.queue, j.type, j.available_at, j.attempts,
+           CASE WHEN j.available_at > now() THEN j.history -> -1 ->> 'outcome' END AS last_outcome
+    FROM {schema}.job AS j
+    WHERE j.status = 'queued' AND %(view)s::text IS NOT NULL
+    ORDER BY j.queue, j.type, j.priority DESC, j.available_at, j.id  -- along job_queue_claim_idx
+    LIMIT %(view_cap)s
 ), queued AS (
     SELECT p.queue, p.type, c.n, c.n >= %(cap)s AS capped
     FROM pairs AS p
@@ -192,23 +200,17 @@ WITH pairs AS (
     ) AS c
     WHERE %(view)s::text IS NULL
 ), viewed AS (
-    SELECT p.queue, p.type, c.n, c.scanned >= %(cap)s AS capped
-    FROM pairs AS p
-    CROSS JOIN LATERAL (
-        SELECT count(*) FILTER (
-                   WHERE (%(view)s::text = 'waiting' AND q.last_outcome = 'waiting')
-                      OR (%(view)s::text = 'retrying' AND q.attempts > 0 AND q.last_outcome IS DISTINCT FROM 'waiting')
-                      OR (%(view)s::text = 'scheduled' AND q.available_at > now() AND q.attempts = 0
-                          AND q.last_outcome IS DISTINCT FROM 'waiting')) AS n,
-               count(*) AS scanned
-        FROM (SELECT j.available_at, j.attempts,
-                     CASE WHEN j.available_at > now() THEN j.history -> -1 ->> 'outcome' END AS last_outcome
-              FROM {schema}.job AS j
-              WHERE j.status = 'queued' AND j.queue = p.queue AND j.type = p.type
-              ORDER BY j.priority DESC, j.available_at, j.id
-              LIMIT %(cap)s) AS q
-    ) AS c
-    WHERE %(view)s::text IS NOT NULL
+    -- A view's jobs are counted among the first %(view_cap)s queued rows in claim order, as its tab's count
+    -- is, so the choices add up to the tab.
+    SELECT q.queue, q.type,
+           count(*) FILTER (
+               WHERE (%(view)s::text = 'waiting' AND q.last_outcome = 'waiting')
+                  OR (%(view)s::text = 'retrying' AND q.attempts > 0 AND q.last_outcome IS DISTINCT FROM 'waiting')
+                  OR (%(view)s::text = 'scheduled' AND q.available_at > now() AND q.attempts = 0
+                      AND q.last_outcome IS DISTINCT FROM 'waiting')) AS n,
+           (SELECT count(*) FROM viewed_rows) >= %(view_cap)s AS capped
+    FROM viewed_rows AS q
+    GROUP BY q.queue, q.type
 ), running AS (
     SELECT queue, type, count(*) AS n, false AS capped
     FROM (SELECT queue, type FROM {schema}.job WHERE status = 'running' AND %(running)s LIMIT %(cap)s) AS r
