@@ -65,6 +65,11 @@ async def test_the_charts_range_has_axes_and_the_totals_of_that_range(dsn: str, 
     week = (await http.get("/?range=7d")).text
     assert "Completed per hour" in week and "samples only since" in week  # a week not covered yet
     assert (await http.get("/?range=1y")).status_code == 400
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DELETE FROM jobbus.queue_stat")
+    empty = (await http.get("/?range=24h")).text
+    assert "no samples in this range" in empty and _totals(empty)["processed"] == "0"
+    assert '<text class="y" x="36" y="63.0" text-anchor="end">1</text>' in empty  # a scale of 0, 1, 2
 
 
 async def test_old_samples_merge_into_ten_minute_rows_without_losing_a_count(dsn: str) -> None:

@@ -123,7 +123,7 @@ def _nice(value: float, unit: str) -> float:
     """The top of the scale: 1, 2 or 4 times a power of ten at or above `value`, at least 2, so that its
     middle is a whole number too (for durations, a round number of seconds, minutes or hours)."""
     if value <= 0:
-        return 1.0
+        return 2.0  # an empty chart's scale: 0, 1, 2
     if unit == "s":
         for top in (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 14400, 28800, 86400):
             if value <= top:

@@ -677,6 +677,7 @@ def _range_totals(series: Series, range_: Range) -> dict[str, Any]:
         "failed": failed,
         "cancelled": sum(p.cancelled for p in series.points),
         "covered_since": first if partial else None,
+        "sampled": first is not None,
     }
 
 
