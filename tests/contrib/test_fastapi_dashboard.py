@@ -13,6 +13,7 @@ from examples import fastapi_dashboard
 
 import jobbus
 from jobbus.contrib.fastapi import mount_dashboard
+from jobbus.dashboard import create_app
 from tests.conftest import FAST
 from tests.contrib.servers import served
 
@@ -69,8 +70,10 @@ def test_with_them_the_pages_the_event_stream_and_the_actions(base: str, dsn: st
         assert conn.execute("SELECT target FROM jobbus.pause WHERE target_kind = 'queue'").fetchall() == [("mail",)]
 
 
-def test_the_dashboard_needs_a_path_of_its_own() -> None:
+def test_the_dashboard_needs_a_path_of_its_own_and_one_authentication() -> None:
     from fastapi import FastAPI
 
     with pytest.raises(ValueError, match="path of its own"):
         mount_dashboard(FastAPI(), "/", fastapi_dashboard.api.state.dashboard, dependencies=[])
+    with pytest.raises(ValueError, match="exclude each other"):
+        create_app(fastapi_dashboard.app, token="s3cret", host_auth=True)
