@@ -79,13 +79,19 @@ def staff_only(asgi: ASGIApp, *, login_url: str | None = None) -> ASGIApp:
 
 
 async def _user(request: Any) -> Any:
-    """The user of the request's Django session (AnonymousUser without one)."""
+    """The user of the request's Django session (AnonymousUser without one). The database connections
+    it used are then closed, or kept, as at the end of Django's own requests (`CONN_MAX_AGE`)."""
+    from asgiref.sync import sync_to_async
     from django.conf import settings
     from django.contrib.auth import aget_user
+    from django.db import close_old_connections
 
     engine = import_module(settings.SESSION_ENGINE)
     request.session = engine.SessionStore(request.COOKIES.get(settings.SESSION_COOKIE_NAME))
-    return await aget_user(request)
+    try:
+        return await aget_user(request)
+    finally:
+        await sync_to_async(close_old_connections)()
 
 
 def _login_redirect(next_path: str, login_url: str | None) -> str:
