@@ -62,6 +62,10 @@ def test_the_chart_range_switch_and_the_jobs_filters_with_counts(dsn: str, proce
     page.wait_for_url(re.compile(r"range=24h"))
     assert page.locator("main h2").first.inner_text() == "Last 24 h"
     assert "Completed per 10 min" in page.locator(".charts").inner_text()
+    page.set_viewport_size({"width": 390, "height": 844})  # a phone: the charts one below the other, inside
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+    screenshot(page, "overview-range-24h-390px")
+    page.set_viewport_size({"width": 1280, "height": 860})
 
     visit(page, url + "/jobs")
     wait_for_live(page)
