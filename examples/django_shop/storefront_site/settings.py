@@ -15,8 +15,33 @@ ROOT_URLCONF = "storefront_site.urls"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 INSTALLED_APPS = [
+    "django.contrib.admin",  # staff log in at /admin/; the jobbus dashboard at /ops/jobs/ is for them (asgi.py)
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
     "jobbus.contrib.django",  # manage.py jobbus ..., and jobbus's schema as a migration
     "storefront",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+STATIC_URL = "static/"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
 ]
 if importlib.util.find_spec("django.tasks") is None:  # Django 5.2: the backport of django.tasks
     INSTALLED_APPS.append("django_tasks")

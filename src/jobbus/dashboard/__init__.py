@@ -2,7 +2,8 @@
 
     from jobbus.dashboard import create_app
     asgi = create_app(app, read_only=False, token="s3cret")   # serve with any ASGI server
-    # or mount it: fastapi_app.mount("/jobs", asgi)
+    # or mount it: fastapi_app.mount("/jobs", asgi), or behind the host's own authentication:
+    # jobbus.contrib.fastapi.mount_dashboard, jobbus.contrib.django.dashboard.mount_dashboard
 
 `jobbus dashboard` serves it with uvicorn on 127.0.0.1:8787. Pages: overview, jobs, job detail, failures,
 workers, queues, periodic jobs, groups; live updates over Server-Sent Events. See docs/dashboard.md.
@@ -34,6 +35,7 @@ def create_app(
     token: str | None = None,
     allowed_hosts: Iterable[str] | None = None,
     redact: Redactor | None = None,
+    host_auth: bool = False,
 ) -> Starlette:
     """The dashboard of `app` as an ASGI application.
 
@@ -46,15 +48,24 @@ def create_app(
     ``*.localhost``, 127.0.0.0/8, ``[::1]``) or one of `allowed_hosts` (names or addresses without
     port; ``.example.com`` for a domain and its subdomains; ``*`` for any); with a `token` and
     `allowed_hosts` None, any host. Others get 400.
+
+    `host_auth=True`: the host application authenticates every request before it reaches the
+    dashboard (a FastAPI dependency, `jobbus.contrib.fastapi.mount_dashboard`; Django's staff check,
+    `jobbus.contrib.django.dashboard.mount_dashboard`), so the dashboard asks for no token of its own
+    and, like a dashboard with a token, answers to any host name unless `allowed_hosts` is given.
     """
     from jobbus.dashboard.web import create_starlette
 
     if token is not None and not token.strip():
         raise ValueError("token must not be empty")
+    if token is not None and host_auth:
+        raise ValueError("token and host_auth exclude each other: either the dashboard or its host authenticates")
     if isinstance(allowed_hosts, str | bytes):
         raise TypeError("allowed_hosts is a list of host names, not one string")
     hosts = None if allowed_hosts is None else [allowed_host(entry) for entry in allowed_hosts]
-    return create_starlette(app, read_only=read_only, token=token, redact=redact, allowed_hosts=hosts)
+    return create_starlette(
+        app, read_only=read_only, token=token, redact=redact, allowed_hosts=hosts, host_auth=host_auth
+    )
 
 
 __all__ = ["MASK", "Redactor", "create_app", "redact_secrets"]

@@ -8,7 +8,8 @@
   not sent by browsers on their own, so API clients using it need no CSRF token.
 - `read_only` refuses every action with 403, whatever the credentials.
 - Requests are answered only when their `Host` is one of the dashboard's names (`HostGuard`): a
-  loopback name or address, one of `allowed_hosts`, or, with a token and no `allowed_hosts`, any.
+  loopback name or address, one of `allowed_hosts`, or, with a token (or the host application's own
+  authentication, `host_auth`) and no `allowed_hosts`, any.
   A page of another site whose name was made to resolve to 127.0.0.1 (DNS rebinding) sends its own
   name and is refused with 400.
 """
@@ -157,13 +158,17 @@ class HostGuard:
     """ASGI middleware: answers a request only when its `Host` is one of the dashboard's names.
 
     Loopback names are always allowed; the names of `allowed_hosts` too; any other host only when
-    the dashboard has a token and `allowed_hosts` is None. Others get 400 and nothing is read.
+    the dashboard has a token, or the host application authenticates its requests (`host_auth`), and
+    `allowed_hosts` is None. Others get 400 and nothing is read.
     """
 
-    def __init__(self, app: ASGIApp, *, allowed_hosts: Iterable[str] | None, token: str | None) -> None:
+    def __init__(
+        self, app: ASGIApp, *, allowed_hosts: Iterable[str] | None, token: str | None, host_auth: bool = False
+    ) -> None:
         self.app = app
         self.hosts = None if allowed_hosts is None else frozenset(allowed_host(entry) for entry in allowed_hosts)
-        self.any_host = (token is not None and self.hosts is None) or (self.hosts is not None and "*" in self.hosts)
+        guarded = token is not None or host_auth
+        self.any_host = (guarded and self.hosts is None) or (self.hosts is not None and "*" in self.hosts)
 
     def allows(self, header: str | None) -> bool:
         if self.any_host:

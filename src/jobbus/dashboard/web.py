@@ -26,7 +26,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from jobbus import control
-from jobbus.dashboard.charts import line_chart
+from jobbus.dashboard.charts import RANGES, Range, line_chart
 from jobbus.dashboard.live import LiveUpdates
 from jobbus.dashboard.security import (
     CSRF_COOKIE,
@@ -50,6 +50,7 @@ from jobbus.store.dashboard import (
     DashboardStore,
     JobPageRow,
     QueueRow,
+    Series,
     Steps,
 )
 from jobbus.store.statements import Statement, run_async
@@ -164,6 +165,7 @@ def create_starlette(
     token: str | None = None,
     redact: Redactor | None = None,
     allowed_hosts: Sequence[str] | None = None,
+    host_auth: bool = False,
 ) -> Starlette:
     dash = Dashboard(app, read_only=read_only, token=token, redact=redact)
 
@@ -218,17 +220,22 @@ def create_starlette(
         return rows, {"stale": stale, "sample_age": age, "cap": COUNT_CAP}
 
     async def overview(request: Request) -> Response:
+        range_ = RANGES.get(request.query_params.get("range") or "1h")
+        if range_ is None:
+            raise HTTPException(400, f"unknown range: choose one of {', '.join(RANGES)}")
         queues, freshness = await queue_rows(request)
-        series = await dash.run(dash.store.series())
+        series = await dash.run(dash.store.series(width=range_.step, buckets=range_.buckets))
         workers = await control.list_workers(dash.app, forget_after=None)
         estimate = await dash.run(dash.store.estimated_jobs())
         unhandled = await control.unhandled_work(dash.app, cap=COUNT_CAP)
-        charts = _charts(series)
         return dash.render(
             request,
             "overview.html",
             queues=queues,
-            charts=charts,
+            charts=_charts(series, range_),
+            chart_range=range_,
+            ranges=RANGES.values(),
+            range_totals=_range_totals(series, range_),
             workers=control.summarize_workers(workers),
             leader=next((w.id for w in workers if w.leader), None),
             estimate=estimate,
@@ -272,8 +279,8 @@ def create_starlette(
         next_url = None
         if job_page.next is not None:
             next_url = "/jobs?" + urlencode({**query, "after": job_page.next.encode()})
-        queues = await dash.run(dash.store.latest_sample())
         counts = await dash.run(dash.store.job_counts(queue=filters["queue"] or None, type=filters["type"] or None))
+        choices = await dash.run(dash.store.job_choices(status=status))
         tab_query = {k: v for k, v in query.items() if k not in ("status", "group", "q")}
         return dash.render(
             request,
@@ -287,7 +294,11 @@ def create_starlette(
             scanned=job_page.scanned,
             filters=filters,
             statuses=STATUSES,
-            queue_names=[q.queue for q in queues],
+            queue_choices=choices.queues(type=filters["type"] or None),
+            type_choices=choices.types(queue=filters["queue"] or None),
+            previews={
+                job.id: _preview(dash.redact, job.configuration, job.configuration_bytes) for job in job_page.jobs
+            },
             self_url=request.url.path[len(request.scope.get("root_path", "")) :]
             + (f"?{request.url.query}" if request.url.query else ""),
             redact=dash.redact,
@@ -591,7 +602,7 @@ def create_starlette(
         routes=routes,
         lifespan=lifespan,
         exception_handlers={HTTPException: http_error},
-        middleware=[Middleware(HostGuard, allowed_hosts=allowed_hosts, token=token)],
+        middleware=[Middleware(HostGuard, allowed_hosts=allowed_hosts, token=token, host_auth=host_auth)],
     )
     starlette.state.dashboard = dash
     return starlette
@@ -696,20 +707,48 @@ def _progress(current: float | None, total: float | None) -> float | None:
     return max(0.0, min(100.0, current * 100.0 / total))
 
 
-def _charts(series: list[Any], buckets: int = 60) -> list[Any]:
-    by_bucket = {p.bucket: p for p in series}
-    points = [by_bucket.get(i) for i in range(buckets)]
-    return [
-        line_chart("Completed per minute", [p.completed if p else None for p in points], css_class="ok"),
-        line_chart("Failed per minute", [p.failed if p else None for p in points], css_class="bad"),
-        line_chart("Queue depth (available)", [p.available if p else None for p in points], css_class="depth"),
-        line_chart(
-            "Longest wait",
-            [p.oldest_available_seconds or 0.0 if p else None for p in points],
-            unit="s",
-            css_class="wait",
-        ),
+def _charts(series: Series, range_: Range) -> list[Any]:
+    by_bucket = {p.bucket: p for p in series.points}
+    points = [by_bucket.get(i) for i in range(range_.buckets)]
+    lines: list[tuple[str, list[float | None], str, str]] = [
+        (f"Completed per {range_.per}", [p.completed if p else None for p in points], "", "ok"),
+        (f"Failed per {range_.per}", [p.failed if p else None for p in points], "", "bad"),
+        ("Queue depth (available)", [p.available if p else None for p in points], "", "depth"),
+        ("Longest wait", [p.oldest_available_seconds or 0.0 if p else None for p in points], "s", "wait"),
     ]
+    return [
+        line_chart(title, values, since=series.since, range_=range_, unit=unit, css_class=css)
+        for title, values, unit, css in lines
+    ]
+
+
+def _range_totals(series: Series, range_: Range) -> dict[str, Any]:
+    """The jobs finished in the chosen range, by outcome, and since when the samples cover it (a
+    leader that started an hour ago has no samples of the day before)."""
+    completed = sum(p.completed for p in series.points)
+    failed = sum(p.failed for p in series.points)
+    first = min((p.first_sampled_at for p in series.points), default=None)
+    partial = first is None or (first - series.since).total_seconds() > range_.step
+    return {
+        "processed": completed + failed,
+        "completed": completed,
+        "failed": failed,
+        "cancelled": sum(p.cancelled for p in series.points),
+        "covered_since": first if partial else None,
+        "sampled": first is not None,
+    }
+
+
+#: How much of a job's configuration the jobs list shows.
+PREVIEW_CHARS = 120
+
+
+def _preview(redact: Redactor, configuration: dict[str, Any] | None, stored_bytes: int) -> str:
+    """A job's arguments on one line, redacted first, then cut (the template escapes it)."""
+    if configuration is None:
+        return f"({stored_bytes / 1024:.0f} KiB)"
+    text = json.dumps(redact("configuration", configuration), sort_keys=True, default=str, ensure_ascii=False)
+    return text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
 
 
 def _ago(value: datetime | None) -> str:

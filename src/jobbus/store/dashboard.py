@@ -48,6 +48,43 @@ class JobSummary:
     progress_current: float | None
     progress_total: float | None
     group_id: uuid.UUID | None
+    #: The configuration when it is at most `PREVIEW_BYTES` stored (the list previews it), else None.
+    configuration: dict[str, Any] | None
+    configuration_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """One queue or type of the jobs page's filters, with the count of its jobs (capped: "1,000+")."""
+
+    name: str
+    count: int
+    capped: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Choices:
+    """The (queue, type) pairs of the jobs of one status or view, each with its bounded count."""
+
+    pairs: list[tuple[str, str, int, bool]]
+
+    def queues(self, *, type: str | None) -> list[Choice]:
+        """The queues with their counts, within `type` when one is chosen."""
+        return _facet([(q, n, c) for q, t, n, c in self.pairs if type is None or t == type])
+
+    def types(self, *, queue: str | None) -> list[Choice]:
+        """The types with their counts, within `queue` when one is chosen."""
+        return _facet([(t, n, c) for q, t, n, c in self.pairs if queue is None or q == queue])
+
+
+def _facet(rows: list[tuple[str, int, bool]]) -> list[Choice]:
+    counts: dict[str, int] = {}
+    capped: set[str] = set()
+    for name, n, cap in rows:
+        counts[name] = counts.get(name, 0) + n
+        if cap:
+            capped.add(name)
+    return [Choice(name, counts[name], name in capped) for name in sorted(counts)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,9 +163,19 @@ class SeriesPoint:
     bucket: int
     completed: int
     failed: int
+    cancelled: int
     available: int
     running: int
     oldest_available_seconds: float | None
+    first_sampled_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """The charts' buckets (only those with samples), the first starting at `since`."""
+
+    since: datetime
+    points: list[SeriesPoint]
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +278,10 @@ STATUS_MODES = {
 }
 #: The bound of each count of the jobs page's tabs.
 TAB_COUNT_CAP = 5_000
+#: The bound of each (queue, type) count of the jobs page's filter choices.
+CHOICE_CAP = 1_000
+#: A job's configuration is previewed in the lists when it is stored in at most this many bytes.
+PREVIEW_BYTES = 2048
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,6 +326,29 @@ class DashboardStore:
         params = {"queue": queue, "type": type, "cap": cap}
         return Statement(self._q["dashboard_job_counts"], params, decode)
 
+    def job_choices(
+        self, *, status: str | None, cap: int = CHOICE_CAP, view_cap: int = TAB_COUNT_CAP
+    ) -> Statement[Choices]:
+        """The queue and type choices of the jobs page for `status` (a status, a view, "finished" or
+        None for all), each count bounded (dashboard_job_choices); a view's among the `view_cap`
+        queued rows its tab counts."""
+        view = status if status in ("scheduled", "retrying", "waiting") else None
+        finished = ("completed", "failed", "cancelled")
+        params = {
+            "queued": status in (None, "queued"),
+            "view": view,
+            "running": status in (None, "running"),
+            "finished": status in (None, "finished", *finished),
+            "statuses": [status] if status in finished else None,
+            "cap": cap,
+            "view_cap": view_cap,
+        }
+
+        def decode(rows: list[Row], _: int) -> Choices:
+            return Choices([(str(r[0]), str(r[1]), int(r[2]), bool(r[3])) for r in rows])
+
+        return Statement(self._q["dashboard_job_choices"], params, decode)
+
     def list_jobs(
         self,
         *,
@@ -309,6 +383,7 @@ class DashboardStore:
             "text": f"%{_escape_like(text)}%" if text else None,
             "limit": limit,
             "window": window,
+            "preview_bytes": PREVIEW_BYTES,
         }
         if (
             name == "dashboard_jobs_queued"
@@ -386,13 +461,19 @@ class DashboardStore:
         """The queue table read now, for when the samples are stale: every count at most `cap`."""
         return Statement(self._q["dashboard_counts_now"], {"cap": cap}, lambda rows, _: [QueueRow(*r) for r in rows])
 
-    def series(
-        self, *, seconds: float = 3600.0, buckets: int = 60, queue: str | None = None
-    ) -> Statement[list[SeriesPoint]]:
-        def decode(rows: list[Row], _: int) -> list[SeriesPoint]:
-            return [SeriesPoint(int(r[0]), int(r[1]), int(r[2]), int(r[3]), int(r[4]), r[5]) for r in rows]
+    def series(self, *, width: int = 60, buckets: int = 60, queue: str | None = None) -> Statement[Series]:
+        """`buckets` buckets of `width` seconds of the leader's samples, the last ending at the next
+        multiple of `width` (dashboard_series)."""
 
-        params = {"seconds": seconds, "buckets": buckets, "queue": queue}
+        def decode(rows: list[Row], _: int) -> Series:
+            points = [
+                SeriesPoint(int(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5]), int(r[6]), r[7], r[8])
+                for r in rows
+                if r[1] is not None
+            ]
+            return Series(rows[0][0], points)
+
+        params = {"width": width, "buckets": buckets, "queue": queue}
         return Statement(self._q["dashboard_series"], params, decode)
 
     def estimated_jobs(self) -> Statement[int | None]:

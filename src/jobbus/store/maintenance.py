@@ -67,5 +67,11 @@ class MaintenanceStore:
         params = {"interval_seconds": interval_seconds}
         return Statement(self._q["sample_queues"], params, decode)
 
+    def compact_queue_stats(self, *, raw_seconds: int, step_seconds: int) -> Statement[int]:
+        """Merge the samples older than `raw_seconds` into one row per queue and step; returns the rows
+        written."""
+        params = {"raw_seconds": raw_seconds, "step_seconds": step_seconds}
+        return Statement(self._q["compact_queue_stats"], params, lambda _, rowcount: rowcount)
+
     def prune_queue_stats(self, keep_seconds: float) -> Statement[int]:
         return Statement(self._q["prune_queue_stats"], {"keep_seconds": keep_seconds}, lambda _, rowcount: rowcount)

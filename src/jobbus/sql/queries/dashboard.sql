@@ -25,11 +25,13 @@ WITH scanned AS (
 )
 SELECT 'job', j.id, j.created_at, j.status, j.queue, j.type, j.name, j.attempts, j.max_attempts, j.priority,
        j.created_at, j.available_at, j.started_at, j.finished_at, left(j.last_error, 300), j.worker_id,
-       j.progress_current, j.progress_total, j.group_id
+       j.progress_current, j.progress_total, j.group_id,
+       CASE WHEN pg_column_size(j.configuration_data) <= %(preview_bytes)s THEN j.configuration_data END,
+       pg_column_size(j.configuration_data)
 FROM hits AS h JOIN {schema}.job AS j ON j.id = h.id
 UNION ALL
 SELECT 'end', (SELECT id FROM scanned ORDER BY id LIMIT 1), NULL, (SELECT count(*) FROM scanned)::text,
-       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
+       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
 
 -- name: dashboard_jobs_finished
 -- Finished jobs, the most recently finished first, along job_finished_idx; keyset on (finished_at, id).
@@ -55,11 +57,13 @@ WITH scanned AS (
 )
 SELECT 'job', j.id, j.finished_at, j.status, j.queue, j.type, j.name, j.attempts, j.max_attempts, j.priority,
        j.created_at, j.available_at, j.started_at, j.finished_at, left(j.last_error, 300), j.worker_id,
-       j.progress_current, j.progress_total, j.group_id
+       j.progress_current, j.progress_total, j.group_id,
+       CASE WHEN pg_column_size(j.configuration_data) <= %(preview_bytes)s THEN j.configuration_data END,
+       pg_column_size(j.configuration_data)
 FROM hits AS h JOIN {schema}.job AS j ON j.id = h.id
 UNION ALL
 SELECT 'end', (SELECT id FROM last), (SELECT finished_at FROM last), (SELECT count(*) FROM scanned)::text,
-       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
+       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
 
 -- name: dashboard_jobs_queued
 -- Queued jobs in the order of job_queue_claim_idx: by queue and type, then claim order (priority, then
@@ -120,13 +124,15 @@ WITH scanned AS (
 -- In the database's order (its collation sorts the queue and type names, not Python's).
 (SELECT 'job', j.id, j.available_at, j.status, j.queue, j.type, j.name, j.attempts, j.max_attempts, j.priority,
         j.created_at, j.available_at, j.started_at, j.finished_at, left(j.last_error, 300), j.worker_id,
-        j.progress_current, j.progress_total, j.group_id
+        j.progress_current, j.progress_total, j.group_id,
+       CASE WHEN pg_column_size(j.configuration_data) <= %(preview_bytes)s THEN j.configuration_data END,
+       pg_column_size(j.configuration_data)
  FROM hits AS h JOIN {schema}.job AS j ON j.id = h.id
  ORDER BY h.part, h.queue, h.type, h.priority DESC, h.available_at, h.id)
 UNION ALL
 SELECT 'end', (SELECT id FROM last), (SELECT available_at FROM last), (SELECT count(*) FROM windowed)::text,
        (SELECT queue FROM last), (SELECT type FROM last), NULL, NULL, NULL, (SELECT priority FROM last), NULL, NULL,
-       NULL, NULL, NULL, NULL, NULL, NULL, NULL;
+       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
 
 -- name: dashboard_job_counts
 -- The tabs of the jobs page: a count per status and per view of queued jobs, each bounded. Queued and
@@ -166,6 +172,66 @@ FROM finished AS f
 WHERE (%(queue)s::text IS NULL OR f.queue = %(queue)s::text)
   AND (%(type)s::text IS NULL OR f.type = %(type)s::text);
 
+-- name: dashboard_job_choices
+-- The queue and type choices of the jobs page: a count per (queue, type) of the jobs of the chosen
+-- status or view (all: queued, running and recently finished), each bounded like the tabs' counts.
+-- Queued jobs: the distinct queued pairs (queued_pairs(): one index probe each), then at most %(cap)s
+-- entries of job_queue_claim_idx per pair; a view's jobs among the first %(view_cap)s queued rows in
+-- claim order (as the tab counts them, so the choices add up to the tab); running jobs: at
+-- most %(cap)s; finished ones: among the %(cap)s most recently finished (job_finished_idx). The
+-- last column says whether a count reached its bound.
+WITH pairs AS (
+    SELECT queue, type FROM {schema}.queued_pairs() WHERE %(queued)s AND %(view)s::text IS NULL
+), viewed_rows AS (
+    SELECT j.queue, j.type, j.available_at, j.attempts,
+           CASE WHEN j.available_at > now() THEN j.history -> -1 ->> 'outcome' END AS last_outcome
+    FROM {schema}.job AS j
+    WHERE j.status = 'queued' AND %(view)s::text IS NOT NULL
+    ORDER BY j.queue, j.type, j.priority DESC, j.available_at, j.id  -- along job_queue_claim_idx
+    LIMIT %(view_cap)s
+), queued AS (
+    SELECT p.queue, p.type, c.n, c.n >= %(cap)s AS capped
+    FROM pairs AS p
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS n FROM (
+            SELECT 1 FROM {schema}.job AS j
+            WHERE j.status = 'queued' AND j.queue = p.queue AND j.type = p.type
+            LIMIT %(cap)s) AS q
+    ) AS c
+    WHERE %(view)s::text IS NULL
+), viewed AS (
+    -- A view's jobs are counted among the first %(view_cap)s queued rows in claim order, as its tab's count
+    -- is, so the choices add up to the tab.
+    SELECT q.queue, q.type,
+           count(*) FILTER (
+               WHERE (%(view)s::text = 'waiting' AND q.last_outcome = 'waiting')
+                  OR (%(view)s::text = 'retrying' AND q.attempts > 0 AND q.last_outcome IS DISTINCT FROM 'waiting')
+                  OR (%(view)s::text = 'scheduled' AND q.available_at > now() AND q.attempts = 0
+                      AND q.last_outcome IS DISTINCT FROM 'waiting')) AS n,
+           (SELECT count(*) FROM viewed_rows) >= %(view_cap)s AS capped
+    FROM viewed_rows AS q
+    GROUP BY q.queue, q.type
+), running AS (
+    SELECT queue, type, count(*) AS n, false AS capped
+    FROM (SELECT queue, type FROM {schema}.job WHERE status = 'running' AND %(running)s LIMIT %(cap)s) AS r
+    GROUP BY queue, type
+), recent AS (
+    SELECT status, queue, type FROM {schema}.job
+    WHERE finished_at IS NOT NULL AND %(finished)s
+    ORDER BY finished_at DESC
+    LIMIT %(cap)s
+), finished AS (
+    SELECT f.queue, f.type, count(*) AS n, (SELECT count(*) FROM recent) >= %(cap)s AS capped
+    FROM recent AS f
+    WHERE %(statuses)s::text[] IS NULL OR f.status = ANY(%(statuses)s::text[])
+    GROUP BY f.queue, f.type
+)
+SELECT queue, type, sum(n)::bigint, bool_or(capped)
+FROM (SELECT * FROM queued UNION ALL SELECT * FROM viewed UNION ALL SELECT * FROM running
+      UNION ALL SELECT * FROM finished) AS c
+WHERE n > 0
+GROUP BY queue, type;
+
 -- name: dashboard_jobs_running
 -- Running jobs: as many as the fleet's concurrency, never millions; the newest attempt first.
 WITH scanned AS (
@@ -188,11 +254,13 @@ WITH scanned AS (
 )
 SELECT 'job', j.id, j.started_at, j.status, j.queue, j.type, j.name, j.attempts, j.max_attempts, j.priority,
        j.created_at, j.available_at, j.started_at, j.finished_at, left(j.last_error, 300), j.worker_id,
-       j.progress_current, j.progress_total, j.group_id
+       j.progress_current, j.progress_total, j.group_id,
+       CASE WHEN pg_column_size(j.configuration_data) <= %(preview_bytes)s THEN j.configuration_data END,
+       pg_column_size(j.configuration_data)
 FROM hits AS h JOIN {schema}.job AS j ON j.id = h.id
 UNION ALL
 SELECT 'end', (SELECT id FROM last), (SELECT started_at FROM last), (SELECT count(*) FROM scanned)::text,
-       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
+       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
 
 -- name: dashboard_jobs_in_group
 -- One group's jobs along job_group_idx, the newest first; keyset on id.
@@ -214,11 +282,13 @@ WITH scanned AS (
 )
 SELECT 'job', j.id, j.created_at, j.status, j.queue, j.type, j.name, j.attempts, j.max_attempts, j.priority,
        j.created_at, j.available_at, j.started_at, j.finished_at, left(j.last_error, 300), j.worker_id,
-       j.progress_current, j.progress_total, j.group_id
+       j.progress_current, j.progress_total, j.group_id,
+       CASE WHEN pg_column_size(j.configuration_data) <= %(preview_bytes)s THEN j.configuration_data END,
+       pg_column_size(j.configuration_data)
 FROM hits AS h JOIN {schema}.job AS j ON j.id = h.id
 UNION ALL
 SELECT 'end', (SELECT id FROM scanned ORDER BY id LIMIT 1), NULL, (SELECT count(*) FROM scanned)::text,
-       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
+       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
 
 -- name: dashboard_failures
 -- Failed jobs among the %(window)s most recently finished, grouped by error class and message with
@@ -314,26 +384,34 @@ LEFT JOIN running AS r ON r.queue = n.queue
 ORDER BY n.queue;
 
 -- name: dashboard_series
--- The last %(seconds)s of samples in %(buckets)s equal buckets, summed over the queues (or one queue):
--- jobs completed and failed in each bucket, the queue depth and the longest wait at its last sample.
+-- The overview's charts: %(buckets)s buckets of %(width)s seconds ending at the next multiple of the
+-- width (so the time axis falls on round instants), summed over the queues (or one queue): jobs
+-- completed, failed and cancelled in each bucket, the queue depth and running jobs at its last sample,
+-- the longest wait, and its first sample (how much of the range the samples cover). The leader keeps
+-- every sample for an hour and one row per queue and 10 minutes for seven days, so this reads at most
+-- about 1,400 rows per queue.
 WITH bounds AS (
-    SELECT now() - make_interval(secs => %(seconds)s) AS since, %(seconds)s::float8 / %(buckets)s AS width
+    SELECT to_timestamp(ceil(extract(epoch FROM now()) / %(width)s::float8) * %(width)s::float8
+                        - %(width)s::float8 * %(buckets)s::int) AS since
 ), per_sample AS (
-    SELECT s.sampled_at, sum(s.completed) AS completed, sum(s.failed) AS failed, sum(s.available) AS available,
-           sum(s.scheduled) AS scheduled, sum(s.running) AS running, max(s.oldest_available_seconds) AS oldest
+    SELECT s.sampled_at, sum(s.completed) AS completed, sum(s.failed) AS failed, sum(s.cancelled) AS cancelled,
+           sum(s.available) AS available, sum(s.running) AS running, max(s.oldest_available_seconds) AS oldest
     FROM {schema}.queue_stat AS s, bounds AS b
-    WHERE s.sampled_at > b.since AND (%(queue)s::text IS NULL OR s.queue = %(queue)s::text)
+    WHERE s.sampled_at >= b.since AND (%(queue)s::text IS NULL OR s.queue = %(queue)s::text)
     GROUP BY s.sampled_at
 ), bucketed AS (
-    SELECT least(floor(extract(epoch FROM p.sampled_at - b.since) / b.width)::int, %(buckets)s - 1) AS bucket, p.*
+    SELECT least(floor(extract(epoch FROM p.sampled_at - b.since) / %(width)s::float8)::int, %(buckets)s::int - 1)
+               AS bucket, p.*
     FROM per_sample AS p, bounds AS b
 )
-SELECT bucket, sum(completed), sum(failed),
+SELECT (SELECT since FROM bounds), bucket, sum(completed), sum(failed), sum(cancelled),
        (array_agg(available ORDER BY sampled_at DESC))[1], (array_agg(running ORDER BY sampled_at DESC))[1],
-       max(oldest)
+       max(oldest), min(sampled_at)
 FROM bucketed
 GROUP BY bucket
-ORDER BY bucket;
+UNION ALL
+SELECT since, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM bounds
+ORDER BY 2 NULLS FIRST;
 
 -- name: dashboard_estimates
 -- The planner's estimate of the job table's rows (pg_class.reltuples, kept by autovacuum/ANALYZE): what

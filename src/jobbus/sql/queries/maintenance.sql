@@ -76,5 +76,35 @@ LEFT JOIN finished AS f ON f.queue = q.queue
 ON CONFLICT (sampled_at, queue) DO NOTHING
 RETURNING queue, available, scheduled, running, completed, failed, cancelled, oldest_available_seconds;
 
+-- name: compact_queue_stats
+-- Samples older than %(raw_seconds)s seconds are merged into one row per queue and %(step_seconds)s
+-- seconds (whole steps only): the jobs finished in the step summed, the gauges of its last sample, the
+-- longest wait. The row keeps the last sample's instant, so the newest sample is never changed, and a
+-- merged row merges again without loss. Seven days of charts then read about 1,400 rows per queue.
+WITH cutoff AS (
+    SELECT to_timestamp(floor(extract(epoch FROM now() - make_interval(secs => %(raw_seconds)s::int))
+                              / %(step_seconds)s::int) * %(step_seconds)s::int) AS at
+), steps AS (
+    SELECT s.queue, floor(extract(epoch FROM s.sampled_at) / %(step_seconds)s::int) AS step
+    FROM {schema}.queue_stat AS s, cutoff AS c
+    WHERE s.sampled_at < c.at
+    GROUP BY 1, 2
+    HAVING count(*) > 1
+), merged AS (
+    DELETE FROM {schema}.queue_stat AS s
+    USING steps AS t, cutoff AS c
+    WHERE s.sampled_at < c.at AND s.queue = t.queue
+      AND floor(extract(epoch FROM s.sampled_at) / %(step_seconds)s::int) = t.step
+    RETURNING s.*
+)
+INSERT INTO {schema}.queue_stat (sampled_at, queue, available, scheduled, running, completed, failed, cancelled,
+                                 oldest_available_seconds)
+SELECT max(sampled_at), queue,
+       (array_agg(available ORDER BY sampled_at DESC))[1], (array_agg(scheduled ORDER BY sampled_at DESC))[1],
+       (array_agg(running ORDER BY sampled_at DESC))[1], sum(completed), sum(failed), sum(cancelled),
+       max(oldest_available_seconds)
+FROM merged
+GROUP BY queue, floor(extract(epoch FROM sampled_at) / %(step_seconds)s::int);
+
 -- name: prune_queue_stats
 DELETE FROM {schema}.queue_stat WHERE sampled_at < now() - make_interval(secs => %(keep_seconds)s);

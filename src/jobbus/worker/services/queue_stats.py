@@ -2,19 +2,24 @@
 
 Gauges (available, scheduled, running, the age of the oldest available job) and the jobs that
 finished since the previous sample, read once for the whole fleet by the leader. Metrics and the
-dashboard read these rows: no request path and no scrape counts the job table. Samples older than
-`KEEP_SECONDS` are deleted. The rows written are handed to the worker's observers (the leader's
+dashboard read these rows: no request path and no scrape counts the job table. Every sample of the
+last `RAW_SECONDS` is kept; older ones are merged into one row per queue and `STEP_SECONDS` (the
+dashboard's 24 h and 7 d charts), and rows older than `KEEP_SECONDS` are deleted: at most about
+1,400 rows per queue whatever the interval. The rows written are handed to the worker's observers (the leader's
 Prometheus queue gauges), so a scrape never queries the database.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from jobbus.store import MaintenanceStore, QueueSample, Statement
 
-KEEP_SECONDS = 2 * 86400.0
+KEEP_SECONDS = 7 * 86400.0 + 3600.0
+RAW_SECONDS = 3600
+STEP_SECONDS = 600
 
 
 class QueueSampler:
@@ -32,9 +37,14 @@ class QueueSampler:
         self._run = run
         self.interval = interval
         self._on_sample = on_sample
+        self._compacted_at: float | None = None
 
     async def run_once(self) -> None:
         samples = await self._run(self.maintenance.sample_queues(self.interval))
         if self._on_sample is not None:
             self._on_sample(samples)
-        await self._run(self.maintenance.prune_queue_stats(KEEP_SECONDS))
+        now = time.monotonic()
+        if self._compacted_at is None or now - self._compacted_at >= STEP_SECONDS / 2:
+            await self._run(self.maintenance.compact_queue_stats(raw_seconds=RAW_SECONDS, step_seconds=STEP_SECONDS))
+            await self._run(self.maintenance.prune_queue_stats(KEEP_SECONDS))
+            self._compacted_at = now

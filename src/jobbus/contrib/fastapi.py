@@ -1,0 +1,71 @@
+"""`mount_dashboard(web, "/ops/jobs", dashboard, dependencies=[...])`: the dashboard under a path of a
+FastAPI application, behind the application's own dependencies (an API key, a session check).
+
+FastAPI runs no dependency for a mounted sub-application (``web.mount``), so the dashboard is served
+by two routes of the application instead (its path and everything under it) that carry the
+dependencies: a request the dependencies refuse gets the application's own answer (its 401, its
+redirect to a login page) and never reaches the dashboard; the others are handed to the dashboard
+unchanged, the live ``/events`` stream included. Make the dashboard with
+``create_app(app, host_auth=True)``: it then asks for no token of its own. The dependencies must not
+read the request's body (form or JSON parameters): the dashboard's actions read it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.params import Depends
+from fastapi.routing import APIRouter
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+__all__ = ["mount_dashboard"]
+
+_REST = "dashboard_path"
+
+
+def mount_dashboard(
+    web: FastAPI | APIRouter,
+    path: str,
+    dashboard: ASGIApp,
+    *,
+    dependencies: Sequence[Depends],
+) -> None:
+    """Serve `dashboard` at `path` of `web` (``/ops/jobs``: ``/ops/jobs/``, ``/ops/jobs/jobs``, ...),
+    running `dependencies` on every request first, as for any route of `web`."""
+    prefix = "/" + path.strip("/")
+    if prefix == "/":
+        raise ValueError("mount the dashboard under a path of its own, such as /ops/jobs")
+
+    async def forward(request: Request) -> Response:
+        return _Handover(dashboard)
+
+    for route in (prefix, prefix + "/{" + _REST + ":path}"):
+        web.add_api_route(
+            route,
+            forward,
+            methods=["GET", "HEAD", "POST"],
+            dependencies=list(dependencies),
+            include_in_schema=False,
+        )
+
+
+class _Handover(Response):
+    """Hands the request to the dashboard, mounted where the route matched (its links, redirects and
+    cookies follow that path)."""
+
+    def __init__(self, dashboard: ASGIApp) -> None:
+        self.dashboard = dashboard
+        self.background = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        full: str = scope["path"]
+        rest: str | None = scope.get("path_params", {}).get(_REST)
+        mount = full.rstrip("/") if rest is None else full[: len(full) - len(rest)].rstrip("/")
+        child: dict[str, Any] = {k: v for k, v in scope.items() if k not in ("route", "endpoint", "router")}
+        child["root_path"] = mount
+        child["path_params"] = {}
+        await self.dashboard(child, receive, send)

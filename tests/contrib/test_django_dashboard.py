@@ -1,0 +1,85 @@
+"""The dashboard in the ASGI routing of a Django project (examples/django_shop), for staff users only,
+over real HTTP against uvicorn and a real database."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.contrib import test_django
+
+django_db = test_django.django_db  # the fixture (a migrated Django database); importing it set Django up
+
+from asgiref.sync import sync_to_async  # noqa: E402
+from django.contrib.auth.models import User  # noqa: E402
+from django.core.asgi import get_asgi_application  # noqa: E402
+from django.db import connections  # noqa: E402
+from django.test import Client  # noqa: E402
+
+import jobbus  # noqa: E402
+from jobbus.contrib.django.dashboard import mount_dashboard  # noqa: E402
+from jobbus.dashboard import create_app  # noqa: E402
+from tests.contrib.servers import served  # noqa: E402
+
+HTML = {"accept": "text/html"}
+
+
+def _session(user: User) -> dict[str, str]:
+    client = Client()
+    client.force_login(user)
+    return {"sessionid": client.cookies["sessionid"].value}
+
+
+@pytest.fixture
+def site(django_db: str) -> Iterator[tuple[str, dict[str, dict[str, str]]]]:
+    staff = User.objects.create_user("ops", password="x", is_staff=True)
+    customer = User.objects.create_user("customer", password="x")
+    retired = User.objects.create_user("retired", password="x", is_staff=True)
+    sessions = {name: _session(user) for name, user in (("staff", staff), ("customer", customer), ("retired", retired))}
+    User.objects.filter(pk=retired.pk).update(is_active=False)  # deactivated after logging in
+    app = jobbus.App(dsn=django_db)
+    with app.sync:
+        app.sync.schedule("mail.send", {"to": "a@example.com"}, queue="mail")
+    dashboard = create_app(app, host_auth=True)
+
+    async def cleanup() -> None:
+        await dashboard.state.dashboard.close()
+        await sync_to_async(connections.close_all)()  # the connections of the server's thread
+
+    with served(mount_dashboard(get_asgi_application(), "/ops/jobs", dashboard), cleanup=cleanup) as url:
+        yield url, sessions
+
+
+def test_anonymous_and_non_staff_users_go_to_the_admins_login(site: tuple[str, dict[str, dict[str, str]]]) -> None:
+    base, sessions = site
+    for cookies in ({}, sessions["customer"], sessions["retired"]):
+        with httpx.Client(base_url=base, cookies=cookies) as http:
+            page = http.get("/ops/jobs/jobs?status=queued", headers=HTML)
+            assert page.status_code == 302
+            assert page.headers["location"] == "/admin/login/?next=/ops/jobs/jobs%3Fstatus%3Dqueued"
+            assert http.get("/ops/jobs/events").status_code == 403
+            assert http.post("/ops/jobs/queues/mail/pause", data={"csrf": "x"}).status_code == 403
+            assert http.get(page.headers["location"]).status_code == 200  # Django's admin login page
+
+
+def test_staff_users_get_the_pages_and_the_event_stream(site: tuple[str, dict[str, dict[str, str]]]) -> None:
+    base, sessions = site
+    with httpx.Client(base_url=base, cookies=sessions["staff"]) as http:
+        jobs = http.get("/ops/jobs/jobs?status=queued", headers=HTML)
+        assert jobs.status_code == 200 and "mail.send" in jobs.text
+        assert 'href="/ops/jobs/static/dashboard.css"' in jobs.text
+        with http.stream("GET", "/ops/jobs/events") as stream:
+            assert stream.status_code == 200
+            assert stream.headers["content-type"].startswith("text/event-stream")
+            assert next(stream.iter_text()).startswith("retry: 2000")
+        # Everything else is the project's own.
+        assert http.get("/admin/").status_code == 200  # the same session in the admin
+        assert http.get("/orders").status_code == 405  # its view takes POST only
+
+
+def test_the_projects_asgi_module_mounts_the_dashboard() -> None:
+    from storefront_site import asgi
+
+    assert callable(asgi.application)
