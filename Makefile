@@ -3,7 +3,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 PYTEST_ARGS ?= -n 2
 
-.PHONY: venv test test-server test-smoke test-django6 faults verify browser lint docs dist-check demo bench gate bench-capacity bench-steady bench-dashboard dashboard clean
+.PHONY: venv sync test test-server test-smoke test-django6 faults verify browser lint docs dist-check demo bench gate bench-capacity bench-steady bench-dashboard dashboard clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -13,13 +13,18 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
-LINTED := src tests $(wildcard bench) examples conftest.py
+LINTED := src tests tools $(wildcard bench) examples conftest.py
+
+# The blocking twin of the producer verbs, src/jobbus/producer/_sync.py, written from _async.py.
+sync: venv
+	$(PY) tools/generate_sync.py
 
 lint: venv
 	$(VENV)/bin/ruff check $(LINTED)
 	$(VENV)/bin/ruff format --check $(LINTED)
 	$(VENV)/bin/mypy $(LINTED)
 	$(VENV)/bin/lint-imports
+	$(PY) tools/generate_sync.py --check
 
 test: lint
 	$(VENV)/bin/pytest $(PYTEST_ARGS)

@@ -18,6 +18,7 @@ import jobbus.store as jobbus_store
 import jobbus.store.jobs as jobbus_jobs
 from jobbus import JobRequest, JobStatus
 from jobbus.durations import EARLIEST_AVAILABLE_AT, LATEST_AVAILABLE_AT
+from jobbus.producer import plan
 from jobbus.requests import MAX_JSON_DEPTH, json_text
 
 
@@ -433,7 +434,7 @@ async def test_a_large_batch_is_copied_with_every_option_and_announced(app: jobb
         )
         for n in range(size)
     ]
-    specs, _ = app._specs(requests, None, {})
+    specs, _ = plan.job_specs(app, requests, None, {})
     assert isinstance(app.store.insert_jobs(specs), jobbus_store.Copy)
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as listener:
         await listener.execute(f"LISTEN {app.store.channel}")
@@ -471,7 +472,7 @@ async def test_a_copied_batch_keeps_absolute_starts_and_a_delayed_one_counts_fro
 async def test_a_copy_repeated_after_its_commit_was_lost_writes_nothing_twice(app: jobbus.App, dsn: str) -> None:
     """A lost connection after COPY committed makes the App send it again: the rows exist, so the copy
     is undone and the ON CONFLICT statement answers in its place."""
-    specs, _ = app._specs("report", [{"n": n} for n in range(jobbus_jobs.COPY_MIN_ROWS)], {})
+    specs, _ = plan.job_specs(app, "report", [{"n": n} for n in range(jobbus_jobs.COPY_MIN_ROWS)], {})
     operation = app.store.insert_jobs(specs)
     assert isinstance(operation, jobbus_store.Copy)
     await app._run(operation)
@@ -506,7 +507,7 @@ def test_a_copied_batch_sync_twin(sync_app: jobbus.App, dsn: str) -> None:
     with psycopg.connect(dsn) as conn:
         rows = conn.execute("SELECT configuration_data->>'n' FROM jobbus.job ORDER BY id").fetchall()
     assert len(ids) == size and sorted(int(n) for (n,) in rows) == list(range(size))
-    specs, _ = sync_app._specs("report", [{}] * size, {})
+    specs, _ = plan.job_specs(sync_app, "report", [{}] * size, {})
     operation = sync_app.store.insert_jobs(specs)
     sync_app.sync._run(operation)
     sync_app.sync._run(operation)

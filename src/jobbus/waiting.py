@@ -72,6 +72,17 @@ class FinishedJobs:
         self._waiters.setdefault(job_id, set()).add(future)
         return future
 
+    async def wait(self, woken: asyncio.Future[None], timeout: float | None) -> bool:
+        """Whether `woken` (from `register`) resolved within `timeout` seconds (None: no limit)."""
+        try:
+            await asyncio.wait_for(woken, timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    def is_woken(self, woken: asyncio.Future[None]) -> bool:
+        return woken.done()
+
     def unregister(self, job_id: uuid.UUID, future: asyncio.Future[None]) -> None:
         waiting = self._waiters.get(job_id)
         if waiting is not None:
@@ -150,6 +161,12 @@ class SyncFinishedJobs:
         with self._lock:
             self._waiters.setdefault(job_id, set()).add(event)
         return event
+
+    def wait(self, woken: threading.Event, timeout: float | None) -> bool:
+        return woken.wait(timeout)
+
+    def is_woken(self, woken: threading.Event) -> bool:
+        return woken.is_set()
 
     def unregister(self, job_id: uuid.UUID, event: threading.Event) -> None:
         with self._lock:

@@ -1,0 +1,447 @@
+"""The producer and admin verbs, written once: `App` runs them, and `_sync.py` is generated from this file.
+
+`tools/generate_sync.py` (`make sync`) writes the blocking twin by substitution (``async def`` → ``def``,
+``await`` dropped, ``AsyncConnection`` → ``Connection``, ...); keep to what it rewrites, and leave what
+differs between the flavours to the edges each one supplies (`_connection`, `_insert`,
+`_finished_jobs`, `_migrate`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from datetime import datetime, timedelta
+from typing import Any, ClassVar, TypeVar
+
+import psycopg
+
+from jobbus import schema as schema_module
+from jobbus import tracing
+from jobbus.durations import resolve_available_at, seconds_or_none
+from jobbus.errors import InvalidStateError
+from jobbus.events import JobCancelled, JobScheduled
+from jobbus.execution import check_event_key
+from jobbus.limits import KEEP, Keep, QueueSettings, RateLimit
+from jobbus.models import GroupProgress, Job, JobSpec, JobStatus
+from jobbus.periodic import Periodic
+from jobbus.producer import plan
+from jobbus.producer.plan import Found, JobItem, ProducerApp
+from jobbus.requests import MAX_TYPE_BYTES, JobRequest, json_text, new_job_id, validate_text
+from jobbus.store import run_async
+from jobbus.store.statements import Operation
+from jobbus.waiting import FinishedJobs, timeout_message, vanished_message
+
+T = TypeVar("T")
+
+
+class AsyncProducer(ABC):
+    """The producer and admin verbs over an App's stores; each flavour supplies its I/O edges."""
+
+    #: The App whose settings, stores, listeners and handlers the verbs read.
+    _app: ProducerApp
+    #: What `connection=` of the other flavour raises.
+    _WRONG_CONNECTION: ClassVar[str]
+
+    @abstractmethod
+    def _connection(self, timeout: float) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]:
+        """A connection of this flavour's pool, waited for at most `timeout` seconds."""
+
+    @abstractmethod
+    async def _insert(self, specs: Sequence[JobSpec], connection: psycopg.AsyncConnection[Any] | None) -> Found:
+        """Insert validated specs, in the caller's transaction when `connection` is given."""
+
+    @abstractmethod
+    def _finished_jobs(self) -> FinishedJobs:
+        """The listener `wait` registers with (one per App and flavour)."""
+
+    @abstractmethod
+    async def _migrate(self) -> list[schema_module.Migration]: ...
+
+    async def _run(
+        self,
+        statement: Operation[T],
+        connection: psycopg.AsyncConnection[Any] | None = None,
+        *,
+        repeatable: bool = True,
+    ) -> T:
+        """Run one statement. On the App's pool, a lost connection or a busy server is waited out for at
+        most `database_wait_seconds`, repeating the statement when that is safe (`repeatable`), then
+        `DatabaseUnavailableError`. In the caller's own transaction nothing is repeated."""
+        if connection is not None:
+            if not isinstance(connection, psycopg.AsyncConnection):
+                raise TypeError(self._WRONG_CONNECTION)
+            try:
+                return await run_async(connection, statement)
+            except psycopg.Error as exc:
+                plan.refused(exc)
+                raise
+        waiting = plan.DatabaseWait(self._app.settings.database_wait_seconds)
+        while True:
+            try:
+                async with self._connection(waiting.remaining()) as conn:
+                    waiting.sent = True
+                    return await run_async(conn, statement)
+            except Exception as exc:
+                await asyncio.sleep(waiting.after(exc, repeatable))
+
+    # -- producers ---------------------------------------------------------------------------------
+
+    async def schedule(
+        self,
+        type: str,
+        configuration: Mapping[str, Any] | None = None,
+        *,
+        name: str | None = None,
+        group_id: uuid.UUID | None = None,
+        unique_key: str | None = None,
+        max_attempts: int | None = None,
+        available_at: datetime | timedelta | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        timeout: float | timedelta | None = None,
+        concurrency_key: str | None = None,
+        then: JobRequest | None = None,
+        expires: float | timedelta | datetime | None = None,
+        connection: psycopg.AsyncConnection[Any] | None = None,
+    ) -> uuid.UUID:
+        """Enqueue one job and return its id, or the id of the active job holding `unique_key`.
+
+        `then`: a follow-up job, scheduled exactly once in the transaction that records this job
+        `completed` (never on failure or cancellation). `expires`: seconds or a timedelta from now, or
+        an aware datetime; a job not started by then never runs and ends `cancelled` ("expired").
+        """
+        request = JobRequest(
+            type,
+            configuration,
+            name,
+            group_id,
+            unique_key,
+            max_attempts,
+            available_at,
+            queue,
+            priority,
+            timeout,
+            concurrency_key,
+            then,
+            expires,
+        )
+        (job_id,) = await self.schedule_many([request], connection=connection)
+        return job_id
+
+    async def schedule_many(
+        self,
+        jobs: Iterable[JobItem] | str,
+        configurations: Iterable[Mapping[str, Any] | None] | None = None,
+        *,
+        connection: psycopg.AsyncConnection[Any] | None = None,
+        **common: Any,
+    ) -> list[uuid.UUID]:
+        """Enqueue many jobs in one round trip; ids come back in input order.
+
+        Either a list of ``JobRequest(...)``, ``{"type": ..., "configuration": ..., ...}`` or
+        ``("type", configuration)`` items, or ``schedule_many("type", [config, ...], queue=..., ...)``;
+        keyword options apply to every job.
+        """
+        specs, order = plan.job_specs(self._app, jobs, configurations, common)
+        ids = await self.insert_specs(specs, connection=connection)
+        return [ids[index] for index in order]
+
+    async def insert_specs(
+        self, specs: Sequence[JobSpec], *, connection: psycopg.AsyncConnection[Any] | None = None
+    ) -> list[uuid.UUID]:
+        """Insert jobs already validated by `build_spec`, in one round trip; ids come back in input order.
+
+        For producers that must validate before they act (the bus validates every job of a dispatch
+        before its inline handlers run). A spec whose unique key an active job holds gets that job's id.
+        """
+        if not specs:
+            return []
+        await self._check_follow_up_groups(specs, connection)
+        with tracing.producing(specs) as specs:
+            found = await self._insert(specs, connection)
+            for _ in range(plan.DEDUPE_ROUNDS):
+                missing = plan.missing(specs, found)
+                if not missing:
+                    break
+                found.update(await self._insert(missing, connection))
+            else:
+                raise plan.dedupe_contention(specs, found)
+        events = self._app.events
+        if events:
+            for spec in plan.inserted(specs, found):
+                await events.emit(JobScheduled(spec.id, spec.type, spec.queue))
+        return plan.resolve_ids(specs, range(len(specs)), found)
+
+    async def schedule_group(
+        self,
+        requests: Iterable[JobItem],
+        *,
+        group_id: uuid.UUID | None = None,
+        then: JobRequest | None = None,
+        connection: psycopg.AsyncConnection[Any] | None = None,
+    ) -> tuple[uuid.UUID, list[uuid.UUID]]:
+        """Schedule jobs as one group in one round trip; returns (group id, ids in input order).
+
+        `then` is scheduled exactly once, in the transaction that makes the last member terminal,
+        whatever the members' outcomes (a group has at most one callback).
+        """
+        app = self._app
+        group, specs, order, callback = plan.group_specs(app, requests, group_id, then)
+        await self._check_follow_up_groups(specs, connection)
+        found = await self._run(app.store.insert_jobs(specs, callback=callback), connection)
+        if plan.missing(specs, found):
+            found.update(await self._insert(plan.missing(specs, found), connection))
+        if app.events:
+            for spec in plan.inserted(specs, found):
+                await app.events.emit(JobScheduled(spec.id, spec.type, spec.queue))
+        return group, plan.resolve_ids(specs, order, found)
+
+    async def _check_follow_up_groups(
+        self, specs: Sequence[JobSpec], connection: psycopg.AsyncConnection[Any] | None
+    ) -> None:
+        """`then=` naming a group that has a callback is refused before anything is written (one more
+        round trip, only for follow-ups that name a group)."""
+        groups = plan.follow_up_groups(specs)
+        if groups:
+            plan.refuse_follow_up_groups(await self._run(self._app.store.groups_with_callbacks(groups), connection))
+
+    # -- reads and admin ---------------------------------------------------------------------------
+
+    async def find(self, job_id: uuid.UUID) -> Job | None:
+        """The job (with its result, error and steps), or None when no job has this id."""
+        store = self._app.store
+        try:
+            return await self._run(store.find_job(plan.as_uuid(job_id)))
+        except plan.BEFORE_WORKFLOWS:  # the schema is a migration behind (rolling deploy): read without steps
+            return await self._run(store.find_job(plan.as_uuid(job_id), legacy=True))
+
+    async def wait(self, job_id: uuid.UUID, timeout: float | timedelta | None = None) -> Job:
+        """The job once it is terminal (with its result, error and steps); `TimeoutError` after `timeout`.
+
+        Woken by the notification of the transaction that finished the job, through one listening
+        connection per App however many callers wait; an unknown id raises `InvalidStateError`, and so
+        does a job deleted before it was read terminal (retention, prune), saying so.
+        """
+        job_id = plan.as_uuid(job_id)
+        settings = self._app.settings
+        seconds = seconds_or_none("timeout", timeout)
+        deadline = plan.deadline_after(seconds)
+        finished = self._finished_jobs()
+        await finished.started(settings.database_wait_seconds)
+        seen = notified = False
+        while True:
+            woken = finished.register(job_id)
+            try:
+                job = await self.find(job_id)
+                if job is None:
+                    was_woken = notified or finished.is_woken(woken)
+                    raise InvalidStateError(vanished_message(job_id, seen=seen, woken=was_woken))
+                if job.status.is_terminal:
+                    return job
+                seen = True
+                left = plan.seconds_until(deadline)
+                if left is not None and left <= 0:
+                    raise TimeoutError(timeout_message(job_id, job.status.value, seconds or 0.0))
+                if finished.polling:
+                    poll = settings.poll_interval_seconds
+                    left = poll if left is None else min(left, poll)
+                if await finished.wait(woken, left):
+                    notified = True
+                elif not finished.polling:
+                    raise TimeoutError(timeout_message(job_id, job.status.value, seconds or 0.0))
+            finally:
+                finished.unregister(job_id, woken)
+
+    async def emit_event(self, key: str, payload: Any = None) -> bool:
+        """Emit an event for `job.wait_for_event(key)`: the first emit of a key wins and is kept (later
+        ones change nothing); jobs waiting for it are due at once. Returns whether this was the first."""
+        check_event_key(key)
+        text = json_text("the event's payload", payload, self._app.settings.max_payload_bytes)
+        return await self._run(self._app.store.emit_event(key, text))
+
+    async def list_jobs(
+        self,
+        *,
+        status: Sequence[str | JobStatus] | str | JobStatus | None = None,
+        queue: Sequence[str] | str | None = None,
+        type: Sequence[str] | str | None = None,
+        group_id: uuid.UUID | None = None,
+        after: uuid.UUID | None = None,
+        limit: int = 100,
+        newest_first: bool = False,
+    ) -> list[Job]:
+        """Jobs in creation order (the newest first with `newest_first`), filtered; pass the last id
+        seen as `after` for the next page in the same order.
+
+        `status` takes statuses and the views of queued jobs (`scheduled`, `retrying`, `waiting`)."""
+        filters = plan.list_filters(status, queue, type, group_id, after, limit, newest_first)
+        store = self._app.store
+        try:
+            return await self._run(store.list_jobs(**filters))
+        except plan.BEFORE_WORKFLOWS:
+            return await self._run(store.list_jobs(**filters, legacy=True))
+
+    async def group_progress(self, group_id: uuid.UUID) -> GroupProgress:
+        """How many members of a group are in each status (with their `total` and `completion_percentage`)."""
+        return await self._run(self._app.store.group_progress(plan.as_uuid(group_id)))
+
+    async def cancel(self, job_id: uuid.UUID) -> JobStatus:
+        """Cancel a queued job at once, ask a running one to stop; returns the status after the call."""
+        result = await self._run(self._app.store.cancel_job(plan.as_uuid(job_id)))
+        status = plan.cancel_status(job_id, result)
+        if result.before is JobStatus.QUEUED and result.type and result.queue:
+            cancelled = JobCancelled(plan.as_uuid(job_id), result.type, result.queue, JobStatus.QUEUED)
+            await self._app.events.emit(cancelled)
+        return status
+
+    async def retry(self, job_id: uuid.UUID, available_at: datetime | timedelta | None = None) -> None:
+        """Requeue a failed job with its attempts reset; anything else raises `InvalidStateError`."""
+        at, delay = resolve_available_at(available_at)
+        try:
+            statement = self._app.store.retry_job(plan.as_uuid(job_id), at, delay)
+            before, done = await self._run(statement, repeatable=False)
+        except psycopg.errors.UniqueViolation:
+            raise InvalidStateError(
+                f"job {job_id} cannot be retried: another active job holds its unique_key"
+            ) from None
+        plan.check_retry(job_id, before, done)
+
+    async def delete(self, job_id: uuid.UUID) -> None:
+        """Remove a queued or terminal job; a running one (or an unknown id) raises `InvalidStateError`.
+
+        A queued job is ended as cancelled before it goes, in the same transaction: its group counts it
+        as done (the group's callback fires once the other members are terminal), a parent waiting for
+        its children no longer waits for it, and its own `then=` follow-up is not scheduled.
+        """
+        before = await self._run(self._app.store.delete_job(plan.as_uuid(job_id)), repeatable=False)
+        plan.check_delete(job_id, before)
+
+    async def run_now(self, job_id: uuid.UUID) -> None:
+        """Make a queued job available at once (a delayed, retrying or parked one); anything else raises
+        `InvalidStateError`. A job parked in a durable wait that is not over parks again when it runs."""
+        before, done = await self._run(self._app.store.run_job_now(plan.as_uuid(job_id)))
+        plan.check_run_now(job_id, before, done)
+
+    async def prune(
+        self, older_than: timedelta, statuses: Sequence[str | JobStatus] = ("completed", "cancelled")
+    ) -> int:
+        """Delete finished jobs older than `older_than` (in batches); returns how many."""
+        params = plan.prune_params(older_than, statuses)
+        total = 0
+        while True:
+            deleted = await self._run(self._app.store.prune_jobs(**params))
+            total += deleted
+            if deleted < params["limit"]:
+                return total
+
+    # -- queues: flow control ----------------------------------------------------------------------
+
+    async def set_queue(
+        self,
+        queue: str,
+        *,
+        concurrency: int | Keep | None = KEEP,
+        concurrency_per_key: int | Keep | None = KEEP,
+        rate_limit: RateLimit | Keep | None = KEEP,
+        rate_limit_per_key: RateLimit | Keep | None = KEEP,
+    ) -> QueueSettings:
+        """Store a queue's limits, fleet-wide and durable; None removes one, an omitted one is kept.
+
+        `concurrency`: at most that many of its jobs hold a valid lease at any instant;
+        `concurrency_per_key`: the same per `concurrency_key` (1 serialises a key); `rate_limit` and
+        `rate_limit_per_key`: at most `count` jobs started in any rolling `per` window. Running workers
+        apply changes within one poll interval.
+        """
+        for statement in plan.set_queue_statements(
+            self._app, queue, concurrency, concurrency_per_key, rate_limit, rate_limit_per_key
+        ):
+            await self._run(statement)
+        return await self.get_queue(queue)
+
+    async def get_queue(self, queue: str) -> QueueSettings:
+        """The limits of a queue (a queue without limits has them all None)."""
+        statement = self._app.queue_store.list_settings(validate_text("queue", queue, MAX_TYPE_BYTES))
+        found = await self._run(statement)
+        return found[0] if found else QueueSettings(queue)
+
+    async def list_queues(self) -> list[QueueSettings]:
+        """Every queue that has limits."""
+        return await self._run(self._app.queue_store.list_settings())
+
+    async def queue_usage(self) -> dict[str, tuple[int, int | None]]:
+        """Per queue with limits: jobs holding a valid lease now, and jobs started in its rate window."""
+        return await self._run(self._app.queue_store.usage())
+
+    # -- periodic jobs -----------------------------------------------------------------------------
+
+    async def add_periodic(
+        self,
+        name: str,
+        *,
+        type: str,
+        cron: str | None = None,
+        every: float | timedelta | None = None,
+        configuration: Mapping[str, Any] | None = None,
+        timezone: str = "UTC",
+        queue: str | None = None,
+        priority: int | None = None,
+        overlap: bool = False,
+    ) -> Periodic:
+        """Add (or redefine) a periodic job at run time, stored in the database; it survives restarts."""
+        app = self._app
+        spec = plan.periodic_spec(app, name, type, cron, every, configuration, timezone, queue, priority, overlap)
+        now = await self._run(app.periodic_store.database_now())
+        statement = app.periodic_store.upsert(spec, source="runtime", next_run_at=spec.schedule.next_after(now))
+        if not await self._run(statement):
+            raise InvalidStateError(f"periodic job {name!r} is declared in code: change it there, or pick another name")
+        (found,) = await self._run(app.periodic_store.list_periodic(name))
+        return found
+
+    async def remove_periodic(self, name: str) -> None:
+        """Delete a periodic job (one declared in code comes back when a worker of that code starts)."""
+        if not await self._run(self._app.periodic_store.remove(name)):
+            raise InvalidStateError(f"no periodic job is named {name!r}")
+
+    async def pause_periodic(self, name: str) -> None:
+        """Stop enqueuing its ticks until `resume_periodic`; durable, also across redefinitions."""
+        if not await self._run(self._app.periodic_store.set_enabled(name, False)):
+            raise InvalidStateError(f"no periodic job is named {name!r}")
+
+    async def resume_periodic(self, name: str) -> None:
+        """Enqueue its ticks again after `pause_periodic`."""
+        if not await self._run(self._app.periodic_store.set_enabled(name, True)):
+            raise InvalidStateError(f"no periodic job is named {name!r}")
+
+    async def list_periodic(self) -> list[Periodic]:
+        """Every stored periodic job, declared in code or added at run time."""
+        return await self._run(self._app.periodic_store.list_periodic())
+
+    async def run_periodic(self, name: str) -> uuid.UUID:
+        """Enqueue one job of a periodic job now, beside its schedule; returns its id."""
+        app = self._app
+        job_type = await self._run(app.periodic_store.periodic_type(name))
+        if job_type is None:
+            raise InvalidStateError(f"no periodic job is named {name!r}")
+        job_id = new_job_id()
+        statement = app.periodic_store.run_now(name, job_id=job_id, max_attempts=app.max_attempts_of(job_type))
+        if not await self._run(statement, repeatable=False):
+            raise InvalidStateError(f"no periodic job is named {name!r}")
+        return job_id
+
+    # -- schema ------------------------------------------------------------------------------------
+
+    async def migrate(self) -> list[schema_module.Migration]:
+        """Apply pending migrations (advisory-locked, idempotent); returns those applied."""
+        return await self._migrate()
+
+    async def check_schema(self) -> int:
+        """Raise `SchemaError` unless the schema is current; returns its version."""
+        try:
+            version = await self._run(self._app.store.schema_version())
+        except psycopg.errors.UndefinedTable:
+            version = 0
+        schema_module.check_version(self._app.settings.schema, version)
+        return version

@@ -1,0 +1,398 @@
+"""What the producer verbs decide before and after a statement: specs, groups, dedupe ids, filters, waits.
+
+Pure rules and values shared by `App` and its blocking twin; nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import timedelta
+from typing import Any, Protocol
+
+import psycopg
+
+from jobbus.errors import DatabaseUnavailableError, InvalidJobError, InvalidStateError, JobbusError
+from jobbus.events import EventHub
+from jobbus.limits import Keep, RateLimit, check_count, check_rate
+from jobbus.models import JOB_VIEWS, JobSpec, JobStatus
+from jobbus.periodic import PeriodicSpec
+from jobbus.requests import (
+    MAX_TYPE_BYTES,
+    JobDefaults,
+    JobRequest,
+    build_spec,
+    new_job_id,
+    spec_json,
+    specs_sharing,
+    validate_text,
+)
+from jobbus.resilience import Backoff, first_line, is_transient
+from jobbus.settings import Settings
+from jobbus.store import CancelResult, JobStore, Statement
+from jobbus.store.jobs import GROUP_REFUSED
+from jobbus.store.periodic import PeriodicStore
+from jobbus.store.queues import QueueStore
+
+#: One job for `schedule_many`: a JobRequest, a mapping of its fields, or a (type, configuration) pair.
+JobItem = JobRequest | Mapping[str, Any] | tuple[str, Mapping[str, Any] | None]
+#: Which ids the database gave keyed specs: (type, unique_key) → id.
+Found = dict[tuple[str, str], uuid.UUID]
+TERMINAL = ("completed", "failed", "cancelled")
+#: A keyed insert that meets an active job committed after its snapshot asks again, this many times.
+DEDUPE_ROUNDS = 10
+#: What reading a job raises on a schema without migration 0010's tables and columns.
+BEFORE_WORKFLOWS = (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn)
+#: The longest chain of `then=` follow-ups one request may carry.
+MAX_CHAIN = 20
+
+
+class ProducerApp(Protocol):
+    """What the verbs read of their App: settings, stores, listeners and the handlers' job defaults."""
+
+    settings: Settings
+    store: JobStore
+    periodic_store: PeriodicStore
+    queue_store: QueueStore
+    events: EventHub
+
+    def job_defaults(self, job_type: str) -> JobDefaults: ...
+
+    def max_attempts_of(self, job_type: str) -> int: ...
+
+
+class DatabaseWait:
+    """One App call waiting out an unreachable database, within `database_wait_seconds`."""
+
+    def __init__(self, seconds: float) -> None:
+        self.deadline = time.monotonic() + seconds
+        self.sent = False  # a statement went out at least once: it may have been applied
+        self.backoff = Backoff(first=0.05, cap=1.0)
+
+    def remaining(self) -> float:
+        return max(0.05, self.deadline - time.monotonic())
+
+    def after(self, exc: Exception, repeatable: bool) -> float:
+        """Re-raise what cannot be waited out; otherwise how long to sleep before the next try."""
+        refused(exc)
+        if not is_transient(exc):
+            raise exc
+        left = self.deadline - time.monotonic()
+        if left <= 0 or (self.sent and not repeatable):
+            written = None if self.sent else False
+            outcome = "its outcome is unknown" if self.sent else "nothing was written"
+            raise DatabaseUnavailableError(
+                f"the database is unavailable ({type(exc).__name__}: {first_line(exc)}); {outcome}",
+                written=written,
+            ) from exc
+        return min(self.backoff.next_delay(), left)
+
+
+def deadline_after(seconds: float | None) -> float | None:
+    """The monotonic instant `seconds` from now (None: never)."""
+    return None if seconds is None else time.monotonic() + seconds
+
+
+def seconds_until(deadline: float | None) -> float | None:
+    return None if deadline is None else deadline - time.monotonic()
+
+
+def refused(exc: Exception) -> None:
+    """Raise the schema's refusal of a group (SQLSTATE `GROUP_REFUSED`) as `InvalidStateError`."""
+    if isinstance(exc, psycopg.Error) and exc.sqlstate == GROUP_REFUSED:
+        raise InvalidStateError(exc.diag.message_primary or str(exc)) from None
+
+
+# -- specs -----------------------------------------------------------------------------------------
+
+
+def job_spec(app: ProducerApp, request: JobRequest, depth: int = 0) -> JobSpec:
+    """Validate a request and its chain of follow-ups (each gets its id now, so it is written once)."""
+    settings = app.settings
+    spec = build_spec(
+        request, app.job_defaults(request.type), settings.default_max_attempts, settings.max_payload_bytes
+    )
+    if request.then is None:
+        return spec
+    if not isinstance(request.then, JobRequest):
+        raise InvalidJobError(f"then must be a jobbus.JobRequest, got {request.then!r:.80}")
+    if depth >= MAX_CHAIN:
+        raise InvalidJobError(f"a chain of then= may hold at most {MAX_CHAIN} follow-ups")
+    return dataclasses.replace(spec, then=spec_json(job_spec(app, request.then, depth + 1)))
+
+
+def job_specs(
+    app: ProducerApp,
+    jobs: Iterable[JobItem] | str,
+    configurations: Iterable[Mapping[str, Any] | None] | None,
+    common: Mapping[str, Any],
+) -> tuple[list[JobSpec], list[int]]:
+    """The specs to insert and, per input, the index of its spec (a repeated unique key folds onto the first)."""
+    settings_default = app.settings.default_max_attempts
+    limit = app.settings.max_payload_bytes
+    if (
+        isinstance(jobs, str)
+        and configurations is not None
+        and common.get("unique_key") is None
+        and common.get("then") is None  # every job needs a follow-up of its own
+    ):
+        # One type, shared options: validate the options once, then only each configuration.
+        template = build_spec(_request({**common, "type": jobs}), app.job_defaults(jobs), settings_default, limit)
+        shared = specs_sharing(template, configurations, limit)
+        return shared, list(range(len(shared)))
+    specs: list[JobSpec] = []
+    order: list[int] = []
+    first_by_key: dict[tuple[str, str], int] = {}
+    for request in list(_requests(jobs, configurations, common)):
+        spec = job_spec(app, request)
+        if spec.unique_key is not None:
+            key = (spec.type, spec.unique_key)
+            if key in first_by_key:  # a repeat within the batch folds onto the first
+                order.append(first_by_key[key])
+                continue
+            first_by_key[key] = len(specs)
+        order.append(len(specs))
+        specs.append(spec)
+    return specs, order
+
+
+def group_specs(
+    app: ProducerApp, requests: Iterable[JobItem], group_id: uuid.UUID | None, then: JobRequest | None
+) -> tuple[uuid.UUID, list[JobSpec], list[int], tuple[uuid.UUID, str | None]]:
+    """(group id, specs, order, (group id, its callback's spec as JSON)) for `schedule_group`."""
+    group = new_job_id() if group_id is None else as_uuid(group_id)
+    specs, order = job_specs(app, requests, None, {"group_id": group})
+    if not specs:
+        raise InvalidJobError("schedule_group needs at least one job")
+    if any(spec.group_id != group for spec in specs):
+        raise InvalidJobError("schedule_group: a job of the group names another group_id")
+    callback = None
+    if then is not None:
+        if not isinstance(then, JobRequest):
+            raise InvalidJobError(f"then must be a jobbus.JobRequest, got {then!r:.80}")
+        if any(spec.unique_key is not None for spec in specs):
+            raise InvalidJobError("schedule_group with then=: members cannot have a unique_key")
+        callback = spec_json(job_spec(app, then))
+    return group, specs, order, (group, callback)
+
+
+def periodic_spec(
+    app: ProducerApp,
+    name: str,
+    job_type: str,
+    cron: str | None,
+    every: float | timedelta | None,
+    configuration: Mapping[str, Any] | None,
+    timezone: str,
+    queue: str | None,
+    priority: int | None,
+    overlap: bool,
+) -> PeriodicSpec:
+    defaults = app.job_defaults(job_type)
+    return PeriodicSpec.build(
+        name,
+        type=job_type,
+        cron=cron,
+        every=every,
+        configuration=dict(configuration) if configuration is not None else None,
+        timezone=timezone,
+        queue=queue,
+        priority=priority if priority is not None else defaults.priority,
+        overlap=overlap,
+        default_queue=defaults.queue,
+        max_payload_bytes=app.settings.max_payload_bytes,
+    )
+
+
+def _requests(
+    jobs: Iterable[JobItem] | str,
+    configurations: Iterable[Mapping[str, Any] | None] | None,
+    common: Mapping[str, Any],
+) -> Iterable[JobRequest]:
+    if isinstance(jobs, str):
+        if configurations is None:
+            raise InvalidJobError("schedule_many(type, configurations): configurations are missing")
+        for configuration in configurations:
+            yield _request({**common, "type": jobs, "configuration": configuration})
+        return
+    if configurations is not None:
+        raise InvalidJobError("schedule_many takes either (type, configurations) or a list of job requests")
+    for job in jobs:
+        if isinstance(job, JobRequest):
+            yield job if not common else _request({**common, **_fields(job)})
+        elif isinstance(job, Mapping):
+            yield _request({**common, **job})
+        elif isinstance(job, tuple) and 1 <= len(job) <= 2:  # ("type", configuration)
+            yield _request({**common, **dict(zip(("type", "configuration"), job, strict=False))})
+        else:
+            raise InvalidJobError(
+                f"schedule_many: each job must be a JobRequest, a mapping or a (type, configuration) tuple, "
+                f"got {job!r:.80}"
+            )
+
+
+def _fields(request: JobRequest) -> dict[str, Any]:
+    return {name: getattr(request, name) for name in JobRequest.__slots__ if getattr(request, name) is not None}
+
+
+def _request(values: Mapping[str, Any]) -> JobRequest:
+    try:
+        return JobRequest(**values)
+    except TypeError as exc:
+        raise InvalidJobError(f"schedule_many: {exc}") from None
+
+
+# -- follow-ups and deduplication ------------------------------------------------------------------
+
+
+def follow_up_groups(specs: Sequence[JobSpec]) -> list[uuid.UUID]:
+    """The group ids the follow-ups (`then=`, at any depth) of `specs` name."""
+    groups: set[uuid.UUID] = set()
+    for spec in specs:
+        then = json.loads(spec.then) if spec.then is not None else None
+        while isinstance(then, dict):
+            if then.get("group_id") is not None:
+                groups.add(uuid.UUID(then["group_id"]))
+            then = then.get("then")
+    return sorted(groups)
+
+
+def refuse_follow_up_groups(groups: list[uuid.UUID]) -> None:
+    if groups:
+        raise InvalidStateError(
+            f"group {groups[0]} has a callback: its members are the jobs schedule_group scheduled with it "
+            "(a then= follow-up cannot join it)"
+        )
+
+
+def missing(specs: Sequence[JobSpec], found: Mapping[tuple[str, str], uuid.UUID]) -> list[JobSpec]:
+    """Keyed specs that met an active job this statement could not see: ask again in a new one."""
+    return [s for s in specs if s.unique_key is not None and (s.type, s.unique_key) not in found]
+
+
+def dedupe_contention(specs: Sequence[JobSpec], found: Mapping[tuple[str, str], uuid.UUID]) -> JobbusError:
+    keys = ", ".join(f"{s.type}/{s.unique_key}" for s in missing(specs, found)[:3])
+    return JobbusError(
+        f"unique_key {keys}: an active job holds it but this transaction cannot see it (a REPEATABLE READ or "
+        "SERIALIZABLE transaction that started before it): retry the transaction"
+    )
+
+
+def _job_id(spec: JobSpec, found: Mapping[tuple[str, str], uuid.UUID]) -> uuid.UUID:
+    """The id a spec ended up with: its own, or that of the active job holding its unique key."""
+    return spec.id if spec.unique_key is None else found.get((spec.type, spec.unique_key), spec.id)
+
+
+def resolve_ids(
+    specs: Sequence[JobSpec], order: Sequence[int], found: Mapping[tuple[str, str], uuid.UUID]
+) -> list[uuid.UUID]:
+    ids = [_job_id(spec, found) for spec in specs]
+    return [ids[index] for index in order]
+
+
+def inserted(specs: Sequence[JobSpec], found: Mapping[tuple[str, str], uuid.UUID]) -> list[JobSpec]:
+    """The specs that became new rows (a deduplicated one maps to another job's id)."""
+    return [spec for spec in specs if _job_id(spec, found) == spec.id]
+
+
+# -- admin -----------------------------------------------------------------------------------------
+
+
+def as_uuid(value: uuid.UUID | str) -> uuid.UUID:
+    if isinstance(value, uuid.UUID):
+        return value
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        raise InvalidJobError(f"not a job id (UUID): {value!r}") from None
+
+
+def cancel_status(job_id: uuid.UUID, result: CancelResult) -> JobStatus:
+    if result.after is None:
+        raise InvalidStateError(f"job {job_id} does not exist")
+    return result.after
+
+
+def check_retry(job_id: uuid.UUID, before: JobStatus | None, done: bool) -> None:
+    if before is None:
+        raise InvalidStateError(f"job {job_id} does not exist")
+    if not done:
+        raise InvalidStateError(f"job {job_id} is {before.value}; only failed jobs can be retried")
+
+
+def check_delete(job_id: uuid.UUID, before: JobStatus | None) -> None:
+    if before is None:
+        raise InvalidStateError(f"job {job_id} does not exist")
+    if before is JobStatus.RUNNING:
+        raise InvalidStateError(f"job {job_id} is running; cancel it first, delete it once it has stopped")
+
+
+def check_run_now(job_id: uuid.UUID, before: JobStatus | None, done: bool) -> None:
+    if before is None:
+        raise InvalidStateError(f"job {job_id} does not exist")
+    if not done:
+        raise InvalidStateError(f"job {job_id} is {before.value}; only queued jobs can be run now")
+
+
+def list_filters(
+    status: Sequence[str | JobStatus] | str | JobStatus | None,
+    queue: Sequence[str] | str | None,
+    type: Sequence[str] | str | None,
+    group_id: uuid.UUID | None,
+    after: uuid.UUID | None,
+    limit: int,
+    newest_first: bool,
+) -> dict[str, Any]:
+    def many(value: Any) -> list[str] | None:  # JobStatus is a StrEnum: str() gives its value
+        if value is None:
+            return None
+        return [str(value)] if isinstance(value, str) else [str(v) for v in value]
+
+    wanted = many(status)
+    for s in wanted or []:
+        if s not in JOB_VIEWS:
+            JobStatus(s)
+    statuses = [s for s in wanted or [] if s not in JOB_VIEWS] or None
+    views = [s for s in wanted or [] if s in JOB_VIEWS] or None
+    if not 1 <= limit <= 10_000:
+        raise InvalidJobError(f"limit must be between 1 and 10000, got {limit}")
+    return {
+        "statuses": statuses,
+        "views": views,
+        "queues": many(queue),
+        "types": many(type),
+        "group_id": as_uuid(group_id) if group_id is not None else None,
+        "after": as_uuid(after) if after is not None else None,
+        "limit": limit,
+        "newest_first": bool(newest_first),
+    }
+
+
+def prune_params(older_than: timedelta, statuses: Sequence[str | JobStatus]) -> dict[str, Any]:
+    if not isinstance(older_than, timedelta) or older_than.total_seconds() < 0:
+        raise InvalidJobError(f"older_than must be a non-negative timedelta, got {older_than!r}")
+    names = [JobStatus(s).value for s in statuses]
+    active = [s for s in names if s not in TERMINAL]
+    if active:
+        raise InvalidJobError(f"prune removes finished jobs only; {', '.join(active)} is not a finished status")
+    return {"older_than_seconds": older_than.total_seconds(), "statuses": names, "limit": 10_000}
+
+
+def set_queue_statements(
+    app: ProducerApp,
+    queue: str,
+    concurrency: int | Keep | None,
+    concurrency_per_key: int | Keep | None,
+    rate_limit: RateLimit | Keep | None,
+    rate_limit_per_key: RateLimit | Keep | None,
+) -> list[Statement[None]]:
+    return app.queue_store.set_limits(
+        validate_text("queue", queue, MAX_TYPE_BYTES),
+        concurrency=check_count("concurrency", concurrency),
+        concurrency_per_key=check_count("concurrency_per_key", concurrency_per_key),
+        rate_limit=check_rate("rate_limit", rate_limit),
+        rate_limit_per_key=check_rate("rate_limit_per_key", rate_limit_per_key),
+    )
