@@ -26,6 +26,8 @@ class CuttingProxy:
         self._dsn = dsn
         self._server: asyncio.Server | None = None
         self._marks: tuple[bytes, ...] | None = None
+        self._dark = False
+        self._open: set[asyncio.StreamWriter] = set()
         #: Statements whose answer was lost, by the first of their marks.
         self.cut: list[bytes] = []
 
@@ -35,6 +37,13 @@ class CuttingProxy:
         assert self._server is not None
         port = self._server.sockets[0].getsockname()[1]
         return make_conninfo(self._dsn, host="127.0.0.1", port=port, sslmode="disable", gssencmode="disable")
+
+    def black_out(self, on: bool = True) -> None:
+        """Drop every connection and refuse new ones (the server is unreachable), until called with False."""
+        self._dark = on
+        if on:
+            for writer in list(self._open):
+                writer.close()
 
     def arm(self, *marks: bytes) -> None:
         """Lose the answer of the next statement whose text contains every one of `marks` (once)."""
@@ -49,7 +58,11 @@ class CuttingProxy:
             await self._server.wait_closed()
 
     async def _serve(self, client_in: asyncio.StreamReader, client_out: asyncio.StreamWriter) -> None:
+        if self._dark:
+            client_out.close()
+            return
         server_in, server_out = await asyncio.open_connection(*self._target)
+        self._open.update((client_out, server_out))
         cutting = asyncio.Event()
         up = asyncio.create_task(self._client_to_server(client_in, server_out, cutting))
         down = asyncio.create_task(self._server_to_client(server_in, client_out, cutting))
@@ -59,6 +72,7 @@ class CuttingProxy:
             for task in (up, down):
                 task.cancel()
             for writer in (client_out, server_out):
+                self._open.discard(writer)
                 writer.close()
                 with contextlib.suppress(Exception):
                     await writer.wait_closed()

@@ -220,3 +220,54 @@ async def test_a_handler_call_whose_answer_was_lost_after_its_commit_has_the_sam
     # A wait whose park committed tells its handler that it parked, as it would have without the cut.
     assert seen == (["JobParked"] if kind in (*WAITS, "snapshot") else [])
     check_effects(dsn, kind, job_id)
+
+
+@pytest.mark.server("the proxy reaches the server over TCP; the embedded server listens on a Unix socket only")
+@pytest.mark.parametrize("sync", [False, True], ids=["async", "sync"])
+async def test_a_call_that_cannot_get_through_before_the_lease_ends_raises_lease_lost(dsn: str, sync: bool) -> None:
+    """The database is unreachable for longer than the lease: the call gives up once the lease has surely
+    ended, with `LeaseLostError` (its outcome is not written), and the recovered job runs again."""
+    seen: list[str] = []
+    proxy = CuttingProxy(dsn)
+    await proxy.start()
+    loop = asyncio.get_running_loop()
+
+    async def black_out_for(seconds: float) -> None:
+        proxy.black_out()
+        loop.call_later(seconds, proxy.black_out, False)
+
+    try:
+        async with jobbus.App(dsn=proxy.dsn, lease_seconds=2, **FAST) as app:
+
+            @app.job("async-cut", max_attempts=2)
+            async def cut(job: jobbus.JobExecution) -> int:
+                await job.progress(0)
+                if job.attempt == 1:
+                    await black_out_for(4)
+                try:
+                    await job.checkpoint({"done": 1})
+                except BaseException as exc:
+                    seen.append(type(exc).__name__)
+                    raise
+                return job.attempt
+
+            @app.job("sync-cut", max_attempts=2)
+            def cut_sync(job: jobbus.SyncJobExecution) -> int:
+                job.progress(0)
+                if job.attempt == 1:
+                    asyncio.run_coroutine_threadsafe(black_out_for(4), loop).result()
+                try:
+                    job.checkpoint({"done": 1})
+                except BaseException as exc:
+                    seen.append(type(exc).__name__)
+                    raise
+                return job.attempt
+
+            job_id = await app.schedule("sync-cut" if sync else "async-cut")
+            async with running(app):
+                status, result, attempts, outcomes = await finished(dsn, job_id, timeout=60)
+    finally:
+        await proxy.close()
+    assert seen == ["LeaseLostError"]
+    assert (status, result, attempts) == ("completed", 2, 2), outcomes
+    assert query(dsn, "SELECT execution_data FROM jobbus.job WHERE id = %s", (job_id,)) == [({"done": 1},)]

@@ -376,8 +376,8 @@ class Worker:
             await asyncio.sleep(delay)
             with contextlib.suppress(Exception):
                 await pool.check()  # drop every idle connection the same outage broke, not one per try
-            try:
-                async with pool.connection() as conn:
+            try:  # waiting for a new connection no longer than the lease lasts
+                async with pool.connection(timeout=max(0.1, attempt.lease_deadline - time.monotonic())) as conn:
                     result = await run_async(conn, statement)
             except Exception as again:
                 if not is_transient(again):
