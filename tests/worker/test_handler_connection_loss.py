@@ -18,13 +18,20 @@ import jobbus
 from jobbus.worker.runtime import Worker
 from tests.conftest import FAST
 from tests.cutting_proxy import CuttingProxy
-from tests.processes import query
 
+#: The test's own reads carry this name: the drops leave them alone.
+READER = "test-reader"
 #: Every other client backend of the test database: the worker's pools, its listener, the App's pool.
 OTHERS = (
     "SELECT pid FROM pg_stat_activity"
     " WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+    f" AND application_name <> '{READER}'"
 )
+
+
+def query(dsn: str, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn, autocommit=True, application_name=READER) as conn:
+        return conn.execute(sql.encode(), params).fetchall()
 
 
 def drop_connections(dsn: str) -> None:
