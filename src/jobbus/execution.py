@@ -296,8 +296,8 @@ class JobExecution:
         check_step_name(name, user=True)
         seconds = wait_seconds("delay", delay)
         self.check_open(f"sleep {name!r}")
-        state = await self._run(self._store.sleep_job(self.id, self.lease_token, f"sleep:{name}", seconds))
-        self._after_wait(state, f"sleep {name!r}")
+        step = f"sleep:{name}"
+        await self._wait(self._store.sleep_job(self.id, self.lease_token, step, seconds), f"sleep {name!r}", step)
 
     async def wait_for_event(self, key: str, timeout: float | timedelta | None = None) -> Any:
         """The payload of the first `app.emit_event(key, ...)`, emitted before or after this call; parks
@@ -309,8 +309,7 @@ class JobExecution:
         if not found or not isinstance(stored, dict) or not ({"payload", "timed_out"} & stored.keys()):
             timeout_seconds = None if timeout is None else wait_seconds("timeout", timeout)
             statement = self._store.wait_for_event(self.id, self.lease_token, key, step, timeout_seconds)
-            state, stored = await self._run(statement)
-            self._after_wait(state, f"event {key!r}")
+            _, stored = await self._wait(statement, f"event {key!r}", f"event {key}")
             assert self._steps is not None
             self._steps[step] = stored
         if "timed_out" in stored:
@@ -349,11 +348,35 @@ class JobExecution:
         self.check_open("wait for its children")
         index = self._children_waits
         self._children_waits += 1
-        state = await self._run(self._store.wait_for_children(self.id, self.lease_token))
-        self._after_wait(state, "its children")
+        await self._wait(self._store.wait_for_children(self.id, self.lease_token), "its children", "children")
         taken: tuple[str, list[Job]] = await self._run(self._store.children_snapshot(self.id, self.lease_token, index))
         self._after_wait(taken[0], "its children")
         return taken[1]
+
+    async def _wait(self, statement: Statement[Any], what: str, waiting_for: str) -> Any:
+        """Run a durable wait's statement: its answer, once 'parked' is raised as `JobParked` and 'lost'
+        as `LeaseLostError`. A wait that parked the job but whose answer was lost with its connection
+        is run again by the worker and finds the lease given back: the job's history then shows that
+        this attempt parked it at this wait, and the handler is told it parked, as it would have been."""
+        try:
+            answer = await self._run(statement)
+        except LeaseLostError:
+            if await self._parked_at(waiting_for):
+                raise self._parked(what) from None
+            raise
+        state = answer if isinstance(answer, str) else answer[0]
+        if state == "lost" and await self._parked_at(waiting_for):
+            state = "parked"
+        self._after_wait(state, what)
+        return answer
+
+    async def _parked_at(self, waiting_for: str) -> bool:
+        """Whether this attempt parked the job at `waiting_for` (False when that cannot be read)."""
+        statement = self._store.parked_at(self.id, self.lease_token, self.attempt, waiting_for)
+        try:
+            return bool(await self._run(statement))
+        except Exception:  # the database is away or the lease is surely gone: the lease counts as lost
+            return False
 
     def _after_wait(self, state: str, what: str) -> None:
         if state == "lost":

@@ -300,6 +300,12 @@ class JobStore:
         params = {"id": job_id, "token": token, "index": index}
         return Statement(self._q["children_snapshot"], params, decode)
 
+    def parked_at(self, job_id: uuid.UUID, token: uuid.UUID, attempt: int, waiting_for: str) -> Statement[bool]:
+        """Whether attempt `attempt` (lease `token`) parked the job at `waiting_for` and nothing
+        changed its history since."""
+        params = {"id": job_id, "token": token, "attempt": attempt, "waiting_for": waiting_for}
+        return Statement(self._q["parked_at"], params, lambda rows, _: bool(rows and rows[0][0]))
+
     def record_outcomes(self, outcomes: Sequence[Outcome]) -> Statement[set[uuid.UUID]]:
         """Fenced outcome writes for many jobs; returns the ids whose write applied.
 

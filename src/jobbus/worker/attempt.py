@@ -27,9 +27,10 @@ class Attempt:
     claimed: ClaimedJob
     handler: Handler
     signals: AttemptSignals
-    execution: JobExecution
     #: Monotonic time after which the lease has surely expired (from the send time of the last renewal).
     lease_deadline: float
+    #: What the handler sees; set right after the attempt is made (its calls are run for this attempt).
+    execution: JobExecution = field(init=False, repr=False)
     started: float = field(default_factory=time.monotonic)
     #: How long the handler ran, once it returned or raised.
     ran_seconds: float = 0.0

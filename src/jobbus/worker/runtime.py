@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from jobbus import tracing
-from jobbus.errors import JobbusError
+from jobbus.errors import JobbusError, LeaseLostError
 from jobbus.execution import AttemptSignals, JobExecution, StopReason
 from jobbus.models import ClaimedJob, JobStatus
 from jobbus.resilience import Backoff, Outage, first_line, is_transient, open_pool, retrying
@@ -143,6 +144,7 @@ class Worker:
         self._threads = ThreadPoolExecutor(max_workers=self.options.concurrency, thread_name_prefix="jobbus-job")
         self._pool: AsyncConnectionPool[Any] | None = None
         self._handler_pool: AsyncConnectionPool[Any] | None = None
+        self._handler_outage = Outage("handler calls")
         self.workers = WorkerStore(self.settings.schema, self.store.channel, self.store.control_channel)
         self.maintenance = MaintenanceStore(self.settings.schema)
         self.policy = OutcomePolicy(self.settings, self.worker_id)
@@ -340,12 +342,50 @@ class Worker:
                 if self._stop_claiming or time.monotonic() >= deadline:
                     raise
 
-    async def _run_for_handler(self, statement: Statement[T]) -> T:
-        """Fenced writes a handler asks for (checkpoint, progress, heartbeat): their own pool, so many
-        handlers writing at once never queue in front of the worker's own statements."""
+    async def _run_for_handler(self, attempt: Attempt, statement: Statement[T]) -> T:
+        """The calls a handler makes (checkpoint, progress, heartbeat, steps, durable waits, spawns):
+        their own pool, so many handlers writing at once never queue in front of the worker's own
+        statements. A dropped connection does not fail the call: see `_retry_for_handler`."""
         assert self._handler_pool is not None
-        async with self._handler_pool.connection() as conn:
-            return await run_async(conn, statement)
+        try:
+            async with self._handler_pool.connection() as conn:
+                return await run_async(conn, statement)
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            return await self._retry_for_handler(attempt, statement, exc)
+
+    async def _retry_for_handler(self, attempt: Attempt, statement: Statement[T], exc: Exception) -> T:
+        """Run a handler's call again, with backoff, on connections checked first, while the attempt's
+        lease holds: every such call is safe to run twice (one that committed before its connection
+        dropped answers the same again; a durable wait tells that it parked, see `JobExecution`).
+        Once the lease is surely gone, or the worker fenced, or the attempt over: `LeaseLostError`,
+        as a fenced write would say (its outcome is then not written; the job is recovered)."""
+        pool = self._handler_pool
+        assert pool is not None
+        backoff = Backoff()
+        while True:
+            self._handler_outage.failed(exc)
+            delay = backoff.next_delay()
+            signals = attempt.signals
+            if signals.lease_lost or signals.closed or time.monotonic() + delay > attempt.lease_deadline:
+                raise LeaseLostError(
+                    f"job {attempt.id}: attempt {attempt.claimed.attempts} lost its database connection "
+                    f"({type(exc).__name__}: {first_line(exc)}) and its lease ended before the call got through"
+                ) from exc
+            await asyncio.sleep(delay)
+            with contextlib.suppress(Exception):
+                await pool.check()  # drop every idle connection the same outage broke, not one per try
+            try:  # waiting for a new connection no longer than the lease lasts
+                async with pool.connection(timeout=max(0.1, attempt.lease_deadline - time.monotonic())) as conn:
+                    result = await run_async(conn, statement)
+            except Exception as again:
+                if not is_transient(again):
+                    raise
+                exc = again
+                continue
+            self._handler_outage.recovered()
+            return result
 
     async def _starting(self, call: Callable[[], Awaitable[T]]) -> T:
         """Start-up statements ride out a connection lost right after the server was reached."""
@@ -637,16 +677,16 @@ class Worker:
         for claimed in jobs:
             handler = self.app.handlers[claimed.type]
             signals = AttemptSignals(cancelled=claimed.cancellation_requested)
-            execution = JobExecution(
+            attempt = Attempt(claimed, handler, signals, sent + self.settings.lease_seconds)
+            attempt.execution = JobExecution(
                 claimed,
                 self.store,
-                self._run_for_handler,
+                functools.partial(self._run_for_handler, attempt),
                 self.settings.lease_seconds,
                 self.settings.max_payload_bytes,
                 signals,
                 self.app.build_job_spec,
             )
-            attempt = Attempt(claimed, handler, signals, execution, sent + self.settings.lease_seconds)
             attempt.timeout = claimed.timeout_seconds or handler.timeout
             self._in_flight[claimed.id] = attempt
             self._running += 1

@@ -526,3 +526,14 @@ SELECT group_id FROM {schema}.job_group WHERE group_id = ANY (%(ids)s::uuid[]) O
 
 -- name: children_snapshot
 SELECT state, children FROM {schema}.children_snapshot(%(id)s, %(token)s, %(index)s);
+
+-- name: parked_at
+-- Whether an attempt parked its job at a durable wait (`waiting_for` as park_job records it): the lease is
+-- no longer the attempt's and the last history entry is that wait of that attempt. Tells a wait whose
+-- answer was lost with its connection, and which found the lease given back when run again, that it had
+-- parked the job itself. Claims write no history; recoveries and outcomes do.
+SELECT lease_token IS DISTINCT FROM %(token)s
+       AND history -> -1 ->> 'outcome' = 'waiting'
+       AND history -> -1 ->> 'attempt' = %(attempt)s::text
+       AND history -> -1 ->> 'waiting_for' = %(waiting_for)s
+FROM {schema}.job WHERE id = %(id)s;
