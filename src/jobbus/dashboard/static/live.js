@@ -10,7 +10,9 @@
     return some(main.querySelectorAll("input:not([type=checkbox]):not([type=hidden]):not([type=submit]), textarea"),
                 function (i) { return i.value !== i.defaultValue; }) ||
       some(main.querySelectorAll("select"), function (s) {
-        return some(s.options, function (o) { return o.selected !== o.defaultSelected; });
+        if (s.multiple) return some(s.options, function (o) { return o.selected !== o.defaultSelected; });
+        var chosen = Array.prototype.findIndex.call(s.options, function (o) { return o.defaultSelected; });
+        return s.selectedIndex !== Math.max(chosen, 0);  // with none marked, the first is the default
       });
   }
   function idle() {
