@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import psycopg
+import psycopg.sql
 import pytest
 
 import jobbus
@@ -158,12 +159,22 @@ async def test_the_job_page_shows_a_workflows_steps_children_parent_and_why_it_w
     assert "flow.parent" in child and '<span class="status queued">queued</span>' in child
 
 
-async def test_a_parked_job_says_until_when_it_sleeps_and_which_event_it_waits_for(dsn: str, asgi: Any) -> None:
+@pytest.mark.parametrize("zone", ["UTC", "America/New_York"])
+async def test_a_parked_job_says_until_when_it_sleeps_and_which_event_it_waits_for(
+    dsn: str, asgi: Any, zone: str
+) -> None:
+    """Whatever the database session's time zone (west of UTC, never() reads as a day of 8999)."""
     app = jobbus.App(dsn=dsn)
     with app.sync:
         napping = app.sync.schedule("flow.nap", {})
         waiting = app.sync.schedule("flow.approve", {})
     with psycopg.connect(dsn, autocommit=True) as conn:
+        database = conn.execute("SELECT current_database()").fetchone()[0]  # type: ignore[index]
+        conn.execute(
+            psycopg.sql.SQL("ALTER DATABASE {} SET timezone TO {}").format(
+                psycopg.sql.Identifier(database), psycopg.sql.Literal(zone)
+            )
+        )
         for job_id, step, what, until in [
             (napping, "sleep:nap", "sleep:nap", "now() + interval '1 hour'"),
             (waiting, "event:order-7", "event order-7", "NULL::timestamptz"),

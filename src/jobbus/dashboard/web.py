@@ -37,7 +37,7 @@ from jobbus.dashboard.security import (
     Redactor,
     redact_secrets,
 )
-from jobbus.dashboard.workflow import step_views, waiting_reason
+from jobbus.dashboard.workflow import parked_without_deadline, step_views, waiting_reason
 from jobbus.errors import InvalidJobError, InvalidStateError
 from jobbus.limits import KEEP, Keep, RateLimit
 from jobbus.models import JOB_VIEWS, TRACE_KEY, JobStatus
@@ -106,6 +106,7 @@ class Dashboard:
         self.templates.filters["when"] = _when
         self.templates.filters["pretty"] = _pretty
         self.templates.filters["shortid"] = _short_id
+        self.templates.filters["parked_without_deadline"] = parked_without_deadline
         self._opened = False
         self._open_lock = asyncio.Lock()
         self.live = LiveUpdates(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from jobbus.models import Job
@@ -19,8 +19,13 @@ from jobbus.store.dashboard import STEP_RESULT_BYTES, StepRow
 
 #: A step's result is previewed in at most this many characters.
 PREVIEW_CHARS = 160
-#: `available_at` of a job parked without a deadline (the schema's `never()`) is at least this year.
-NEVER_YEAR = 9000
+#: `available_at` of a job parked without a deadline: the schema's `never()`, an instant (read in the
+#: session's time zone it may fall on the last day of 8999).
+NEVER = datetime(9000, 1, 1, tzinfo=UTC)
+
+
+def parked_without_deadline(at: datetime) -> bool:
+    return at >= NEVER
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +84,7 @@ def waiting_reason(
     what = entry.get("waiting_for")
     if entry.get("outcome") != "waiting" or not isinstance(what, str):
         return None
-    deadline = job.available_at if current and job.available_at.year < NEVER_YEAR else None
+    deadline = job.available_at if current and not parked_without_deadline(job.available_at) else None
     if what.startswith("sleep:"):
         step = steps.get(what)
         until = _until(step.result) if step else deadline
