@@ -1,10 +1,11 @@
 // Live updates: one event stream per tab; on each change the page's own HTML is fetched again and
-// swapped in, unless the user is selecting, typing or has typed something not sent yet (checked when
-// the fetch starts and again when it lands); the refresh skipped meanwhile runs when the user leaves
-// the field. What the user unfolded stays unfolded. Confirmation for destructive actions.
+// swapped in, unless the user is pressing a button, selecting, typing or has typed something not sent
+// yet (checked when the fetch starts and again when it lands); the refresh skipped meanwhile runs when
+// the user lets go or leaves the field. What the user unfolded stays unfolded. Confirmation for destructive actions.
 (function () {
   "use strict";
   var main = document.getElementById("main"), dot = document.getElementById("live"), busy = false, pending = false;
+  var pressed = false;  // a button is held down: a swap now would turn the click into a press on nothing
   var some = function (list, test) { return Array.prototype.some.call(list, test); };
   function edited() {  // a value typed or chosen in a form and not sent yet
     return some(main.querySelectorAll("input:not([type=checkbox]):not([type=hidden]):not([type=submit]), textarea"),
@@ -17,8 +18,8 @@
   }
   function idle() {
     var a = document.activeElement;
-    return !main.querySelector("input[type=checkbox]:checked") && !(a && /INPUT|SELECT|TEXTAREA/.test(a.tagName)) &&
-      !edited();
+    return !pressed && !main.querySelector("input[type=checkbox]:checked") &&
+      !(a && /INPUT|SELECT|TEXTAREA/.test(a.tagName)) && !edited();
   }
   function refresh() {
     if (busy) return;
@@ -50,8 +51,11 @@
     source.onopen = function () { dot.className = "live on"; };
     source.onerror = function () { dot.className = "live off"; };
   }
-  document.addEventListener("focusout", function () {
-    setTimeout(function () { if (pending && idle()) refresh(); }, 0);
+  function later() { setTimeout(function () { if (pending && idle()) refresh(); }, 0); }
+  document.addEventListener("focusout", later);
+  document.addEventListener("pointerdown", function () { pressed = true; }, true);
+  ["pointerup", "pointercancel"].forEach(function (name) {
+    document.addEventListener(name, function () { pressed = false; later(); }, true);
   });
   document.addEventListener("submit", function (e) {
     // A form asks before it is sent when it, or the button that sent it, carries data-confirm.
