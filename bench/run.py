@@ -14,7 +14,8 @@ and this one did not, so a doc can be regenerated after re-measuring a few scena
 Every scenario gets its own fresh database per system on the server at BENCH_DSN (created here,
 dropped at the end of the scenario); runs within a scenario reset the system's tables with
 TRUNCATE. Each system runs through a driver subprocess (`bench/jobbus_driver.py` in this venv,
-`bench/peers/*_driver.py` in `bench/.venv-peers`, which this script creates and fills from PyPI).
+`bench/peers/*_driver.py` in `bench/.venv-peers`, which this script creates and fills from PyPI,
+and `bench/peers/graphile_driver.mjs` on node with `bench/.node-peers`, which it fills from npm).
 Runs are interleaved across systems so that noise on a shared server hits all of them alike.
 Prints one table; with the full suite (or --output) it rewrites the generated part of
 docs/benchmarks.md, between the `bench:begin` / `bench:end` markers.
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import math
 import os
@@ -48,6 +50,7 @@ from bench.suite import DEFAULT_DSN, QUICK, Measurement, Server, Setting, Sizes,
 
 BENCH = ROOT / "bench"
 PEERS_VENV = BENCH / ".venv-peers"
+NODE_PEERS_DIR = BENCH / ".node-peers"
 DOC = ROOT / "docs" / "benchmarks.md"
 RAW = BENCH / "results" / "latest.json"
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
@@ -58,6 +61,12 @@ PEERS: dict[str, list[str]] = {
     "procrastinate": ["procrastinate==3.10.0"],
     "oban": ["oban"],
 }
+#: Peers that run on Node.js and the npm package to install for each (pinned, like PEERS). 0.18.0 declares
+#: Node >= 22.18; npm installs it on older Node with a warning, and it runs there.
+NODE_PEERS: dict[str, str] = {"graphile": "graphile-worker@0.18.0"}
+#: graphile-worker's own perfTest configuration (perfTest/graphile.config.js): 24 concurrent jobs, a local
+#: queue of 500; the driver adds the rest of that configuration (pool of 25, batched completion).
+GRAPHILE_PERFTEST = Setting("c24 local queue 500", 24, 500)
 
 SCENARIOS = [
     "enqueue_single",
@@ -86,7 +95,7 @@ def jobbus_system(quick: bool) -> System:
     sweep = [Setting(f"c{c}", c) for c in ((50, 200) if quick else (10, 50, 200, 500))]
     return System(
         name="jobbus",
-        python=Path(sys.executable),
+        runtime=Path(sys.executable),
         driver=["-m", "bench.jobbus_driver"],
         sweep=sweep,
         latency=Setting("c10", 10),
@@ -102,7 +111,7 @@ def pgqueuer_system(python: Path, quick: bool) -> System:
         sweep = sweep[1:]
     return System(
         name="pgqueuer",
-        python=python,
+        runtime=python,
         driver=[str(BENCH / "peers" / "pgqueuer_driver.py")],
         sweep=sweep,
         latency=Setting("b10 unlimited", 0, 10),
@@ -116,7 +125,7 @@ def procrastinate_system(python: Path, quick: bool) -> System:
     sweep = [Setting("c50", 50)] if quick else [Setting("c10", 10), Setting("c50", 50)]
     return System(
         name="procrastinate",
-        python=python,
+        runtime=python,
         driver=[str(BENCH / "peers" / "procrastinate_driver.py")],
         sweep=sweep,
         latency=Setting("c10", 10),
@@ -127,10 +136,32 @@ def procrastinate_system(python: Path, quick: bool) -> System:
     )
 
 
+def graphile_system(node: Path) -> System:
+    """graphile-worker in its perfTest configuration only: that is the figure it publishes."""
+    return System(
+        name="graphile",
+        runtime=node,
+        driver=[str(BENCH / "peers" / "graphile_driver.mjs")],
+        sweep=[GRAPHILE_PERFTEST],
+        latency=GRAPHILE_PERFTEST,
+        reset_sql="TRUNCATE graphile_worker._private_jobs, graphile_worker._private_job_queues",
+        unfinished_sql="SELECT count(*) FROM graphile_worker._private_jobs",
+        version=node_package_version("graphile-worker"),
+        sits_out={"finished_1m": "graphile-worker deletes a job when it completes: there are no finished rows"},
+    )
+
+
 def package_version(python: Path, name: str) -> str:
     code = f"import importlib.metadata as m; print(m.version({name!r}))"
     proc = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=False)
     return proc.stdout.strip() or "?"
+
+
+def node_package_version(name: str) -> str:
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        manifest = NODE_PEERS_DIR / "node_modules" / name / "package.json"
+        return str(json.loads(manifest.read_text(encoding="utf-8"))["version"])
+    return "?"
 
 
 def ensure_peers(wanted: Sequence[str], reinstall: bool, notes: dict[str, str]) -> Path | None:
@@ -148,26 +179,66 @@ def ensure_peers(wanted: Sequence[str], reinstall: bool, notes: dict[str, str]) 
             [str(python), "-m", "pip", "install", "-q", "--upgrade", "pip"], capture_output=True, check=False
         )
     for name in wanted:
-        ok, failed = PEERS_VENV / f".installed-{name}", PEERS_VENV / f".failed-{name}"
-        if reinstall:
-            ok.unlink(missing_ok=True)
-            failed.unlink(missing_ok=True)
-        if ok.exists():
-            continue
-        if failed.exists():
-            notes[name] = failed.read_text(encoding="utf-8").strip()
-            continue
-        log(f"installing {' '.join(PEERS[name])} into {PEERS_VENV.relative_to(ROOT)}")
-        proc = subprocess.run(
-            [str(python), "-m", "pip", "install", "-q", *PEERS[name]], capture_output=True, text=True, check=False
-        )
-        if proc.returncode == 0:
-            ok.touch()
-            continue
-        note = install_failure_note(name, proc.stderr)
-        failed.write_text(note + "\n", encoding="utf-8")
-        notes[name] = note
+        install = functools.partial(pip_install, python, name)
+        install_once(PEERS_VENV, name, " ".join(PEERS[name]), reinstall, notes, install)
     return python
+
+
+def ensure_node_peers(wanted: Sequence[str], reinstall: bool, notes: dict[str, str]) -> Path | None:
+    """Install each wanted Node.js peer into bench/.node-peers from npm; the node to run them on, or None."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        for name in wanted:
+            notes[name] = f"not run: {NODE_PEERS[name]} needs Node.js, and there is no node and npm on PATH"
+        return None
+    NODE_PEERS_DIR.mkdir(exist_ok=True)
+    manifest = NODE_PEERS_DIR / "package.json"
+    if not manifest.exists():
+        manifest.write_text('{"private": true}\n', encoding="utf-8")
+    for name in wanted:
+        install = functools.partial(npm_install, npm, NODE_PEERS[name])
+        install_once(NODE_PEERS_DIR, name, NODE_PEERS[name], reinstall, notes, install)
+    return Path(node)
+
+
+def install_once(
+    folder: Path, name: str, pins: str, reinstall: bool, notes: dict[str, str], install: Callable[[], str | None]
+) -> None:
+    """Runs `install` (None on success, else the note to show) once per `pins`: markers in `folder` remember
+    how it went, so a changed pin installs again and a failure is retried only with --reinstall-peers."""
+    ok, failed = folder / f".installed-{name}", folder / f".failed-{name}"
+    if reinstall:
+        ok.unlink(missing_ok=True)
+        failed.unlink(missing_ok=True)
+    if ok.exists() and ok.read_text(encoding="utf-8") == pins:
+        return
+    if failed.exists():
+        notes[name] = failed.read_text(encoding="utf-8").strip()
+        return
+    note = install()
+    if note is None:
+        ok.write_text(pins, encoding="utf-8")
+        return
+    failed.write_text(note + "\n", encoding="utf-8")
+    notes[name] = note
+
+
+def pip_install(python: Path, name: str) -> str | None:
+    log(f"installing {' '.join(PEERS[name])} into {PEERS_VENV.relative_to(ROOT)}")
+    proc = subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", *PEERS[name]], capture_output=True, text=True, check=False
+    )
+    return None if proc.returncode == 0 else install_failure_note(name, proc.stderr)
+
+
+def npm_install(npm: str, spec: str) -> str | None:
+    log(f"installing {spec} into {NODE_PEERS_DIR.relative_to(ROOT)}")
+    argv = [npm, "install", "--prefix", str(NODE_PEERS_DIR), "--save-exact", "--no-audit", "--no-fund", spec]
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if proc.returncode == 0:
+        return None
+    errors = [line for line in proc.stderr.strip().splitlines() if "ERR" in line]
+    return f"not run: npm could not install {spec}: {(errors or ['?'])[-1][:200]}"
 
 
 def install_failure_note(name: str, stderr: str) -> str:
@@ -252,6 +323,7 @@ def evaluate_targets(suite: Suite) -> list[Target]:
         ),
         target("commits per completed job ≤ 0.1", f"{commits:.3f}", commits, lambda v: v <= 0.1),
         *capacity_targets(suite, target, med, (jb, jb_where), floor, p99),
+        *graphile_targets(suite, target),
     ]
 
 
@@ -342,6 +414,37 @@ def capacity_targets(
     return targets
 
 
+def graphile_targets(
+    suite: Suite, target: Callable[[str, str, float, Callable[[float], bool]], Target]
+) -> list[Target]:
+    """The targets of issue 24 ("the fastest"): jobs / (worker start to exit), against graphile-worker."""
+    targets = []
+    for text, scenarios in (
+        ("drain, 1 process: ≥ 1.0× graphile-worker 1 process (24)", ("drain_100k", "drain_10k")),
+        ("drain, 2 processes: ≥ 1.0× graphile-worker 2 processes (24)", ("drain_2proc",)),
+    ):
+        ours, theirs, where = start_to_exit(suite, scenarios, "graphile")
+        ratio = ours / theirs if theirs else math.nan
+        measured = f"{ratio:.2f}× ({ours:,.0f} vs {theirs:,.0f} jobs/s start to exit, {where})"
+        targets.append(target(text, measured, ratio, lambda v: v >= 1.0))
+    return targets
+
+
+def start_to_exit(suite: Suite, scenarios: Sequence[str], peer: str) -> tuple[float, float, str]:
+    """jobbus's and `peer`'s wall rates (each at its best setting) in the first of `scenarios` both drained
+    with the same number of jobs; NaN when there is none."""
+    for scenario in scenarios:
+        ours, theirs = best_wall(suite, scenario, "jobbus"), best_wall(suite, scenario, peer)
+        if ours is not None and theirs is not None and ours.jobs == theirs.jobs:
+            return ours.median, theirs.median, f"{scenario}, {ours.jobs:,} jobs, jobbus {ours.setting}"
+    return math.nan, math.nan, ""
+
+
+def best_wall(suite: Suite, scenario: str, system: str) -> Measurement | None:
+    walls = [m for m in suite.results if (m.scenario, m.system, m.metric) == (scenario, system, "wall") and m.values]
+    return max(walls, key=lambda m: m.median, default=None)
+
+
 def fmt(value: float, unit: str) -> str:
     if math.isnan(value):
         return "-"
@@ -388,6 +491,8 @@ SUMMARY_ROWS = [
     ("drain 10k, best setting", "drain_10k", "steady", True),
     ("drain 100k, 1 process", "drain_100k", "steady", True),
     ("drain, 2 processes", "drain_2proc", "steady", True),
+    ("drain 100k, 1 process, start to exit", "drain_100k", "wall", True),
+    ("drain, 2 processes, start to exit", "drain_2proc", "wall", True),
     ("drain, 1M finished rows present", "finished_1m", "steady", True),
     ("idle latency p50 (ms)", "latency", "p50", False),
     ("idle latency p95 (ms)", "latency", "p95", False),
@@ -465,6 +570,10 @@ def environment(server: Server, suite: Suite, peers_python: Path | None) -> dict
     dirty = subprocess.run(["git", "status", "--porcelain", "src"], cwd=ROOT, capture_output=True, text=True).stdout
     if peers_python is not None and "pgqueuer" in versions:
         versions["asyncpg (pgqueuer's driver)"] = package_version(peers_python, "asyncpg")
+    for system in suite.systems:
+        if system.name == "graphile":
+            node = subprocess.run([str(system.runtime), "--version"], capture_output=True, text=True, check=False)
+            versions["Node.js (graphile-worker's runtime)"] = node.stdout.strip().lstrip("v") or "?"
     return {
         "cpu": cpu,
         "cores": os.cpu_count(),
@@ -519,6 +628,8 @@ def render_doc_block(
         "",
         "### Summary (medians; drains at each system's best setting, jobs/s between first and last handler start)",
         "",
+        "Rows that say *start to exit* are jobs / (worker start to worker exit) instead.",
+        "",
         render_markdown_table(*summary_table(suite)),
         "",
         "The SQL floor rows are pure SQL (no queue library), shown in the first column for scale.",
@@ -536,7 +647,7 @@ def render_doc_block(
         lines += [f"- {m.scenario} / {m.system}: {m.note}" for m in notes]
         lines.append("")
     targets = evaluate_targets(suite)
-    lines += ["### Targets (issues 6 and 12)", ""]
+    lines += ["### Targets (issues 6, 12 and 24)", ""]
     verdict = {True: "met", False: "**missed**", None: "not measured"}
     lines.append(
         render_markdown_table(["target", "measured", ""], [[t.text, t.measured, verdict[t.met]] for t in targets])
@@ -583,7 +694,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dsn", default=os.environ.get("BENCH_DSN", DEFAULT_DSN), help="server (default BENCH_DSN)")
     parser.add_argument("--quick", action="store_true", help="smaller sizes and sweeps")
     parser.add_argument("--scenario", action="append", choices=SCENARIOS, help="run only this scenario (repeatable)")
-    parser.add_argument("--systems", default="jobbus,pgqueuer,procrastinate,oban", help="comma-separated")
+    parser.add_argument("--systems", default="jobbus,pgqueuer,procrastinate,oban,graphile", help="comma-separated")
     parser.add_argument("--runs", type=int, default=3, help="runs per figure (default 3)")
     parser.add_argument("--output", type=Path, help=f"doc to update (default {DOC.relative_to(ROOT)} for a full run)")
     parser.add_argument(
@@ -630,7 +741,7 @@ def merge_earlier(suite: Suite, path: Path, measured: set[str]) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     wanted = [name.strip() for name in args.systems.split(",") if name.strip()]
-    unknown = sorted(set(wanted) - {"jobbus", *PEERS})
+    unknown = sorted(set(wanted) - {"jobbus", *PEERS, *NODE_PEERS})
     if unknown:
         print(f"unknown system(s): {', '.join(unknown)}", file=sys.stderr)
         return 64
@@ -645,6 +756,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     peer_notes: dict[str, str] = {}
     peers = [name for name in wanted if name in PEERS]
     peers_python = ensure_peers(peers, args.reinstall_peers, peer_notes) if peers else None
+    node_peers = [name for name in wanted if name in NODE_PEERS]
+    node = ensure_node_peers(node_peers, args.reinstall_peers, peer_notes) if node_peers else None
     systems: list[System] = []
     if "jobbus" in wanted:
         systems.append(jobbus_system(args.quick))
@@ -655,6 +768,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             systems.append(procrastinate_system(peers_python, args.quick))
         if "oban" in peers and "oban" not in peer_notes:
             peer_notes["oban"] = "installed, but bench/peers has no oban driver for this version yet"
+    if node is not None and "graphile" in node_peers and "graphile" not in peer_notes:
+        systems.append(graphile_system(node))
     suite = Suite(server, systems, sizes, args.runs)
     suite.notes = peer_notes
     for name, text in peer_notes.items():
