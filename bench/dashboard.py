@@ -6,8 +6,11 @@
 
 The data goes into its own database on the server at BENCH_DSN (default: the test server), built
 once with INSERT ... SELECT generate_series in batches (completed 95 %, failed 3 %, cancelled 2 %,
-finished over the last week, 30 error messages, 1 % of jobs in groups, 5 queues, 20 types), then
-VACUUM ANALYZE, an hour of queue samples, 8 worker rows and a periodic job. Each page is requested
+finished over the last week, 30 error messages, 1 % of jobs in groups, 5 queues, 20 types), then the
+failures page's worst case: the 20,000 most recently finished jobs all failed, with messages of about
+150 characters whose ids, addresses, quoted values and numbers vary from job to job. Failed rows carry
+their failure group as a worker writes it (the function fold_error). Then VACUUM ANALYZE, an hour of
+queue samples, 8 worker rows and a periodic job. Each page is requested
 `--requests` times through the ASGI application in this process (queries, rendering, no network)
 after two warm-up requests, and the table prints p50, p95 and the worst time per page.
 """
@@ -44,7 +47,7 @@ TARGET_P95_MS = 150.0
 FINISHED_SQL = """
 INSERT INTO jobbus.job (id, type, queue, name, group_id, status, configuration_data, execution_data, result,
                         attempts, max_attempts, available_at, created_at, started_at, finished_at, worker_id,
-                        last_error, history)
+                        last_error, error_group, history)
 SELECT jobbus.uuid_generate_v7(),
        'type.' || (n %% 20),
        'queue-' || (n %% 5),
@@ -55,13 +58,33 @@ SELECT jobbus.uuid_generate_v7(),
        '{}'::jsonb,
        CASE WHEN s.status = 'completed' THEN jsonb_build_object('ok', true) END,
        1, 3, at, at, at, at + interval '1 second', 'worker-' || (n %% 8),
-       CASE WHEN s.status = 'failed'
-            THEN 'ReportError' || (n %% 30) || ': report ' || n || ' could not be rendered' END,
+       e.error, jobbus.fold_error(e.error),
        '[]'::jsonb
 FROM generate_series(%(start)s::bigint, %(stop)s::bigint) AS n,
      LATERAL (SELECT CASE WHEN n %% 100 < 95 THEN 'completed' WHEN n %% 100 < 98 THEN 'failed'
                           ELSE 'cancelled' END AS status,
-                     now() - make_interval(secs => 604800.0 * (%(rows)s - n) / %(rows)s) AS at) AS s
+                     now() - interval '1 minute'
+                     - make_interval(secs => 604800.0 * (%(rows)s - n) / %(rows)s) AS at) AS s,
+     LATERAL (SELECT CASE WHEN s.status = 'failed'
+                          THEN 'ReportError' || (n %% 30) || ': report ' || n || ' could not be rendered' END
+              AS error) AS e
+"""
+
+# The failures page's worst case, after the rows above: the whole window of the page (the 20,000 most
+# recently finished jobs) failed, each message ~150 characters folding to one of 30 groups, with a UUID,
+# an address, a quoted value, a 32-digit hex id and numbers that vary from job to job.
+RECENT_FAILURES = 20_000
+RECENT_FAILURES_SQL = """
+INSERT INTO jobbus.job (id, type, queue, status, configuration_data, execution_data, attempts, max_attempts,
+                        available_at, created_at, started_at, finished_at, worker_id, last_error, error_group,
+                        history)
+SELECT jobbus.uuid_generate_v7(), 'type.' || (n %% 20), 'queue-' || (n %% 5), 'failed', jsonb_build_object('n', n),
+       '{}'::jsonb, 3, 3, at, at, at, at, 'worker-' || (n %% 8), e.error, jobbus.fold_error(e.error), '[]'::jsonb
+FROM generate_series(1, %(failures)s) AS n,
+     LATERAL (SELECT now() - make_interval(secs => (%(failures)s - n) * 0.002) AS at) AS s,
+     LATERAL (SELECT 'InvoiceError' || (n %% 30) || ': invoice ''INV-' || n || ''' of user' || (n %% 997)
+                     || '@example.com refused by ' || gen_random_uuid() || ' after ' || (n %% 5000)
+                     || ' ms (digest ' || md5(n::text) || ')' AS error) AS e
 """
 
 QUEUED_SQL = """
@@ -96,6 +119,8 @@ def build(server: str, rows: int, queued: int) -> None:
             stop = min(rows, start + BATCH - 1)
             conn.execute(FINISHED_SQL.encode(), {"start": start, "stop": stop, "rows": rows})
             print(f"  {stop:>11,} finished jobs ({time.monotonic() - started:.0f} s)", flush=True)
+        conn.execute(RECENT_FAILURES_SQL.encode(), {"failures": RECENT_FAILURES})
+        print(f"  {RECENT_FAILURES:>11,} recent failures ({time.monotonic() - started:.0f} s)", flush=True)
         conn.execute(QUEUED_SQL.encode(), {"queued": queued})
         conn.execute(SAMPLES_SQL.encode(), {})
         for n in range(8):
@@ -128,16 +153,24 @@ async def measure(dsn: str, requests: int) -> list[tuple[str, list[float]]]:
             deep = found.group(1).replace("&amp;", "&")
         pages = {
             "overview": "/",
+            "overview, 24 h": "/?range=24h",
+            "overview, 7 days": "/?range=7d",
             "jobs (all)": "/jobs",
             "jobs failed": "/jobs?status=failed",
+            "jobs failed, one type": "/jobs?status=failed&type=type.3",
+            "jobs cancelled": "/jobs?status=cancelled",
             "jobs queued": "/jobs?status=queued",
             "jobs queued, one queue": "/jobs?status=queued&queue=queue-3",
+            "jobs scheduled": "/jobs?status=scheduled",
+            "jobs retrying": "/jobs?status=retrying",
+            "jobs waiting": "/jobs?status=waiting",
             "jobs running": "/jobs?status=running",
             "jobs text search": "/jobs?q=report%20123",
             "jobs, 20 pages down": deep,
             "job detail": f"/jobs/{job_id.group(1) if job_id else '00000000-0000-0000-0000-000000000000'}",
             "failures": "/failures",
             "workers": "/workers",
+            "workers, one selected": "/workers?worker=worker-3",
             "queues": "/queues",
             "periodic": "/periodic",
             "groups": "/groups",

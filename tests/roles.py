@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import psycopg
@@ -14,14 +14,17 @@ from jobbus import schema
 
 
 @contextmanager
-def granted_roles(dsn: str, kinds: Sequence[str]) -> Iterator[dict[str, str]]:
-    """One fresh role per kind (worker, operator, observer, producer, dashboard): kind -> its conninfo."""
+def granted_roles(
+    dsn: str, kinds: Sequence[str], *, edit: Callable[[str], str] = lambda script: script
+) -> Iterator[dict[str, str]]:
+    """One fresh role per kind (worker, operator, observer, producer, dashboard): kind -> its conninfo.
+    `edit` changes the grants before they run (the grants an earlier release printed)."""
     suffix = uuid.uuid4().hex[:8]
     names = {kind: f"jobbus_{kind}_{suffix}" for kind in kinds}
     with psycopg.connect(dsn, autocommit=True) as conn:
         for name in names.values():
             conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
-        conn.execute(schema.roles_script("jobbus", **names).encode())
+        conn.execute(edit(schema.roles_script("jobbus", **names)).encode())
     try:
         yield {kind: make_conninfo(dsn, user=name) for kind, name in names.items()}
     finally:

@@ -10,7 +10,7 @@ import psycopg
 
 from jobbus import App
 from jobbus.models import ClaimedJob, JobStatus
-from jobbus.store import MaintenanceStore, Outcome, Statement, run_sync
+from jobbus.store import MaintenanceStore, Outcome, Registration, Statement, run_sync
 
 
 def claim(
@@ -64,3 +64,19 @@ def expire_lease(conn: psycopg.Connection[Any], job_id: uuid.UUID) -> None:
 def write(app: App, conn: psycopg.Connection[Any], job: ClaimedJob, status: JobStatus, **kwargs: Any) -> bool:
     applied = run_sync(conn, app.store.record_outcomes([Outcome(job.id, job.lease_token, status, **kwargs)]))
     return job.id in applied
+
+
+def registration(worker_id: str, instance_id: uuid.UUID) -> Registration:
+    """A worker of type "t" that is declared dead after 3 s of silence."""
+    return Registration(
+        worker_id=worker_id,
+        instance_id=instance_id,
+        host="h",
+        pid=1,
+        queues=None,
+        types=["t"],
+        concurrency=2,
+        lease_seconds=300.0,
+        dead_after_seconds=3.0,
+        heartbeat_seconds=1.0,
+    )

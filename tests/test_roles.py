@@ -140,3 +140,25 @@ async def test_workflows_run_under_the_worker_role_and_producers_chain_group_and
     async with producer:
         job = await producer.wait(waiting, timeout=5)
     assert job.result == {"ok": True} and job.steps["s"] == 1
+
+
+def test_a_dashboard_role_granted_before_failure_groups_still_retries_after_their_migration(empty_dsn: str) -> None:
+    """A retry clears `error_group` (migration 15): the migration lets a role granted the columns a retry
+    changed before it (the dashboard role's grants of an earlier release) change that one too."""
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute(schema.script("jobbus").split("\n-- 0015_")[0].encode())
+    earlier = ("worker", "operator", "observer", "dashboard")
+    with granted_roles(empty_dsn, earlier, edit=lambda grants: grants.replace(", error_group", "")) as roles:
+        with psycopg.connect(empty_dsn, autocommit=True) as conn:
+            assert min(m.version for m in schema.migrate(conn, "jobbus")) == 15
+            job_id = conn.execute(
+                "INSERT INTO jobbus.job (id, type, max_attempts, status, finished_at, last_error, error_group) "
+                "VALUES (gen_random_uuid(), 't', 1, 'failed', now(), 'user 7 not found', 'user <n> not found') "
+                "RETURNING id"
+            ).fetchone()[0]  # type: ignore[index]
+        app = jobbus.App(dsn=roles["dashboard"])
+        with app.sync:
+            app.sync.retry(job_id)
+        with psycopg.connect(empty_dsn) as conn:
+            row = conn.execute("SELECT status, error_group FROM jobbus.job WHERE id = %s", (job_id,)).fetchone()
+        assert row == ("queued", None)

@@ -114,6 +114,11 @@ def test_current_code_reads_and_writes_jobs_on_the_previous_schema_version(empty
         job_id = app.sync.schedule("t", {"a": 1}, unique_key="k")
         assert app.sync.find(job_id) is not None
         assert app.sync.cancel(job_id) is jobbus.JobStatus.CANCELLED
+        failed = app.sync.schedule("t")
+        with psycopg.connect(empty_dsn, autocommit=True) as conn:
+            conn.execute("UPDATE jobbus.job SET status = 'failed', finished_at = now() WHERE id = %s", (failed,))
+        app.sync.retry(failed)
+        assert app.sync.find(failed).status is jobbus.JobStatus.QUEUED  # type: ignore[union-attr]
 
 
 def test_old_code_accepts_a_newer_schema() -> None:

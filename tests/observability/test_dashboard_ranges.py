@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import html
 import re
+import threading
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -16,7 +18,7 @@ import pytest
 import jobbus
 from jobbus.dashboard import create_app
 from jobbus.store.maintenance import MaintenanceStore
-from jobbus.store.statements import run_async
+from jobbus.store.statements import run_async, run_sync
 
 BASE = "http://127.0.0.1:8787"
 
@@ -100,6 +102,122 @@ async def test_old_samples_merge_into_ten_minute_rows_without_losing_a_count(dsn
     assert after[:2] == before[:2]  # every finished job still counted
     assert after[2] == before[2] - 59  # 60 samples became one; the next step's first and the last hour stay
     assert step[0] == (60, 30, 59, 59.0, 590)  # sums, the last sample's gauges, the longest wait, its instant
+
+
+BucketTotals = dict[tuple[str, int], tuple[int, int, int]]
+
+
+def _step_samples(conn: psycopg.Connection[Any], since: str, count: int, *, seed: int = 0) -> None:
+    """`count` samples 10 s apart from `since` (an SQL expression) for queues a and b, counts varying."""
+    conn.execute(
+        (
+            "INSERT INTO jobbus.queue_stat (sampled_at, queue, available, scheduled, running, completed, failed, "
+            "cancelled, oldest_available_seconds) "
+            f"SELECT {since} + make_interval(secs => 10 * s), q, s, 0, 1, (s * 7 + %(seed)s) %% 11, "
+            "(s + %(seed)s) %% 3, s %% 2, s FROM generate_series(0, %(count)s - 1) AS s, unnest('{a,b}'::text[]) AS q"
+        ).encode(),
+        {"count": count, "seed": seed},
+    )
+
+
+def _bucket_totals(conn: psycopg.Connection[Any]) -> BucketTotals:
+    """The jobs finished per queue and 10-minute bucket, as the samples count them."""
+    rows = conn.execute(
+        "SELECT queue, floor(extract(epoch FROM sampled_at) / 600)::int, sum(completed)::int, sum(failed)::int, "
+        "sum(cancelled)::int FROM jobbus.queue_stat GROUP BY 1, 2"
+    ).fetchall()
+    return {(queue, bucket): (completed, failed, cancelled) for queue, bucket, completed, failed, cancelled in rows}
+
+
+def _compact(conn: psycopg.Connection[Any]) -> int:
+    return int(run_sync(conn, MaintenanceStore("jobbus").compact_queue_stats(raw_seconds=3600, step_seconds=600)))
+
+
+def _until_waiting_for_a_lock(dsn: str, pid: int) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for _ in range(100):
+            row = conn.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
+            if row == ("Lock",):
+                return
+            time.sleep(0.1)
+    raise AssertionError(f"backend {pid} never waited for a lock")
+
+
+def test_two_leaders_compacting_at_once_merge_every_sample_once(dsn: str) -> None:
+    """Two leaders for a moment: the second compaction starts while the first holds its rows
+    uncommitted, then both run freely at once. Every bucket's totals stay exact; each merged once."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        _step_samples(conn, "to_timestamp(floor(extract(epoch FROM now() - interval '4 hours') / 600) * 600)", 720)
+        before = _bucket_totals(conn)
+    merged: list[int] = []
+    failures: list[BaseException] = []
+    with psycopg.connect(dsn) as first, psycopg.connect(dsn) as second:
+        assert _compact(first) == 2 * 12  # two queues, twelve whole steps; not committed yet
+
+        def compact_second() -> None:
+            try:
+                merged.append(_compact(second))
+                second.commit()
+            except BaseException as exc:
+                failures.append(exc)
+
+        waiting = threading.Thread(target=compact_second)
+        waiting.start()
+        _until_waiting_for_a_lock(dsn, second.info.backend_pid)  # for the rows the first deleted
+        first.commit()
+        waiting.join(10.0)
+    assert (failures, merged) == ([], [0])
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert _bucket_totals(conn) == before
+        _step_samples(
+            conn, "to_timestamp(floor(extract(epoch FROM now() - interval '6 hours') / 600) * 600)", 90, seed=5
+        )
+        before = _bucket_totals(conn)
+
+    def compact() -> None:
+        try:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                for _ in range(5):
+                    _compact(conn)
+        except BaseException as exc:
+            failures.append(exc)
+
+    racing = [threading.Thread(target=compact) for _ in range(4)]
+    for thread in racing:
+        thread.start()
+    for thread in racing:
+        thread.join()
+    assert failures == []
+    with psycopg.connect(dsn) as conn:
+        assert _bucket_totals(conn) == before
+        rows_per_bucket = conn.execute(
+            "SELECT max(n) FROM (SELECT count(*) AS n FROM jobbus.queue_stat GROUP BY queue, "
+            "floor(extract(epoch FROM sampled_at) / 600)) AS b"
+        ).fetchone()
+    assert rows_per_bucket == (1,)
+
+
+def test_samples_from_before_and_after_a_clock_jump_merge_exactly(dsn: str) -> None:
+    """The clock went back: the newest samples lie ahead of now(), and samples written since land in
+    10-minute steps merged before. Future samples are left as they are; every bucket's totals stay
+    exact and the merged rows keep the gauges of their step's latest sample."""
+    old_step = "to_timestamp(floor(extract(epoch FROM now() - interval '2 hours') / 600) * 600)"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        _step_samples(conn, old_step, 30)  # the first half of the step
+        assert _compact(conn) == 2
+        _step_samples(conn, f"{old_step} + interval '5 minutes'", 30, seed=3)  # after the jump, same step
+        _step_samples(conn, "now() + interval '90 minutes'", 60, seed=1)  # written before the jump
+        before = _bucket_totals(conn)
+        future = conn.execute("SELECT count(*) FROM jobbus.queue_stat WHERE sampled_at > now()").fetchone()
+        assert _compact(conn) == 2
+        assert _compact(conn) == 0
+        assert _bucket_totals(conn) == before
+        assert conn.execute("SELECT count(*) FROM jobbus.queue_stat WHERE sampled_at > now()").fetchone() == future
+        merged = conn.execute(
+            f"SELECT queue, available, oldest_available_seconds, sampled_at = {old_step} + interval '590 seconds' "
+            f"FROM jobbus.queue_stat WHERE sampled_at < {old_step} + interval '10 minutes' ORDER BY queue"
+        ).fetchall()
+    assert merged == [("a", 29, 29.0, True), ("b", 29, 29.0, True)]
 
 
 async def _jobs(dsn: str) -> dict[str, list[uuid.UUID]]:

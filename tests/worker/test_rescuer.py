@@ -12,8 +12,9 @@ import psycopg
 
 import jobbus
 from jobbus.models import ClaimedJob
-from jobbus.store import Registration, Statement, WorkerStore, run_async
+from jobbus.store import Statement, WorkerStore, run_async
 from jobbus.worker.services.rescuer import Rescuer
+from tests.storehelpers import registration
 
 T = TypeVar("T")
 WORKER = "w-back"
@@ -28,21 +29,6 @@ def _app(dsn: str) -> jobbus.App:
         return None
 
     return app
-
-
-def _registration(instance_id: uuid.UUID) -> Registration:
-    return Registration(
-        worker_id=WORKER,
-        instance_id=instance_id,
-        host="h",
-        pid=1,
-        queues=None,
-        types=["t"],
-        concurrency=2,
-        lease_seconds=300.0,
-        dead_after_seconds=3.0,
-        heartbeat_seconds=1.0,
-    )
 
 
 def _runner(app: jobbus.App) -> Callable[[Statement[Any]], Awaitable[Any]]:
@@ -65,7 +51,7 @@ async def _claim(app: jobbus.App) -> ClaimedJob:
 async def _silent_worker_holding_a_job(app: jobbus.App, workers: WorkerStore, instance_id: uuid.UUID) -> uuid.UUID:
     """A registered worker, silent for an hour, holding one job it claimed ten minutes ago."""
     run = _runner(app)
-    assert await run(workers.register_worker(_registration(instance_id))) is not None
+    assert await run(workers.register_worker(registration(WORKER, instance_id))) is not None
     old = await app.schedule("t", {"n": "old"})
     await _claim(app)
     async with app.pool.connection() as conn:
@@ -165,7 +151,7 @@ async def test_a_declared_worker_that_holds_nothing_is_reported_once(dsn: str) -
     async with app:
         workers = _rescuer(app).workers
         run = _runner(app)
-        assert await run(workers.register_worker(_registration(uuid.uuid4()))) is not None
+        assert await run(workers.register_worker(registration(WORKER, uuid.uuid4()))) is not None
         async with app.pool.connection() as conn:
             await conn.execute("UPDATE jobbus.worker SET last_seen_at = now() - interval '1 minute'")
         (dead,) = await run(workers.declare_dead_workers())
@@ -181,7 +167,7 @@ async def test_a_new_process_under_the_id_reclaims_only_what_started_before_it_r
         run = _runner(app)
         old = await _silent_worker_holding_a_job(app, workers, uuid.uuid4())
         successor = uuid.uuid4()
-        assert await run(workers.register_worker(_registration(successor))) is not None  # takes over the id
+        assert await run(workers.register_worker(registration(WORKER, successor))) is not None  # takes over the id
         await app.schedule("t", {"n": "new"})
         claimed = await _claim(app)  # under the same worker id, after the successor registered
         recovered = await run(workers.reclaim_predecessor_jobs(WORKER, successor))

@@ -215,7 +215,7 @@ class AsyncProducer(ABC):
         store = self._app.store
         try:
             return await self._run(store.find_job(plan.as_uuid(job_id)))
-        except plan.BEFORE_WORKFLOWS:  # the schema is a migration behind (rolling deploy): read without steps
+        except plan.SCHEMA_BEHIND:  # the schema is a migration behind (rolling deploy): read without steps
             return await self._run(store.find_job(plan.as_uuid(job_id), legacy=True))
 
     async def wait(self, job_id: uuid.UUID, timeout: float | timedelta | None = None) -> Job:
@@ -281,7 +281,7 @@ class AsyncProducer(ABC):
         store = self._app.store
         try:
             return await self._run(store.list_jobs(**filters))
-        except plan.BEFORE_WORKFLOWS:
+        except plan.SCHEMA_BEHIND:
             return await self._run(store.list_jobs(**filters, legacy=True))
 
     async def group_progress(self, group_id: uuid.UUID) -> GroupProgress:
@@ -300,9 +300,13 @@ class AsyncProducer(ABC):
     async def retry(self, job_id: uuid.UUID, available_at: datetime | timedelta | None = None) -> None:
         """Requeue a failed job with its attempts reset; anything else raises `InvalidStateError`."""
         at, delay = resolve_available_at(available_at)
+        store = self._app.store
         try:
-            statement = self._app.store.retry_job(plan.as_uuid(job_id), at, delay)
-            before, done = await self._run(statement, repeatable=False)
+            try:
+                before, done = await self._run(store.retry_job(plan.as_uuid(job_id), at, delay), repeatable=False)
+            except plan.SCHEMA_BEHIND:  # before migration 0015 (rolling deploy): no failure group to clear
+                statement = store.retry_job(plan.as_uuid(job_id), at, delay, legacy=True)
+                before, done = await self._run(statement, repeatable=False)
         except psycopg.errors.UniqueViolation:
             raise InvalidStateError(
                 f"job {job_id} cannot be retried: another active job holds its unique_key"

@@ -208,7 +208,7 @@ class SyncProducer(ABC):
         store = self._app.store
         try:
             return self._run(store.find_job(plan.as_uuid(job_id)))
-        except plan.BEFORE_WORKFLOWS:  # the schema is a migration behind (rolling deploy): read without steps
+        except plan.SCHEMA_BEHIND:  # the schema is a migration behind (rolling deploy): read without steps
             return self._run(store.find_job(plan.as_uuid(job_id), legacy=True))
 
     def wait(self, job_id: uuid.UUID, timeout: float | timedelta | None = None) -> Job:
@@ -274,7 +274,7 @@ class SyncProducer(ABC):
         store = self._app.store
         try:
             return self._run(store.list_jobs(**filters))
-        except plan.BEFORE_WORKFLOWS:
+        except plan.SCHEMA_BEHIND:
             return self._run(store.list_jobs(**filters, legacy=True))
 
     def group_progress(self, group_id: uuid.UUID) -> GroupProgress:
@@ -293,9 +293,13 @@ class SyncProducer(ABC):
     def retry(self, job_id: uuid.UUID, available_at: datetime | timedelta | None = None) -> None:
         """Requeue a failed job with its attempts reset; anything else raises `InvalidStateError`."""
         at, delay = resolve_available_at(available_at)
+        store = self._app.store
         try:
-            statement = self._app.store.retry_job(plan.as_uuid(job_id), at, delay)
-            before, done = self._run(statement, repeatable=False)
+            try:
+                before, done = self._run(store.retry_job(plan.as_uuid(job_id), at, delay), repeatable=False)
+            except plan.SCHEMA_BEHIND:  # before migration 0015 (rolling deploy): no failure group to clear
+                statement = store.retry_job(plan.as_uuid(job_id), at, delay, legacy=True)
+                before, done = self._run(statement, repeatable=False)
         except psycopg.errors.UniqueViolation:
             raise InvalidStateError(
                 f"job {job_id} cannot be retried: another active job holds its unique_key"

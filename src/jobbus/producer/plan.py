@@ -44,8 +44,9 @@ Found = dict[tuple[str, str], uuid.UUID]
 TERMINAL = ("completed", "failed", "cancelled")
 #: A keyed insert that meets an active job committed after its snapshot asks again, this many times.
 DEDUPE_ROUNDS = 10
-#: What reading a job raises on a schema without migration 0010's tables and columns.
-BEFORE_WORKFLOWS = (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn)
+#: What a statement raises on a schema a migration behind this code (a rolling deploy): a table or column
+#: it names is missing.
+SCHEMA_BEHIND = (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn)
 #: The longest chain of `then=` follow-ups one request may carry.
 MAX_CHAIN = 20
 

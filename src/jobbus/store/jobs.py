@@ -341,9 +341,10 @@ class JobStore:
         return Statement(self._q["cancel_job"], {"id": job_id}, decode)
 
     def retry_job(
-        self, job_id: uuid.UUID, available_at: datetime | None, delay_seconds: float
+        self, job_id: uuid.UUID, available_at: datetime | None, delay_seconds: float, *, legacy: bool = False
     ) -> Statement[tuple[JobStatus | None, bool]]:
-        """Requeue a failed job; returns (status before, whether it was requeued)."""
+        """Requeue a failed job; returns (status before, whether it was requeued). `legacy`: on a schema
+        before migration 0015 (no failure group to clear)."""
         params = {"id": job_id, "available_at": available_at, "delay": delay_seconds, "channel": self.channel}
 
         def decode(rows: list[Row], _: int) -> tuple[JobStatus | None, bool]:
@@ -351,7 +352,7 @@ class JobStore:
                 return None, False
             return JobStatus(rows[0][0]), bool(rows[0][1])
 
-        return Statement(self._q["retry_job"], params, decode)
+        return Statement(self._q["retry_job_legacy" if legacy else "retry_job"], params, decode)
 
     def delete_job(self, job_id: uuid.UUID) -> Chain[JobStatus | None]:
         """Delete a queued or terminal job; returns its status before (None: no such job). A queued job is

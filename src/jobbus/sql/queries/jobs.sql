@@ -186,10 +186,12 @@ SELECT * FROM {schema}.claim_jobs(
 
 -- name: recover_expired_leases
 -- Jobs whose lease expired (their worker died, hung or lost the database) go back to the queue, the
--- attempt already counted at claim time; a job out of attempts fails, and one whose cancellation was
--- asked for is cancelled, each with a reason that says so.
+-- attempt already counted at claim time; a job out of attempts fails (with its failure group), and one
+-- whose cancellation was asked for is cancelled, each with a reason that says so. The reason is written
+-- where the row is locked, so the row's values it names are those the update writes over.
 WITH expired AS (
-    SELECT id
+    SELECT id, format('lease expired: worker %%s stopped heartbeating (died or lost its connection) '
+                      'during attempt %%s of %%s', coalesce(worker_id, '?'), attempts, max_attempts) AS error
     FROM {schema}.job
     WHERE status = 'running' AND lease_expires_at < now()
     ORDER BY id
@@ -203,8 +205,9 @@ SET status = CASE WHEN j.cancellation_requested_at IS NOT NULL THEN 'cancelled'
     finished_at = CASE WHEN j.cancellation_requested_at IS NOT NULL OR j.attempts >= j.max_attempts
                        THEN now() END,
     available_at = now(),
-    last_error = format('lease expired: worker %%s stopped heartbeating (died or lost its connection) '
-                        'during attempt %%s of %%s', coalesce(j.worker_id, '?'), j.attempts, j.max_attempts),
+    last_error = expired.error,
+    error_group = CASE WHEN j.cancellation_requested_at IS NULL AND j.attempts >= j.max_attempts
+                       THEN {schema}.fold_error(expired.error) END,
     lease_token = NULL,
     lease_expires_at = NULL,
     history = (CASE WHEN jsonb_array_length(j.history) >= 50 THEN j.history - 0 ELSE j.history END)
@@ -268,13 +271,16 @@ RETURNING cancellation_requested_at IS NOT NULL;
 -- the attempt given back (released at shutdown). Rows whose token is stale or expired are not returned.
 -- A retry asked for on the last attempt is recorded as failed: the store never exceeds max_attempts.
 -- Each outcome is appended to the job's history (the last 50 are kept), with the traceback of an
--- attempt that raised (NULL, and so no key, for every other outcome). Jobs queued again and
+-- attempt that raised (NULL, and so no key, for every other outcome). A job that fails gets its
+-- failure group (fold_error of migration 0015, for the dashboard's failures page); the CASE spares every
+-- other outcome the fold, and clears a group an earlier failure left. Jobs queued again and
 -- available at once are announced like new ones, one notification per (queue, type).
 WITH written AS (
 UPDATE {schema}.job AS j
 SET status = o.final_status,
     result = CASE WHEN o.final_status = 'completed' THEN o.result::jsonb ELSE j.result END,
     last_error = coalesce(o.error, j.last_error),
+    error_group = CASE WHEN o.final_status = 'failed' THEN {schema}.fold_error(coalesce(o.error, j.last_error)) END,
     available_at = CASE WHEN o.final_status = 'queued' THEN now() + make_interval(secs => o.delay)
                         ELSE j.available_at END,
     finished_at = CASE WHEN o.final_status = 'queued' THEN NULL ELSE now() END,
@@ -321,6 +327,27 @@ WHERE j.id = old.id
 RETURNING old.status, j.status, j.type, j.queue;
 
 -- name: retry_job
+WITH old AS (
+    SELECT id, status FROM {schema}.job WHERE id = %(id)s FOR UPDATE
+), updated AS (
+    UPDATE {schema}.job AS j
+    SET status = 'queued',
+        attempts = 0,
+        available_at = coalesce(%(available_at)s::timestamptz, now() + make_interval(secs => %(delay)s)),
+        finished_at = NULL,
+        cancellation_requested_at = NULL,
+        result = NULL,
+        error_group = NULL
+    FROM old
+    WHERE j.id = old.id AND old.status = 'failed'
+    RETURNING j.id, j.queue, j.type
+)
+SELECT old.status, (SELECT count(*) FROM updated) = 1,
+       (SELECT pg_notify(%(channel)s, json_build_array(queue, type)::text) IS NULL FROM updated)
+FROM old;
+
+-- name: retry_job_legacy
+-- retry_job on a schema before migration 0015 (a rolling deploy): no failure group to clear.
 WITH old AS (
     SELECT id, status FROM {schema}.job WHERE id = %(id)s FOR UPDATE
 ), updated AS (

@@ -81,6 +81,10 @@ RETURNING queue, available, scheduled, running, completed, failed, cancelled, ol
 -- seconds (whole steps only): the jobs finished in the step summed, the gauges of its last sample, the
 -- longest wait. The row keeps the last sample's instant, so the newest sample is never changed, and a
 -- merged row merges again without loss. Seven days of charts then read about 1,400 rows per queue.
+-- Exact with two leaders for a moment: a sample is summed by the statement whose DELETE removed it, and
+-- only by it (one that meets a row another is deleting waits for it and, the row gone, skips it), so no
+-- count is merged twice or lost. A clock set back leaves samples ahead of now(), which are not merged
+-- before their time, and puts new samples into steps merged before, whose row merges again with them.
 WITH cutoff AS (
     SELECT to_timestamp(floor(extract(epoch FROM now() - make_interval(secs => %(raw_seconds)s::int))
                               / %(step_seconds)s::int) * %(step_seconds)s::int) AS at

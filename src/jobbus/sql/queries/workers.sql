@@ -69,7 +69,8 @@ SELECT 'latest', '', '', coalesce(max(generation), 0) FROM {schema}.command;
 -- between the two: a worker whose registry row has been silent longer than its own dead-after time is
 -- declared dead (once; a worker that speaks again clears the mark), and the jobs it holds that started
 -- before that instant are requeued at once instead of after lease expiry. A job whose cancellation was
--- asked for becomes cancelled, one out of attempts fails (the attempt was counted at claim time).
+-- asked for becomes cancelled, one out of attempts fails (the attempt was counted at claim time) with its
+-- failure group (fold_error of migration 0015).
 --
 -- Never a job of a live worker: the worker row is locked by the declaration, so a refresh that
 -- committed first leaves the row not silent (it is re-read under the lock) and one that comes later
@@ -85,9 +86,12 @@ WITH declared AS (
       AND last_seen_at < now() - make_interval(secs => dead_after_seconds)
     RETURNING id, declared_dead_at, extract(epoch FROM now() - last_seen_at)::float8 AS silent
 ), held AS (
-    SELECT j.id, format('declared dead after %%s s of silence', round(d.silent::numeric)) AS why
+    SELECT j.id, w.why,
+           format('worker %%s died during attempt %%s of %%s (%%s)', j.worker_id, j.attempts, j.max_attempts,
+                  w.why) AS error
     FROM {schema}.job AS j
     JOIN declared AS d ON d.id = j.worker_id
+    CROSS JOIN LATERAL (SELECT format('declared dead after %%s s of silence', round(d.silent::numeric)) AS why) AS w
     WHERE j.status = 'running' AND j.started_at < d.declared_dead_at
     ORDER BY j.id
     FOR UPDATE OF j SKIP LOCKED
@@ -99,8 +103,9 @@ WITH declared AS (
         finished_at = CASE WHEN j.cancellation_requested_at IS NOT NULL OR j.attempts >= j.max_attempts
                            THEN now() END,
         available_at = now(),
-        last_error = format('worker %%s died during attempt %%s of %%s (%%s)',
-                            j.worker_id, j.attempts, j.max_attempts, held.why),
+        last_error = held.error,
+        error_group = CASE WHEN j.cancellation_requested_at IS NULL AND j.attempts >= j.max_attempts
+                           THEN {schema}.fold_error(held.error) END,
         lease_token = NULL,
         lease_expires_at = NULL,
         history = (CASE WHEN jsonb_array_length(j.history) >= 50 THEN j.history - 0 ELSE j.history END)
@@ -121,7 +126,7 @@ ORDER BY d.id, r.id;
 -- A process that took over a worker id takes back, at once, what an earlier process under that id
 -- left running: only jobs that started before this instance registered (its row's started_at), so a
 -- job claimed under the id since, by this process, is never touched. Requeued, failed when out of
--- attempts, cancelled when cancellation was asked for, as above.
+-- attempts (with its failure group), cancelled when cancellation was asked for, as above.
 UPDATE {schema}.job AS j
 SET status = CASE WHEN j.cancellation_requested_at IS NOT NULL THEN 'cancelled'
                   WHEN j.attempts >= j.max_attempts THEN 'failed'
@@ -129,8 +134,9 @@ SET status = CASE WHEN j.cancellation_requested_at IS NOT NULL THEN 'cancelled'
     finished_at = CASE WHEN j.cancellation_requested_at IS NOT NULL OR j.attempts >= j.max_attempts
                        THEN now() END,
     available_at = now(),
-    last_error = format('worker %%s died during attempt %%s of %%s (reclaimed when a new process took over its id)',
-                        j.worker_id, j.attempts, j.max_attempts),
+    last_error = left_behind.error,
+    error_group = CASE WHEN j.cancellation_requested_at IS NULL AND j.attempts >= j.max_attempts
+                       THEN {schema}.fold_error(left_behind.error) END,
     lease_token = NULL,
     lease_expires_at = NULL,
     history = (CASE WHEN jsonb_array_length(j.history) >= 50 THEN j.history - 0 ELSE j.history END)
@@ -138,7 +144,9 @@ SET status = CASE WHEN j.cancellation_requested_at IS NOT NULL THEN 'cancelled'
                      'attempt', j.attempts, 'outcome', 'recovered', 'at', now(), 'worker_id', j.worker_id,
                      'error', 'reclaimed when a new process took over its id'))
 FROM (
-    SELECT j.id
+    SELECT j.id,
+           format('worker %%s died during attempt %%s of %%s (reclaimed when a new process took over its id)',
+                  j.worker_id, j.attempts, j.max_attempts) AS error
     FROM {schema}.job AS j
     JOIN {schema}.worker AS w ON w.id = j.worker_id
     WHERE w.id = %(worker_id)s AND w.instance_id = %(instance_id)s
