@@ -195,6 +195,16 @@ def test_schedule_takes_type_configuration_and_options(dsn: str) -> None:
         assert _count(conn) == 2
 
 
+def test_null_configuration_and_options_mean_none_given(dsn: str) -> None:
+    """A driver passes NULL (Go's nil map, JavaScript's null) for an argument it has nothing for."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for arguments in ("'t', NULL, NULL", "'t', 'null', 'null'", "'t', '{}', NULL"):
+            row = conn.execute(f"SELECT jobbus.schedule({arguments})").fetchone()
+            assert row is not None and isinstance(row[0], uuid.UUID), arguments
+        rows = conn.execute("SELECT DISTINCT type, queue, priority, max_attempts, configuration_data FROM jobbus.job")
+        assert rows.fetchall() == [("t", "default", 0, 3, {})]
+
+
 def test_schedule_many_returns_ids_in_input_order_and_dedupes(dsn: str, sync_app: jobbus.App) -> None:
     held = sync_app.sync.schedule("t", unique_key="held")
     jobs = [

@@ -351,19 +351,23 @@ BEGIN
 END
 $$;
 
+-- NULL (or JSON null) options are no options, as NULL configuration is an empty one: what a driver
+-- sends for an argument it has nothing for.
 CREATE FUNCTION {schema}.schedule(type text, configuration jsonb DEFAULT '{{}}', options jsonb DEFAULT '{{}}')
 RETURNS uuid
 LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_options jsonb := coalesce(CASE WHEN jsonb_typeof(options) <> 'null' THEN options END, '{{}}');
 BEGIN
-    IF options IS NULL OR jsonb_typeof(options) <> 'object' THEN
+    IF jsonb_typeof(v_options) <> 'object' THEN
         PERFORM {schema}.refuse_option('', 'options', 'must be a JSON object');
     END IF;
-    IF options ? 'type' OR options ? 'configuration' THEN
-        PERFORM {schema}.refuse_option('', CASE WHEN options ? 'type' THEN 'type' ELSE 'configuration' END,
+    IF v_options ? 'type' OR v_options ? 'configuration' THEN
+        PERFORM {schema}.refuse_option('', CASE WHEN v_options ? 'type' THEN 'type' ELSE 'configuration' END,
                                        'is an argument of schedule, not an option');
     END IF;
     RETURN {schema}.schedule_job(
-        options || jsonb_build_object('type', to_jsonb(type), 'configuration', coalesce(configuration, '{{}}')), '',
+        v_options || jsonb_build_object('type', to_jsonb(type), 'configuration', coalesce(configuration, '{{}}')), '',
         {schema}.channel_name(trim(both '"' from '{schema}'), ''));
 END
 $$;
