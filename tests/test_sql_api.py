@@ -256,6 +256,36 @@ def test_a_trigger_enqueues_in_the_inserting_transaction_and_a_rollback_leaves_n
         ]
 
 
+def test_a_job_naming_a_group_that_has_a_callback_is_refused_also_from_a_trigger(
+    dsn: str, sync_app: jobbus.App
+) -> None:
+    group, _ = sync_app.sync.schedule_group([jobbus.JobRequest("t")], then=jobbus.JobRequest("merge"))
+    job = {"type": "t", "group_id": str(group)}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE public.upload (group_id uuid NOT NULL)")
+        conn.execute(
+            """
+            CREATE FUNCTION public.process_upload() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                PERFORM jobbus.schedule('t', '{}', jsonb_build_object('group_id', NEW.group_id));
+                RETURN NEW;
+            END $$;
+            CREATE TRIGGER upload_process AFTER INSERT ON public.upload
+                FOR EACH ROW EXECUTE FUNCTION public.process_upload();
+            """
+        )
+        for statement, params in (
+            ("SELECT jobbus.schedule('t', '{}', %s)", [Jsonb({"group_id": str(group)})]),
+            ("SELECT jobbus.schedule_many(%s)", [Jsonb([job])]),
+            ("INSERT INTO public.upload VALUES (%s)", [group]),
+        ):
+            with pytest.raises(psycopg.Error, match="has a callback") as refused:
+                conn.execute(statement, params)
+            assert refused.value.sqlstate == "JB409", statement
+        assert conn.execute("SELECT count(*) FROM jobbus.job WHERE group_id = %s", [group]).fetchone() == (1,)
+        assert conn.execute("SELECT remaining FROM jobbus.job_group WHERE group_id = %s", [group]).fetchone() == (1,)
+
+
 def _race(dsn: str, app: jobbus.App, key: str) -> list[uuid.UUID]:
     """Two SQL and two Python producers schedule `key` at once; the ids each got back."""
     barrier = threading.Barrier(4)

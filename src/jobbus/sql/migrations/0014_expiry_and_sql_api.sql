@@ -267,6 +267,21 @@ BEGIN
 END
 $$;
 
+-- Groups are what they were scheduled as (SPEC 16): a job naming a group that has a callback is refused,
+-- under the group's lock as job_grouped takes it. job_grouped lets in what a trigger inserts (a
+-- follow-up written while a job finishes), so the API checks itself: it is called from triggers too.
+-- SECURITY DEFINER: a producer may not read job_group.
+CREATE FUNCTION {schema}.refuse_callback_group(p_group uuid, p_where text) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock({schema}.wait_lock('group:' || p_group::text));
+    IF EXISTS (SELECT 1 FROM {schema}.job_group AS g WHERE g.group_id = p_group) THEN
+        RAISE EXCEPTION '%group % has a callback: its members are the jobs schedule_group scheduled with it',
+            p_where, p_group USING ERRCODE = 'JB409';
+    END IF;
+END
+$$;
+
 -- One job of the API, validated and inserted (or the active job holding its unique key): its id.
 CREATE FUNCTION {schema}.schedule_job(p_job jsonb, p_where text, p_channel text) RETURNS uuid
 LANGUAGE plpgsql VOLATILE AS $$
@@ -320,6 +335,9 @@ BEGIN
                                    BETWEEN '0002-01-01 00:00:00+00' AND '9999-01-01 00:00:00+00' THEN
         PERFORM {schema}.refuse_option(p_where, 'delay_seconds',
                                        'is out of range: it must land between 0002-01-01 and 9999-01-01 UTC');
+    END IF;
+    IF v_group IS NOT NULL THEN
+        PERFORM {schema}.refuse_callback_group(v_group, p_where);
     END IF;
     FOR v_round IN 1 .. 10 LOOP
         INSERT INTO {schema}.job AS j (id, type, queue, name, group_id, unique_key, priority, configuration_data,
