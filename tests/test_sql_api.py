@@ -77,6 +77,7 @@ CASES: list[tuple[dict[str, Any], str | None]] = [
     ({"type": "t", "available_at": "9999-06-01T00:00:00+00:00"}, "available_at"),
     ({"type": "t", "delay_seconds": "5"}, "delay_seconds"),
     ({"type": "t", "delay_seconds": 4e11}, "delay_seconds"),
+    ({"type": "t", "delay_seconds": -4e11}, "delay_seconds"),
     ({"type": "t", "timeout_seconds": 0}, "timeout_seconds"),
     ({"type": "t", "timeout_seconds": -1}, "timeout_seconds"),
     ({"type": "t", "timeout_seconds": 31536001}, "timeout_seconds"),
@@ -182,6 +183,7 @@ def test_schedule_takes_type_configuration_and_options(dsn: str) -> None:
         assert plain is not None
         # expires_at is a time; Python's `expires` also takes seconds, which the SQL API has no key for.
         for options, field in (
+            ('{"delay_seconds": 1e300}', "delay_seconds"),  # no timedelta holds it: SQL alone
             ('{"expires_at": 60}', "expires_at"),
             ('{"type": "x"}', "type"),
             ('{"configuration": {}}', "configuration"),

@@ -331,8 +331,9 @@ BEGIN
     IF v_available IS NOT NULL AND v_delay IS NOT NULL THEN
         PERFORM {schema}.refuse_option(p_where, 'delay_seconds', 'and available_at exclude each other: give one');
     END IF;
-    IF v_delay IS NOT NULL AND NOT now() + make_interval(secs => v_delay)
-                                   BETWEEN '0002-01-01 00:00:00+00' AND '9999-01-01 00:00:00+00' THEN
+    -- Compared in seconds: now() plus a delay far out of range would overflow before the comparison.
+    IF v_delay IS NOT NULL AND NOT v_delay BETWEEN extract(epoch FROM '0002-01-01 00:00:00+00'::timestamptz - now())
+                                               AND extract(epoch FROM '9999-01-01 00:00:00+00'::timestamptz - now()) THEN
         PERFORM {schema}.refuse_option(p_where, 'delay_seconds',
                                        'is out of range: it must land between 0002-01-01 and 9999-01-01 UTC');
     END IF;
