@@ -272,11 +272,8 @@ def test_dashboard_on_a_port_in_use_exits_69_with_one_line_naming_the_port(dsn: 
     ]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_dashboard_stops_on_a_signal_with_exit_0(
-    sig: signal.Signals, dsn: str, started: list[subprocess.Popen[str]]
-) -> None:
-    port = _free_port()
+def _dashboard(dsn: str, port: int, started: list[subprocess.Popen[str]]) -> subprocess.Popen[str]:
+    """`jobbus dashboard --port PORT` in a process of its own, its output in one pipe."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "jobbus", "dashboard", "--port", str(port)],
         cwd=ROOT,
@@ -286,6 +283,15 @@ def test_dashboard_stops_on_a_signal_with_exit_0(
         text=True,
     )
     started.append(proc)
+    return proc
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_dashboard_stops_on_a_signal_with_exit_0(
+    sig: signal.Signals, dsn: str, started: list[subprocess.Popen[str]]
+) -> None:
+    port = _free_port()
+    proc = _dashboard(dsn, port, started)
     assert _get(f"http://127.0.0.1:{port}/health", proc, timeout=60)
     proc.send_signal(sig)
     assert wait_exit(proc, timeout=30) == 0
@@ -315,15 +321,7 @@ def test_dashboard_stops_with_exit_0_on_a_signal_sent_the_moment_it_looks_ready(
     sig: signal.Signals, ready: str, dsn: str, started: list[subprocess.Popen[str]]
 ) -> None:
     port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jobbus", "dashboard", "--port", str(port)],
-        cwd=ROOT,
-        env=cli_env(dsn),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    started.append(proc)
+    proc = _dashboard(dsn, port, started)
     assert proc.stdout is not None
     output = ""
     if ready == "port":
