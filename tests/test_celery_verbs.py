@@ -66,7 +66,7 @@ def test_apply_async_sets_every_option(sync_app: jobbus.App) -> None:
     [
         ({"args": ("x",), "countdown": 5, "eta": datetime(2031, 1, 1, tzinfo=UTC)}, jobbus.InvalidJobError, "not both"),
         ({"args": ("x",), "countdown": -1}, jobbus.InvalidJobError, "countdown must be 0"),
-        ({"args": ("x",), "eta": datetime(2031, 1, 1)}, jobbus.InvalidJobError, "aware datetime"),
+        ({"args": ("x",), "eta": datetime(2031, 1, 1)}, jobbus.InvalidJobError, "eta must be an aware datetime"),
         ({"args": ("x",), "expires": -5}, jobbus.InvalidJobError, "expires must be more than 0"),
         ({"args": "x"}, TypeError, "args must be a list or tuple"),
         ({"args": ("x",), "kwargs": ["subject"]}, TypeError, "kwargs must be a dict"),

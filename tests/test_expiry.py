@@ -168,6 +168,22 @@ def test_a_follow_up_and_a_group_callback_carry_their_expiry(dsn: str, sync_app:
     assert timedelta(seconds=119) < rows["t.done"] <= timedelta(seconds=121)
 
 
+def test_an_expired_member_counts_as_done_for_its_groups_callback(dsn: str, sync_app: jobbus.App) -> None:
+    group, (stale, fresh) = sync_app.sync.schedule_group(
+        [JobRequest("t", expires=3600), JobRequest("t")], then=JobRequest("t.merge")
+    )
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        _expire(conn, stale)
+        (job,) = claim(sync_app, conn, 10)  # the claim cancels the expired member and takes the other
+        assert job.id == fresh
+        assert conn.execute("SELECT count(*) FROM jobbus.job WHERE type = 't.merge'").fetchone() == (0,)
+        assert write(sync_app, conn, job, JobStatus.COMPLETED)
+        callbacks = conn.execute("SELECT status FROM jobbus.job WHERE type = 't.merge'").fetchall()
+    assert callbacks == [("queued",)]  # once, when the last member ended
+    progress = sync_app.sync.group_progress(group)
+    assert (progress.cancelled, progress.completed, progress.completion_percentage) == (1, 1, 100)
+
+
 def test_jobbus_schedule_expires_and_jobs_show(dsn: str) -> None:
     from tests.cli import jobbus as run_cli
     from tests.cli import jobbus_json

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -210,3 +211,26 @@ async def test_a_worker_leaves_periodic_jobs_of_types_it_does_not_handle_alone(d
         await jobbus.Worker(owner, stop_when_empty=True).run()
         await jobbus.Worker(other, stop_when_empty=True).run()
         assert [p.name for p in await other.list_periodic()] == ["theirs"]
+
+
+async def test_a_worker_warns_at_start_of_each_periodic_job_whose_type_it_does_not_serve(
+    dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = jobbus.App(dsn=dsn, **FAST)
+    app.periodic("typo", type="report.rendr", every=60)
+    app.periodic("left-out", type="mail.send", every=60)  # handled by the app, not by this worker (--type)
+    app.periodic("served", type="report.render", every=60)
+
+    @app.job("report.render")
+    async def render(job: jobbus.JobExecution) -> None:
+        return None
+
+    @app.job("mail.send")
+    async def send(job: jobbus.JobExecution) -> None:
+        return None
+
+    async with app:
+        with caplog.at_level(logging.WARNING, logger="jobbus.worker"):
+            await jobbus.Worker(app, stop_when_empty=True, types=["report.render"]).run()
+    warned = {record.__dict__["periodic"] for record in caplog.records if "periodic" in record.__dict__}
+    assert warned == {"typo", "left-out"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -117,6 +118,17 @@ async def test_hostile_queue_and_type_names_are_data_not_sql(app: jobbus.App) ->
     assert await app.run_worker(stop_when_empty=True, install_signal_handlers=False) == 0
     job = await app.find(job_id)
     assert job is not None and (job.queue, job.result, job.status) == (evil, evil, jobbus.JobStatus.COMPLETED)
+
+
+async def test_a_producer_may_name_a_group_in_a_follow_up_and_is_told_when_the_group_has_a_callback(
+    roles: dict[str, str],
+) -> None:
+    producer = _app(roles["producer"])
+    async with producer:
+        group, _ = await producer.schedule_group([("t", {})], then=jobbus.JobRequest("t", {"callback": True}))
+        assert await producer.schedule("t", then=jobbus.JobRequest("t", group_id=uuid.uuid4()))
+        with pytest.raises(jobbus.InvalidStateError, match="has a callback"):
+            await producer.schedule("t", then=jobbus.JobRequest("t", group_id=group))
 
 
 async def test_workflows_run_under_the_worker_role_and_producers_chain_group_and_emit(roles: dict[str, str]) -> None:

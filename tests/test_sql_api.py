@@ -77,6 +77,7 @@ CASES: list[tuple[dict[str, Any], str | None]] = [
     ({"type": "t", "available_at": "9999-06-01T00:00:00+00:00"}, "available_at"),
     ({"type": "t", "delay_seconds": "5"}, "delay_seconds"),
     ({"type": "t", "delay_seconds": 4e11}, "delay_seconds"),
+    ({"type": "t", "delay_seconds": -4e11}, "delay_seconds"),
     ({"type": "t", "timeout_seconds": 0}, "timeout_seconds"),
     ({"type": "t", "timeout_seconds": -1}, "timeout_seconds"),
     ({"type": "t", "timeout_seconds": 31536001}, "timeout_seconds"),
@@ -182,6 +183,7 @@ def test_schedule_takes_type_configuration_and_options(dsn: str) -> None:
         assert plain is not None
         # expires_at is a time; Python's `expires` also takes seconds, which the SQL API has no key for.
         for options, field in (
+            ('{"delay_seconds": 1e300}', "delay_seconds"),  # no timedelta holds it: SQL alone
             ('{"expires_at": 60}', "expires_at"),
             ('{"type": "x"}', "type"),
             ('{"configuration": {}}', "configuration"),
@@ -193,6 +195,16 @@ def test_schedule_takes_type_configuration_and_options(dsn: str) -> None:
         with pytest.raises(psycopg.errors.InvalidParameterValue, match="queue must not be empty"):
             conn.execute("SELECT jobbus.schedule('t', '{}', '{\"queue\": \"\"}')")
         assert _count(conn) == 2
+
+
+def test_null_configuration_and_options_mean_none_given(dsn: str) -> None:
+    """A driver passes NULL (Go's nil map, JavaScript's null) for an argument it has nothing for."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for arguments in ("'t', NULL, NULL", "'t', 'null', 'null'", "'t', '{}', NULL"):
+            row = conn.execute(f"SELECT jobbus.schedule({arguments})").fetchone()
+            assert row is not None and isinstance(row[0], uuid.UUID), arguments
+        rows = conn.execute("SELECT DISTINCT type, queue, priority, max_attempts, configuration_data FROM jobbus.job")
+        assert rows.fetchall() == [("t", "default", 0, 3, {})]
 
 
 def test_schedule_many_returns_ids_in_input_order_and_dedupes(dsn: str, sync_app: jobbus.App) -> None:
@@ -244,6 +256,36 @@ def test_a_trigger_enqueues_in_the_inserting_transaction_and_a_rollback_leaves_n
         assert conn.execute("SELECT configuration_data ->> 'email' FROM jobbus.job").fetchall() == [
             ("ada@example.com",)
         ]
+
+
+def test_a_job_naming_a_group_that_has_a_callback_is_refused_also_from_a_trigger(
+    dsn: str, sync_app: jobbus.App
+) -> None:
+    group, _ = sync_app.sync.schedule_group([jobbus.JobRequest("t")], then=jobbus.JobRequest("merge"))
+    job = {"type": "t", "group_id": str(group)}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE public.upload (group_id uuid NOT NULL)")
+        conn.execute(
+            """
+            CREATE FUNCTION public.process_upload() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                PERFORM jobbus.schedule('t', '{}', jsonb_build_object('group_id', NEW.group_id));
+                RETURN NEW;
+            END $$;
+            CREATE TRIGGER upload_process AFTER INSERT ON public.upload
+                FOR EACH ROW EXECUTE FUNCTION public.process_upload();
+            """
+        )
+        for statement, params in (
+            ("SELECT jobbus.schedule('t', '{}', %s)", [Jsonb({"group_id": str(group)})]),
+            ("SELECT jobbus.schedule_many(%s)", [Jsonb([job])]),
+            ("INSERT INTO public.upload VALUES (%s)", [group]),
+        ):
+            with pytest.raises(psycopg.Error, match="has a callback") as refused:
+                conn.execute(statement, params)
+            assert refused.value.sqlstate == "JB409", statement
+        assert conn.execute("SELECT count(*) FROM jobbus.job WHERE group_id = %s", [group]).fetchone() == (1,)
+        assert conn.execute("SELECT remaining FROM jobbus.job_group WHERE group_id = %s", [group]).fetchone() == (1,)
 
 
 def _race(dsn: str, app: jobbus.App, key: str) -> list[uuid.UUID]:

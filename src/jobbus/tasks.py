@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 import psycopg
 
 from jobbus import encoding
-from jobbus.durations import seconds_or_none
+from jobbus.durations import resolve_available_at, seconds_or_none
 from jobbus.encoding import EncodingError
 from jobbus.errors import InvalidJobError, NonRetryableError
 from jobbus.execution import JobExecution, SyncJobExecution
@@ -147,8 +147,10 @@ class Task(Generic[P, R]):
         if countdown is not None:
             seconds = seconds_or_none("countdown", countdown, allow_zero=True)
             available_at = None if not seconds else timedelta(seconds=seconds)
-        elif eta is not None and not isinstance(eta, datetime):
-            raise InvalidJobError(f"eta must be an aware datetime, got {eta!r}")
+        elif eta is not None:
+            if not isinstance(eta, datetime):
+                raise InvalidJobError(f"eta must be an aware datetime, got {eta!r}")
+            resolve_available_at(eta, "eta")  # a naive or out-of-range eta is refused by its own name
         if args is not None and (isinstance(args, str | bytes) or not isinstance(args, Sequence)):
             raise TypeError(f"task {self.type}: apply_async args must be a list or tuple, got {args!r:.80}")
         if kwargs is not None and not isinstance(kwargs, Mapping):

@@ -272,11 +272,8 @@ def test_dashboard_on_a_port_in_use_exits_69_with_one_line_naming_the_port(dsn: 
     ]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_dashboard_stops_on_a_signal_with_exit_0(
-    sig: signal.Signals, dsn: str, started: list[subprocess.Popen[str]]
-) -> None:
-    port = _free_port()
+def _dashboard(dsn: str, port: int, started: list[subprocess.Popen[str]]) -> subprocess.Popen[str]:
+    """`jobbus dashboard --port PORT` in a process of its own, its output in one pipe."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "jobbus", "dashboard", "--port", str(port)],
         cwd=ROOT,
@@ -286,6 +283,15 @@ def test_dashboard_stops_on_a_signal_with_exit_0(
         text=True,
     )
     started.append(proc)
+    return proc
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_dashboard_stops_on_a_signal_with_exit_0(
+    sig: signal.Signals, dsn: str, started: list[subprocess.Popen[str]]
+) -> None:
+    port = _free_port()
+    proc = _dashboard(dsn, port, started)
     assert _get(f"http://127.0.0.1:{port}/health", proc, timeout=60)
     proc.send_signal(sig)
     assert wait_exit(proc, timeout=30) == 0
@@ -294,3 +300,61 @@ def test_dashboard_stops_on_a_signal_with_exit_0(
     assert "Traceback" not in output and "error:" not in output, output
     with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=2):
         pass  # nothing listens any more
+
+
+def _accepts(port: int, proc: subprocess.Popen[str], timeout: float = 60) -> None:
+    """Return as soon as something accepts TCP connections on `port` (an operator's readiness probe)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            assert proc.poll() is None, f"exited {proc.returncode} before listening"
+            assert time.monotonic() < deadline, f"nothing listened on port {port} within {timeout} s"
+            time.sleep(0.005)
+
+
+@pytest.mark.parametrize("ready", ["port", "line"], ids=["port-accepts", "line-printed"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_dashboard_stops_with_exit_0_on_a_signal_sent_the_moment_it_looks_ready(
+    sig: signal.Signals, ready: str, dsn: str, started: list[subprocess.Popen[str]]
+) -> None:
+    port = _free_port()
+    proc = _dashboard(dsn, port, started)
+    assert proc.stdout is not None
+    output = ""
+    if ready == "port":
+        _accepts(port, proc)
+    else:
+        while "dashboard on" not in output:
+            line = proc.stdout.readline()
+            assert line, f"exited {proc.wait()} before saying where it serves: {output}"
+            output += line
+    proc.send_signal(sig)
+    assert wait_exit(proc, timeout=30) == 0, output + proc.communicate()[0]
+    output += proc.communicate()[0]
+    assert "Traceback" not in output and "error:" not in output, output
+
+
+def test_demo_dashboard_accepts_connections_only_once_it_serves_and_then_stops_on_a_signal_with_exit_0(
+    tmp_path: Path, started: list[subprocess.Popen[str]]
+) -> None:
+    pytest.importorskip("pgserver")
+    cache = tmp_path / "cache"
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobbus", "demo", "--dashboard", "--port", str(port)],
+        cwd=tmp_path,
+        env=cli_env(None, XDG_CACHE_HOME=str(cache)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    started.append(proc)
+    _accepts(port, proc, timeout=180)  # not while the demo runs: its port is taken, not listened on
+    proc.send_signal(signal.SIGTERM)
+    assert wait_exit(proc, timeout=60) == 0
+    output = proc.communicate()[0]
+    assert "dashboard on" in output and "dashboard stopped" in output, output
+    assert embedded.running_server_pid(cache / "jobbus" / "demo-pgdata") is None

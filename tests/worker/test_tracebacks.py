@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jobbus
 from jobbus import JobStatus
 from jobbus.redaction import MASK, redact_text
+from jobbus.settings import redact
 from jobbus.worker.outcomes import MAX_TRACEBACK_BYTES, traceback_text
 
 
@@ -80,6 +82,30 @@ async def test_a_huge_traceback_is_cut_to_16_kib_keeping_its_tail(app: jobbus.Ap
     assert len(trace.encode()) <= MAX_TRACEBACK_BYTES
     assert trace.startswith("... (") and "bytes of the traceback cut" in trace.splitlines()[0]
     assert trace.rstrip().endswith("RuntimeError: gave up at the end")  # the tail is what is kept
+
+
+@pytest.mark.timeout(60)  # a guard, not a measure: before the fix, masking this message took minutes
+async def test_a_100_kib_message_is_cut_to_its_tail_and_masked_without_stalling_the_worker(app: jobbus.App) -> None:
+    @app.job("huge")
+    async def huge(job: jobbus.JobExecution) -> None:
+        raise ValueError("x" * (100 * 1024) + " via postgresql://billing:hunter2@db.internal/billing api_key=ak_99")
+
+    job_id = await app.schedule("huge", max_attempts=1)
+    assert await drain(app) == 0
+    job = await app.find(job_id)
+    assert job is not None and job.status is JobStatus.FAILED
+    trace = job.history[-1]["traceback"]
+    assert len(trace.encode()) <= MAX_TRACEBACK_BYTES and "bytes of the traceback cut" in trace.splitlines()[0]
+    assert trace.rstrip().endswith(f"postgresql://billing:***@db.internal/billing api_key={MASK}")
+    assert "hunter2" not in trace and "ak_99" not in trace
+
+
+@pytest.mark.timeout(60)
+def test_masking_takes_time_linear_in_long_words() -> None:
+    word = "x" * 200_000
+    assert redact_text(f"{word} secret={word}") == f"{word} secret={MASK}"
+    assert redact(f"{word}x://{word} postgresql://u:pw@h") == f"{word}x://{word} postgresql://u:***@h"
+    assert redact_text("a1" * 100_000 + " token: t") == "a1" * 100_000 + f" token: {MASK}"
 
 
 async def test_secrets_in_a_traceback_are_masked_as_the_dashboard_masks_them(app: jobbus.App) -> None:

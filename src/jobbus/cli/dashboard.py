@@ -10,9 +10,8 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Iterator
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -91,20 +90,50 @@ def dashboard_command(
     async def body() -> int:
         async with open_app(app_spec, dsn) as app:
             await probe_database(app.dsn)
-            sock = listen(host, port)
-            logging.getLogger("jobbus.dashboard").info(
-                "dashboard on %s%s%s%s",
-                url_of(sock),
-                " (read-only)" if read_only else "",
-                " (token required)" if token else "",
-                f" (also answers to {', '.join(hosts)})" if hosts else "",
-            )
-            await serve_dashboard(
-                app, sock, read_only=read_only, token=token, allowed_hosts=hosts or None, log_level=log_level
-            )
+            with StopSignals() as stopping:  # from before it says where it serves to the end: exit 0
+                sock = bind_port(host, port)
+                logging.getLogger("jobbus.dashboard").info(
+                    "dashboard on %s%s%s%s",
+                    url_of(sock),
+                    " (read-only)" if read_only else "",
+                    " (token required)" if token else "",
+                    f" (also answers to {', '.join(hosts)})" if hosts else "",
+                )
+                await serve_dashboard(
+                    app,
+                    sock,
+                    read_only=read_only,
+                    token=token,
+                    allowed_hosts=hosts or None,
+                    log_level=log_level,
+                    stopping=stopping,
+                )
         return 0
 
     sys.exit(run(body))
+
+
+class StopSignals:
+    """SIGINT and SIGTERM, from the moment this is entered, stop the dashboard and the command exits 0:
+    one that comes before the server serves is kept, and the server stops as soon as it has started.
+    (uvicorn raises the stopping signal again once it has shut down, so that the default action,
+    KeyboardInterrupt or death by SIGTERM, runs: here that signal is only recorded.)"""
+
+    def __init__(self) -> None:
+        self.received = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
+            self._previous = {sig: signal.signal(sig, self._record) for sig in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _record(self, sig: int, frame: FrameType | None) -> None:
+        self.received = True
 
 
 async def serve_dashboard(
@@ -115,14 +144,18 @@ async def serve_dashboard(
     token: str | None = None,
     allowed_hosts: list[str] | None = None,
     log_level: str = "INFO",
+    stopping: StopSignals | None = None,
 ) -> None:
-    """Serve the dashboard of `app` on the listening `sock` until SIGINT or SIGTERM, then return, so
-    that the command exits 0. The socket is closed at the end."""
+    """Serve the dashboard of `app` on `sock` (from `bind_port`) until SIGINT or SIGTERM, then return,
+    so that the command exits 0; `stopping`: the caller's, entered before it said where it serves. The
+    socket is closed at the end."""
     import uvicorn
 
     from jobbus.dashboard import create_app
 
-    try:
+    with contextlib.ExitStack() as stack:
+        stack.callback(sock.close)
+        signals = stopping if stopping is not None else stack.enter_context(StopSignals())
         asgi = create_app(app, read_only=read_only, token=token, allowed_hosts=allowed_hosts)
         # Open event streams never end on their own: at shutdown they get SHUTDOWN_SECONDS, then close.
         config = uvicorn.Config(
@@ -131,19 +164,24 @@ async def serve_dashboard(
         live = asgi.state.dashboard.live
 
         class Server(uvicorn.Server):
+            async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+                # uvicorn's own handlers are in place now: a signal that came before means never serve.
+                if signals.received:
+                    self.should_exit = True
+                    return
+                await super().startup(sockets)
+
             def handle_exit(self, sig: int, frame: FrameType | None) -> None:
                 live.end_streams()  # open tabs reconnect to whatever serves next
                 super().handle_exit(sig, frame)
 
-        with _stopping_is_success():
-            await Server(config).serve(sockets=[sock])
-    finally:
-        sock.close()
+        await Server(config).serve(sockets=[sock])
 
 
-def listen(host: str, port: int) -> socket.socket:
-    """A socket listening on host:port (port 0: one the system picks); `PortInUse` (exit 69) naming the
-    port when something else listens there."""
+def bind_port(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port (port 0: one the system picks), or `PortInUse` (exit 69) naming the
+    port when something else listens there. It accepts connections only once the server serves on it
+    (asyncio listens when it starts serving): a client that can connect reaches a running dashboard."""
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
@@ -154,7 +192,6 @@ def listen(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # still refuses a port something listens on
         sock.bind(address)
-        sock.listen(2048)
     except OSError as exc:
         sock.close()
         if exc.errno == errno.EADDRINUSE:
@@ -169,26 +206,6 @@ def url_of(sock: socket.socket) -> str:
     """The dashboard's address on a listening socket, e.g. `http://127.0.0.1:8787/`."""
     host, port = sock.getsockname()[:2]
     return f"http://{f'[{host}]' if ':' in host else host}:{port}/"
-
-
-@contextlib.contextmanager
-def _stopping_is_success() -> Iterator[None]:
-    """uvicorn raises the stopping signal again once it has shut down, so that the default action
-    (KeyboardInterrupt, or death by SIGTERM) runs: with these handlers in place of the defaults the
-    signal it raises again does nothing, and the command ends normally with exit 0."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {sig: signal.signal(sig, _ignore) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-def _ignore(sig: int, frame: FrameType | None) -> None:
-    pass
 
 
 def require_dashboard_extra(command: str) -> None:

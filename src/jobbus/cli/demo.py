@@ -34,7 +34,7 @@ from rich.text import Text
 
 from jobbus.app import App
 from jobbus.cli import exit_codes
-from jobbus.cli.dashboard import listen, require_dashboard_extra, serve_dashboard, url_of
+from jobbus.cli.dashboard import StopSignals, bind_port, require_dashboard_extra, serve_dashboard, url_of
 from jobbus.cli.errors import PortInUse, UsageProblem, fail, probe_database, run
 from jobbus.cli.output import console, one_line, styled
 from jobbus.errors import NonRetryableError, Snooze
@@ -181,7 +181,7 @@ def demo_command(
     if dashboard:  # before the demo runs: a missing extra or a taken port is said at once
         require_dashboard_extra("jobbus demo --dashboard")
         try:
-            sock = listen("127.0.0.1", port)
+            sock = bind_port("127.0.0.1", port)
         except PortInUse as exc:
             sys.exit(fail(str(exc), exit_codes.UNAVAILABLE))
     embedded = not dsn
@@ -280,11 +280,12 @@ async def _demo(
         if problem is not None:
             return fail(problem, exit_codes.FAILURE)
         if dashboard is not None:
-            out.print(
-                Text(f"dashboard on {url_of(dashboard)} with the demo's jobs; Ctrl-C stops it", style="bold")
-                + Text(" and the embedded PostgreSQL" if embedded else "", style="bold")
-            )
-            await serve_dashboard(app, dashboard, log_level="INFO" if verbose else "WARNING")
+            with StopSignals() as stopping:  # before it says where it serves: a signal from then on stops it
+                out.print(
+                    Text(f"dashboard on {url_of(dashboard)} with the demo's jobs; Ctrl-C stops it", style="bold")
+                    + Text(" and the embedded PostgreSQL" if embedded else "", style="bold")
+                )
+                await serve_dashboard(app, dashboard, log_level="INFO" if verbose else "WARNING", stopping=stopping)
             out.print("dashboard stopped" + (", stopping the embedded PostgreSQL" if embedded else ""))
     return exit_codes.OK
 

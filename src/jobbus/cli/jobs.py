@@ -90,7 +90,9 @@ def list_command(
     """List jobs, the newest first (as the dashboard), filtered; page with --after.
 
     \b
-    Statuses: queued, running, completed, failed, cancelled (as `jobbus status` and the dashboard).
+    Statuses: queued, running, completed, failed, cancelled (as `jobbus status` and the dashboard),
+    and the views of queued jobs: scheduled (available later, never attempted), retrying (queued
+    again after a failed attempt) and waiting (parked in a durable sleep or wait).
 
     \b
     Examples:

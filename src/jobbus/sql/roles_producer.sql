@@ -2,8 +2,10 @@
 -- existing job, so a producer needs neither UPDATE nor DELETE.
 GRANT USAGE ON SCHEMA {schema} TO {producer};
 GRANT SELECT, INSERT ON {schema}.job TO {producer};
--- With a job, its follow-up (`then=`) and its group's callback; reads show its parent and steps.
-GRANT INSERT ON {schema}.job_follow_up, {schema}.job_group TO {producer};
+-- With a job, its follow-up (`then=`) and its group's callback; reads show its parent and steps. A
+-- follow-up naming a group is refused when the group has a callback: that check reads job_group.
+GRANT INSERT ON {schema}.job_follow_up TO {producer};
+GRANT SELECT, INSERT ON {schema}.job_group TO {producer};
 GRANT SELECT ON {schema}.job_step, {schema}.job_child TO {producer};
 -- The SQL API (docs/sql.md): the same rights, through two functions.
 GRANT EXECUTE ON FUNCTION {schema}.schedule(text, jsonb, jsonb), {schema}.schedule_many(jsonb) TO {producer};

@@ -452,7 +452,7 @@ class Worker:
         for name in retired:
             logger.info("periodic job %s is no longer declared in code: removed", name)
         for periodic in await self._run(store.list_periodic()):
-            if periodic.type not in self.app.handlers:
+            if periodic.type not in self.types:  # the types it claims: --type narrows them
                 logger.warning(
                     "periodic job %s enqueues jobs of type %s, which no handler of this worker serves: unless "
                     "another worker handles it, its jobs wait in queue %s forever (a typo, or a module not imported?)",

@@ -267,6 +267,21 @@ BEGIN
 END
 $$;
 
+-- Groups are what they were scheduled as (SPEC 16): a job naming a group that has a callback is refused,
+-- under the group's lock as job_grouped takes it. job_grouped lets in what a trigger inserts (a
+-- follow-up written while a job finishes), so the API checks itself: it is called from triggers too.
+-- SECURITY DEFINER: a producer may not read job_group.
+CREATE FUNCTION {schema}.refuse_callback_group(p_group uuid, p_where text) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock({schema}.wait_lock('group:' || p_group::text));
+    IF EXISTS (SELECT 1 FROM {schema}.job_group AS g WHERE g.group_id = p_group) THEN
+        RAISE EXCEPTION '%group % has a callback: its members are the jobs schedule_group scheduled with it',
+            p_where, p_group USING ERRCODE = 'JB409';
+    END IF;
+END
+$$;
+
 -- One job of the API, validated and inserted (or the active job holding its unique key): its id.
 CREATE FUNCTION {schema}.schedule_job(p_job jsonb, p_where text, p_channel text) RETURNS uuid
 LANGUAGE plpgsql VOLATILE AS $$
@@ -316,10 +331,14 @@ BEGIN
     IF v_available IS NOT NULL AND v_delay IS NOT NULL THEN
         PERFORM {schema}.refuse_option(p_where, 'delay_seconds', 'and available_at exclude each other: give one');
     END IF;
-    IF v_delay IS NOT NULL AND NOT now() + make_interval(secs => v_delay)
-                                   BETWEEN '0002-01-01 00:00:00+00' AND '9999-01-01 00:00:00+00' THEN
+    -- Compared in seconds: now() plus a delay far out of range would overflow before the comparison.
+    IF v_delay IS NOT NULL AND NOT v_delay BETWEEN extract(epoch FROM '0002-01-01 00:00:00+00'::timestamptz - now())
+                                               AND extract(epoch FROM '9999-01-01 00:00:00+00'::timestamptz - now()) THEN
         PERFORM {schema}.refuse_option(p_where, 'delay_seconds',
                                        'is out of range: it must land between 0002-01-01 and 9999-01-01 UTC');
+    END IF;
+    IF v_group IS NOT NULL THEN
+        PERFORM {schema}.refuse_callback_group(v_group, p_where);
     END IF;
     FOR v_round IN 1 .. 10 LOOP
         INSERT INTO {schema}.job AS j (id, type, queue, name, group_id, unique_key, priority, configuration_data,
@@ -351,19 +370,23 @@ BEGIN
 END
 $$;
 
+-- NULL (or JSON null) options are no options, as NULL configuration is an empty one: what a driver
+-- sends for an argument it has nothing for.
 CREATE FUNCTION {schema}.schedule(type text, configuration jsonb DEFAULT '{{}}', options jsonb DEFAULT '{{}}')
 RETURNS uuid
 LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_options jsonb := coalesce(CASE WHEN jsonb_typeof(options) <> 'null' THEN options END, '{{}}');
 BEGIN
-    IF options IS NULL OR jsonb_typeof(options) <> 'object' THEN
+    IF jsonb_typeof(v_options) <> 'object' THEN
         PERFORM {schema}.refuse_option('', 'options', 'must be a JSON object');
     END IF;
-    IF options ? 'type' OR options ? 'configuration' THEN
-        PERFORM {schema}.refuse_option('', CASE WHEN options ? 'type' THEN 'type' ELSE 'configuration' END,
+    IF v_options ? 'type' OR v_options ? 'configuration' THEN
+        PERFORM {schema}.refuse_option('', CASE WHEN v_options ? 'type' THEN 'type' ELSE 'configuration' END,
                                        'is an argument of schedule, not an option');
     END IF;
     RETURN {schema}.schedule_job(
-        options || jsonb_build_object('type', to_jsonb(type), 'configuration', coalesce(configuration, '{{}}')), '',
+        v_options || jsonb_build_object('type', to_jsonb(type), 'configuration', coalesce(configuration, '{{}}')), '',
         {schema}.channel_name(trim(both '"' from '{schema}'), ''));
 END
 $$;
