@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+from typing import Any, Generic, ParamSpec, Protocol, TypeVar
 
 import psycopg
 
@@ -31,15 +31,25 @@ from jobbus.encoding import EncodingError
 from jobbus.errors import InvalidJobError, NonRetryableError
 from jobbus.execution import JobExecution, SyncJobExecution
 
-if TYPE_CHECKING:
-    from jobbus.app import App
-
 P = ParamSpec("P")
 R = TypeVar("R")
 #: The caller's connection for ``options(connection=...)``: async for `defer`, sync for `defer_sync`.
 Connection = psycopg.AsyncConnection[Any] | psycopg.Connection[Any]
 
 _KINDS = inspect.Parameter
+
+
+class BlockingScheduler(Protocol):
+    def schedule(self, type: str, *args: Any, **kwargs: Any) -> uuid.UUID: ...
+
+
+class TaskProducer(Protocol):
+    """What a task enqueues its jobs through: an `App` (`defer_sync` and the Celery verbs use its `sync`)."""
+
+    async def schedule(self, type: str, *args: Any, **kwargs: Any) -> uuid.UUID: ...
+
+    @property
+    def sync(self) -> BlockingScheduler: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +68,7 @@ class Task(Generic[P, R]):
     `defer_sync`, `delay` and ``options(...).defer`` as it checks a call of the function itself.
     """
 
-    def __init__(self, app: App, func: Callable[P, R], type: str) -> None:
+    def __init__(self, app: TaskProducer, func: Callable[P, R], type: str) -> None:
         self.app = app
         self.func = func
         self.type = type

@@ -169,7 +169,7 @@ class AsyncProducer(ABC):
                 found.update(await self._insert(missing, connection))
             else:
                 raise plan.dedupe_contention(specs, found)
-        events = self._app.events
+        events = self._app.registry.events
         if events:
             for spec in plan.inserted(specs, found):
                 await events.emit(JobScheduled(spec.id, spec.type, spec.queue))
@@ -194,9 +194,10 @@ class AsyncProducer(ABC):
         found = await self._run(app.store.insert_jobs(specs, callback=callback), connection)
         if plan.missing(specs, found):
             found.update(await self._insert(plan.missing(specs, found), connection))
-        if app.events:
+        events = app.registry.events
+        if events:
             for spec in plan.inserted(specs, found):
-                await app.events.emit(JobScheduled(spec.id, spec.type, spec.queue))
+                await events.emit(JobScheduled(spec.id, spec.type, spec.queue))
         return group, plan.resolve_ids(specs, order, found)
 
     async def _check_follow_up_groups(
@@ -294,7 +295,7 @@ class AsyncProducer(ABC):
         status = plan.cancel_status(job_id, result)
         if result.before is JobStatus.QUEUED and result.type and result.queue:
             cancelled = JobCancelled(plan.as_uuid(job_id), result.type, result.queue, JobStatus.QUEUED)
-            await self._app.events.emit(cancelled)
+            await self._app.registry.events.emit(cancelled)
         return status
 
     async def retry(self, job_id: uuid.UUID, available_at: datetime | timedelta | None = None) -> None:
@@ -396,7 +397,7 @@ class AsyncProducer(ABC):
     ) -> Periodic:
         """Add (or redefine) a periodic job at run time, stored in the database; it survives restarts."""
         app = self._app
-        spec = plan.periodic_spec(app, name, type, cron, every, configuration, timezone, queue, priority, overlap)
+        spec = app.registry.periodic_spec(name, type, cron, every, configuration, timezone, queue, priority, overlap)
         now = await self._run(app.periodic_store.database_now())
         statement = app.periodic_store.upsert(spec, source="runtime", next_run_at=spec.schedule.next_after(now))
         if not await self._run(statement):
@@ -430,7 +431,7 @@ class AsyncProducer(ABC):
         if job_type is None:
             raise InvalidStateError(f"no periodic job is named {name!r}")
         job_id = new_job_id()
-        statement = app.periodic_store.run_now(name, job_id=job_id, max_attempts=app.max_attempts_of(job_type))
+        statement = app.periodic_store.run_now(name, job_id=job_id, max_attempts=app.registry.max_attempts_of(job_type))
         if not await self._run(statement, repeatable=False):
             raise InvalidStateError(f"no periodic job is named {name!r}")
         return job_id

@@ -164,7 +164,7 @@ class SyncProducer(ABC):
                 found.update(self._insert(missing, connection))
             else:
                 raise plan.dedupe_contention(specs, found)
-        events = self._app.events
+        events = self._app.registry.events
         if events:
             for spec in plan.inserted(specs, found):
                 events.emit_sync(JobScheduled(spec.id, spec.type, spec.queue))
@@ -189,9 +189,10 @@ class SyncProducer(ABC):
         found = self._run(app.store.insert_jobs(specs, callback=callback), connection)
         if plan.missing(specs, found):
             found.update(self._insert(plan.missing(specs, found), connection))
-        if app.events:
+        events = app.registry.events
+        if events:
             for spec in plan.inserted(specs, found):
-                app.events.emit_sync(JobScheduled(spec.id, spec.type, spec.queue))
+                events.emit_sync(JobScheduled(spec.id, spec.type, spec.queue))
         return group, plan.resolve_ids(specs, order, found)
 
     def _check_follow_up_groups(self, specs: Sequence[JobSpec], connection: psycopg.Connection[Any] | None) -> None:
@@ -287,7 +288,7 @@ class SyncProducer(ABC):
         status = plan.cancel_status(job_id, result)
         if result.before is JobStatus.QUEUED and result.type and result.queue:
             cancelled = JobCancelled(plan.as_uuid(job_id), result.type, result.queue, JobStatus.QUEUED)
-            self._app.events.emit_sync(cancelled)
+            self._app.registry.events.emit_sync(cancelled)
         return status
 
     def retry(self, job_id: uuid.UUID, available_at: datetime | timedelta | None = None) -> None:
@@ -387,7 +388,7 @@ class SyncProducer(ABC):
     ) -> Periodic:
         """Add (or redefine) a periodic job at run time, stored in the database; it survives restarts."""
         app = self._app
-        spec = plan.periodic_spec(app, name, type, cron, every, configuration, timezone, queue, priority, overlap)
+        spec = app.registry.periodic_spec(name, type, cron, every, configuration, timezone, queue, priority, overlap)
         now = self._run(app.periodic_store.database_now())
         statement = app.periodic_store.upsert(spec, source="runtime", next_run_at=spec.schedule.next_after(now))
         if not self._run(statement):
@@ -421,7 +422,7 @@ class SyncProducer(ABC):
         if job_type is None:
             raise InvalidStateError(f"no periodic job is named {name!r}")
         job_id = new_job_id()
-        statement = app.periodic_store.run_now(name, job_id=job_id, max_attempts=app.max_attempts_of(job_type))
+        statement = app.periodic_store.run_now(name, job_id=job_id, max_attempts=app.registry.max_attempts_of(job_type))
         if not self._run(statement, repeatable=False):
             raise InvalidStateError(f"no periodic job is named {name!r}")
         return job_id
