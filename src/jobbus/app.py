@@ -11,11 +11,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, Unpack, overload
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
@@ -25,12 +24,12 @@ from jobbus.batching import InsertBatcher
 from jobbus.errors import JobbusError
 from jobbus.events import EventHub, JobEvent
 from jobbus.models import ClaimedJob, JobSpec
-from jobbus.periodic import PeriodicSpec
+from jobbus.periodic import PeriodicOptions, PeriodicSpec
 from jobbus.producer._async import AsyncProducer
 from jobbus.producer._sync import SyncProducer
 from jobbus.producer.plan import Found
-from jobbus.registry import BackoffPolicy, Handler, JobScope, Registry
-from jobbus.requests import JobDefaults, JobRequest
+from jobbus.registry import Handler, HandlerOptions, JobScope, Registry
+from jobbus.requests import JobDefaults, JobRequest, check_options
 from jobbus.resilience import open_pool, open_pool_sync
 from jobbus.settings import Settings
 from jobbus.store import JobStore
@@ -98,70 +97,35 @@ class App(AsyncProducer):
 
     # -- registry ----------------------------------------------------------------------------------
 
-    def job(
-        self,
-        type: str,
-        *,
-        queue: str = "default",
-        max_attempts: int | None = None,
-        priority: int = 0,
-        timeout: float | timedelta | None = None,
-        backoff: BackoffPolicy | None = None,
-    ) -> Callable[[F], F]:
+    def job(self, type: str, **options: Unpack[HandlerOptions]) -> Callable[[F], F]:
         """Register a handler: ``async def`` receives a `JobExecution`, ``def`` a `SyncJobExecution`.
 
-        `timeout` (seconds or a timedelta) bounds every attempt of its jobs (a job's own `timeout`
-        wins); `backoff(attempt, error)` returns the delay before the next attempt (seconds or a
-        timedelta) and replaces the settings' formula for this type.
+        The options are those of `HandlerOptions`: the jobs' default `queue`, `max_attempts` and
+        `priority`; `timeout` (seconds or a timedelta) bounds every attempt of its jobs (a job's own
+        `timeout` wins); `backoff(attempt, error)` returns the delay before the next attempt (seconds
+        or a timedelta) and replaces the settings' formula for this type.
         """
-        return self.registry.job(
-            type, queue=queue, max_attempts=max_attempts, priority=priority, timeout=timeout, backoff=backoff
-        )
+        return self.registry.job(type, **options)
 
     @overload
     def task(self, name: Callable[P, R], /) -> Task[P, R]: ...
 
     @overload
     def task(
-        self,
-        name: str | None = None,
-        *,
-        queue: str = "default",
-        max_attempts: int | None = None,
-        priority: int = 0,
-        timeout: float | timedelta | None = None,
-        backoff: BackoffPolicy | None = None,
+        self, name: str | None = None, **options: Unpack[HandlerOptions]
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
-    def task(
-        self,
-        name: str | Callable[..., Any] | None = None,
-        *,
-        queue: str = "default",
-        max_attempts: int | None = None,
-        priority: int = 0,
-        timeout: float | timedelta | None = None,
-        backoff: BackoffPolicy | None = None,
-    ) -> Any:
+    def task(self, name: str | Callable[..., Any] | None = None, **options: Unpack[HandlerOptions]) -> Any:
         """Register a function as a typed task: its parameters are the job's input (see `jobbus.Task`).
 
         ``@app.task`` or ``@app.task("mail.send", queue="mail", ...)``; the job type defaults to the
         function's ``module.qualname``. The options are those of `job`. Sync functions run in a worker
         thread, async ones in the event loop; `jobbus.current_job()` gives the running job inside.
         """
+        check_options("app.task()", options, HandlerOptions.__optional_keys__)
 
         def register(func: Callable[P, R]) -> Task[P, R]:
-            job_type = name if isinstance(name, str) else None
-            return self.registry.task(
-                self,
-                func,
-                job_type,
-                queue=queue,
-                max_attempts=max_attempts,
-                priority=priority,
-                timeout=timeout,
-                backoff=backoff,
-            )
+            return self.registry.task(self, func, name if isinstance(name, str) else None, **options)
 
         if callable(name):
             return register(name)
@@ -169,35 +133,14 @@ class App(AsyncProducer):
             raise TypeError(f"@app.task(name): the job type must be a string, got {name!r}")
         return register
 
-    def periodic(
-        self,
-        name: str,
-        *,
-        type: str,
-        cron: str | None = None,
-        every: float | timedelta | None = None,
-        configuration: Mapping[str, Any] | None = None,
-        timezone: str = "UTC",
-        queue: str | None = None,
-        priority: int | None = None,
-        overlap: bool = False,
-    ) -> None:
-        """Declare a periodic job in code: exactly one of `cron` (5 fields, in `timezone`) or `every`.
+    def periodic(self, name: str, *, type: str, **options: Unpack[PeriodicOptions]) -> None:
+        """Declare a periodic job in code: exactly one of `cron` (5 fields, in `timezone`) or `every`
+        (the options are those of `PeriodicOptions`).
 
         Workers store it when they start (and delete code-declared ones their code no longer has, for
         the job types they handle); the leader enqueues one job per tick, fleet-wide.
         """
-        self.registry.periodic(
-            name,
-            type=type,
-            cron=cron,
-            every=every,
-            configuration=configuration,
-            timezone=timezone,
-            queue=queue,
-            priority=priority,
-            overlap=overlap,
-        )
+        self.registry.periodic(name, type=type, **options)
 
     def on(self, event_type: type[JobEvent]) -> Callable[[F], F]:
         """Register a sync or async listener for a lifecycle event class (and its subclasses)."""
@@ -205,6 +148,7 @@ class App(AsyncProducer):
 
     @property
     def settings(self) -> Settings:
+        """This App's settings (the registry's, which its job defaults and payload limit come from)."""
         return self.registry.settings
 
     @settings.setter
@@ -213,18 +157,22 @@ class App(AsyncProducer):
 
     @property
     def handlers(self) -> dict[str, Handler]:
+        """The registered handlers by job type."""
         return self.registry.handlers
 
     @property
     def periodics(self) -> dict[str, PeriodicSpec]:
+        """The periodic jobs declared in code (`periodic`) by name."""
         return self.registry.periodics
 
     @property
     def events(self) -> EventHub:
+        """The lifecycle events' listeners (`on`)."""
         return self.registry.events
 
     @property
     def job_scope(self) -> JobScope | None:
+        """`App(job_scope=...)`: job → the async context manager a worker enters around each job."""
         return self.registry.job_scope
 
     @job_scope.setter

@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypedDict, TypeVar, Unpack
 
 from jobbus.durations import seconds_or_none
 from jobbus.errors import InvalidJobError
 from jobbus.events import EventHub
 from jobbus.models import JobSpec
-from jobbus.periodic import PeriodicSpec
-from jobbus.requests import JobDefaults, JobRequest, build_spec, spec_json
+from jobbus.periodic import PeriodicOptions, PeriodicSpec
+from jobbus.requests import JobDefaults, JobRequest, build_spec, check_options, spec_json
 from jobbus.settings import Settings
 from jobbus.tasks import Task, TaskProducer, default_type
 
@@ -32,6 +32,20 @@ JobScope = Callable[[Any], AbstractAsyncContextManager[Any]]
 BackoffPolicy = Callable[[int, BaseException], "float | timedelta"]
 #: The longest chain of `then=` follow-ups one request may carry.
 MAX_CHAIN = 20
+
+
+class HandlerOptions(TypedDict, total=False):
+    """What `App.job` and `App.task` say about a job type. Its jobs' `queue` ("default"),
+    `max_attempts` (None: the settings' `default_max_attempts`) and `priority` (0) when the producer
+    does not say; `timeout`, seconds or a timedelta that bounds every attempt (a job's own wins);
+    `backoff(attempt, error)`, the delay before the next attempt (seconds or a timedelta) in place of
+    the settings' formula."""
+
+    queue: str
+    max_attempts: int | None
+    priority: int
+    timeout: float | timedelta | None
+    backoff: BackoffPolicy | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,20 +81,17 @@ class Registry:
 
     # -- declaring ---------------------------------------------------------------------------------
 
-    def job(
-        self,
-        type: str,
-        *,
-        queue: str = "default",
-        max_attempts: int | None = None,
-        priority: int = 0,
-        timeout: float | timedelta | None = None,
-        backoff: BackoffPolicy | None = None,
-    ) -> Callable[[F], F]:
+    def job(self, type: str, **options: Unpack[HandlerOptions]) -> Callable[[F], F]:
         """`App.job`: the options are checked now, the function is registered when decorated."""
-        defaults = JobDefaults(queue=queue, max_attempts=max_attempts, priority=priority)
+        check_options("app.job()", options, HandlerOptions.__optional_keys__)
+        defaults = JobDefaults(
+            queue=options.get("queue", "default"),
+            max_attempts=options.get("max_attempts"),
+            priority=options.get("priority", 0),
+        )
         build_spec(JobRequest(type), defaults, self.settings.default_max_attempts)  # validates the options
-        timeout_seconds = seconds_or_none("timeout", timeout)
+        timeout_seconds = seconds_or_none("timeout", options.get("timeout"))
+        backoff = options.get("backoff")
         if backoff is not None and not callable(backoff):
             raise TypeError(f"backoff must be a callable (attempt, error) -> seconds or timedelta, got {backoff!r}")
 
@@ -98,41 +109,20 @@ class Registry:
         producer: TaskProducer,
         func: Callable[P, R],
         name: str | None = None,
-        *,
-        queue: str = "default",
-        max_attempts: int | None = None,
-        priority: int = 0,
-        timeout: float | timedelta | None = None,
-        backoff: BackoffPolicy | None = None,
+        **options: Unpack[HandlerOptions],
     ) -> Task[P, R]:
         """`App.task`: `func` as a `Task` that defers its jobs through `producer`, and its handler."""
         if not callable(func) or isinstance(func, type):
             raise TypeError(f"@app.task decorates a function, got {func!r}")
         task = Task(producer, func, name if name is not None else default_type(func))
-        self.job(
-            task.type, queue=queue, max_attempts=max_attempts, priority=priority, timeout=timeout, backoff=backoff
-        )(task.handler())
+        self.job(task.type, **options)(task.handler())
         return task
 
-    def periodic(
-        self,
-        name: str,
-        *,
-        type: str,
-        cron: str | None = None,
-        every: float | timedelta | None = None,
-        configuration: Mapping[str, Any] | None = None,
-        timezone: str = "UTC",
-        queue: str | None = None,
-        priority: int | None = None,
-        overlap: bool = False,
-    ) -> None:
+    def periodic(self, name: str, *, type: str, **options: Unpack[PeriodicOptions]) -> None:
         """`App.periodic`: declare a periodic job in code (a name is declared once)."""
         if name in self.periodics:
             raise ValueError(f"periodic job {name!r} is already declared")
-        self.periodics[name] = self.periodic_spec(
-            name, type, cron, every, configuration, timezone, queue, priority, overlap
-        )
+        self.periodics[name] = self.periodic_spec(name, type, **options)
 
     # -- what follows from it ----------------------------------------------------------------------
 
@@ -157,30 +147,15 @@ class Registry:
             raise InvalidJobError(f"a chain of then= may hold at most {MAX_CHAIN} follow-ups")
         return dataclasses.replace(spec, then=spec_json(self.build_job_spec(request.then, depth + 1)))
 
-    def periodic_spec(
-        self,
-        name: str,
-        job_type: str,
-        cron: str | None,
-        every: float | timedelta | None,
-        configuration: Mapping[str, Any] | None,
-        timezone: str,
-        queue: str | None,
-        priority: int | None,
-        overlap: bool,
-    ) -> PeriodicSpec:
+    def periodic_spec(self, name: str, job_type: str, **options: Unpack[PeriodicOptions]) -> PeriodicSpec:
         """A periodic job, validated; its queue and priority default to its handler's."""
+        check_options("periodic job", options, PeriodicOptions.__optional_keys__)
         defaults = self.job_defaults(job_type)
         return PeriodicSpec.build(
             name,
             type=job_type,
-            cron=cron,
-            every=every,
-            configuration=dict(configuration) if configuration is not None else None,
-            timezone=timezone,
-            queue=queue,
-            priority=priority if priority is not None else defaults.priority,
-            overlap=overlap,
             default_queue=defaults.queue,
+            default_priority=defaults.priority,
             max_payload_bytes=self.settings.max_payload_bytes,
+            **options,
         )
