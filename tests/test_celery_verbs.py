@@ -3,10 +3,7 @@ countdown or eta, expires, queue, priority), each returning the job id."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -14,8 +11,7 @@ import pytest
 
 import jobbus
 from jobbus import JobStatus
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.mypy_run import mypy_output
 
 
 def _tasks(app: jobbus.App) -> Any:
@@ -85,16 +81,7 @@ def test_apply_async_refuses_bad_input_and_writes_nothing(
 
 
 def test_mypy_checks_delay_arguments_and_apply_async_options() -> None:
-    fixture = ROOT / "tests" / "typing_fixtures" / "wrong_delay.py"
-    result = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "--config-file", "/dev/null", str(fixture)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        check=False,
-    )
-    out = result.stdout
-    assert result.returncode == 1, out
+    out = mypy_output("wrong_delay.py")
     assert (
         'wrong_delay.py:22: error: Argument 1 to "delay" of "Task" has incompatible type "str"; expected "int"' in out
     )

@@ -19,7 +19,8 @@ import jobbus.store.jobs as jobbus_jobs
 from jobbus import JobRequest, JobStatus
 from jobbus.durations import EARLIEST_AVAILABLE_AT, LATEST_AVAILABLE_AT
 from jobbus.producer import plan
-from jobbus.requests import MAX_JSON_DEPTH, json_text
+from jobbus.requests import MAX_JSON_DEPTH, JobOptions, json_text
+from tests.mypy_run import mypy_output
 
 
 def _count(dsn: str) -> int:
@@ -534,3 +535,50 @@ async def test_opening_an_app_while_the_database_is_down_waits_database_wait_sec
         app.sync.schedule("t")
     assert time.monotonic() - started < 20  # twice 1 s, not twice psycopg_pool's 30 s
     assert app._pool is None and app.sync._pool is None
+
+
+def test_job_options_are_the_fields_of_a_job_request() -> None:
+    fields = set(JobRequest.__dataclass_fields__) - {"type", "configuration"}
+    assert JobOptions.__optional_keys__ == fields
+
+
+def test_a_wrong_option_keyword_is_a_type_error_and_writes_nothing(sync_app: jobbus.App, dsn: str) -> None:
+    app = sync_app
+
+    @app.task("orders.confirm")
+    def confirm(order_id: int) -> None:
+        pass
+
+    bad: dict[str, Any] = {"queu": "orders"}  # what mypy does not see
+    bad_periodic: dict[str, Any] = {"every": 3600, "evry": 3600}
+    with pytest.raises(TypeError, match="unexpected keyword argument 'queu'"):
+        app.sync.schedule("orders.confirm", **bad)
+    with pytest.raises(TypeError, match=r"task\.options\(\): unexpected keyword argument 'queu'"):
+        confirm.options(**bad)
+    with pytest.raises(TypeError, match=r"app\.job\(\): unexpected keyword argument 'queu'"):
+        app.job("orders.cancel", **bad)
+    with pytest.raises(TypeError, match=r"app\.task\(\): unexpected keyword argument 'queu'"):
+        app.task("orders.refund", **bad)
+    with pytest.raises(TypeError, match="periodic job: unexpected keyword argument 'evry'"):
+        app.periodic("hourly", type="orders.confirm", **bad_periodic)
+    with pytest.raises(TypeError, match="periodic job: unexpected keyword argument 'evry'"):
+        app.sync.add_periodic("hourly", type="orders.confirm", **bad_periodic)
+    assert _count(dsn) == 0
+    assert app.sync.list_periodic() == []
+    assert sorted(app.handlers) == ["orders.confirm"] and app.periodics == {}
+
+
+def test_mypy_rejects_wrong_options_of_jobs_handlers_and_periodic_jobs() -> None:
+    out = mypy_output("wrong_options.py")
+    for line, error in [
+        (29, 'Unexpected keyword argument "queu" for "schedule" of "AsyncProducer"'),
+        (30, 'Argument "priority" to "schedule" of "SyncProducer" has incompatible type "str"'),
+        (31, 'Unexpected keyword argument "unique_kye" for "schedule_many" of "AsyncProducer"'),
+        (32, 'Unexpected keyword argument "queu" for "options" of "Task"'),
+        (33, 'Unexpected keyword argument "evry" for "periodic" of "App"'),
+        (34, 'Argument "every" to "add_periodic" of "AsyncProducer" has incompatible type "str"'),
+        (35, 'Unexpected keyword argument "retries" for "job" of "App"'),
+        (36, 'No overload variant of "task" of "App" matches argument types "str", "str"'),
+    ]:
+        assert f"wrong_options.py:{line}: error: {error}" in out, out
+    assert "Found 8 errors in 1 file" in out, out

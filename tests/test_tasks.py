@@ -3,13 +3,10 @@ the function; options, transactional defer, `current_job()`; and `drain`, which 
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -18,8 +15,7 @@ import pytest
 
 import jobbus
 from jobbus import JobStatus
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.mypy_run import mypy_output
 
 
 @dataclass(frozen=True)
@@ -286,16 +282,7 @@ def test_sync_drain_refuses_an_app_open_in_an_event_loop(dsn: str) -> None:
 
 
 def test_mypy_rejects_a_wrongly_typed_defer() -> None:
-    fixture = ROOT / "tests" / "typing_fixtures" / "wrong_defer.py"
-    result = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "--config-file", "/dev/null", str(fixture)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        check=False,
-    )
-    out = result.stdout
-    assert result.returncode == 1, out
+    out = mypy_output("wrong_defer.py")
     wrong_type = 'Argument 1 to "defer" of "Task" has incompatible type "str"; expected "int"'
     assert f"wrong_defer.py:21: error: {wrong_type}" in out
     assert 'wrong_defer.py:22: error: Unexpected keyword argument "urgent" for "defer_sync" of "Task"' in out

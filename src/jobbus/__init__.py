@@ -24,8 +24,9 @@ from jobbus.events import (
 from jobbus.execution import JobExecution, JobParked, SyncJobExecution, current_job, current_sync_job
 from jobbus.limits import QueueSettings, RateLimit
 from jobbus.models import GroupProgress, Job, JobStatus
-from jobbus.periodic import Periodic
-from jobbus.requests import JobRequest
+from jobbus.periodic import Periodic, PeriodicOptions
+from jobbus.registry import HandlerOptions
+from jobbus.requests import JobOptions, JobRequest
 from jobbus.settings import Settings
 from jobbus.tasks import Task, TaskOptions
 from jobbus.worker import Worker, WorkerOptions
@@ -36,6 +37,7 @@ __all__ = [
     "DatabaseUnavailableError",
     "DispatchResult",
     "GroupProgress",
+    "HandlerOptions",
     "InvalidJobError",
     "InvalidStateError",
     "Job",
@@ -44,6 +46,7 @@ __all__ = [
     "JobEvent",
     "JobExecution",
     "JobFailed",
+    "JobOptions",
     "JobParked",
     "JobRequest",
     "JobRetried",
@@ -56,6 +59,7 @@ __all__ = [
     "MessageBus",
     "NonRetryableError",
     "Periodic",
+    "PeriodicOptions",
     "QueueSettings",
     "RateLimit",
     "SchemaError",

@@ -1,75 +1,56 @@
-"""`App`: settings, the handler registry and the producer/admin API, async and blocking (`app.sync`).
+"""`App`: settings, the registry and the producer/admin API, async and blocking (`app.sync`).
 
 The verbs themselves are written once, in `jobbus.producer._async`; `SyncApp`'s are generated from
-them. What stays here is the registry and each flavour's edges: its pool, its insert path, its
-listener for `wait`, migrating, and running a worker.
+them. The decorators (`job`, `task`, `periodic`, `on`) fill the App's `Registry`, which its workers
+read. What stays here is each flavour's edges: its pool, its insert path, its listener for `wait`,
+migrating, and running a worker.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import inspect
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
-from dataclasses import dataclass
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, Unpack, overload
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from jobbus import schema as schema_module
 from jobbus.batching import InsertBatcher
-from jobbus.durations import seconds_or_none
 from jobbus.errors import JobbusError
 from jobbus.events import EventHub, JobEvent
 from jobbus.models import ClaimedJob, JobSpec
-from jobbus.producer import plan
+from jobbus.periodic import PeriodicOptions, PeriodicSpec
 from jobbus.producer._async import AsyncProducer
 from jobbus.producer._sync import SyncProducer
 from jobbus.producer.plan import Found
-from jobbus.requests import JobDefaults, JobRequest, build_spec
+from jobbus.registry import Handler, HandlerOptions, JobScope, Registry
+from jobbus.requests import JobDefaults, JobRequest, check_options
 from jobbus.resilience import open_pool, open_pool_sync
 from jobbus.settings import Settings
 from jobbus.store import JobStore
 from jobbus.store.periodic import PeriodicStore
 from jobbus.store.queues import QueueStore
 from jobbus.store.statements import channel_name, configure_async, configure_connection
+from jobbus.tasks import Task
 from jobbus.waiting import FinishedJobs, SyncFinishedJobs
+from jobbus.worker.options import WorkerOptions
+from jobbus.worker.runtime import EXIT_OK, Worker
 
 if TYPE_CHECKING:
-    from jobbus.periodic import PeriodicSpec
     from jobbus.store.maintenance import QueueSample
-    from jobbus.tasks import Task
-    from jobbus.worker.options import WorkerOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
 P = ParamSpec("P")
 R = TypeVar("R")
-JobScope = Callable[[Any], AbstractAsyncContextManager[Any]]
-#: A handler's own retry policy: (the failed attempt's number, its exception) → delay.
-BackoffPolicy = Callable[[int, BaseException], "float | timedelta"]
 #: Insert statements one App has in flight at once; concurrent `schedule` calls beyond share them.
 BATCHES_IN_FLIGHT = 4
 #: At most this many jobs of concurrent callers go in one shared statement.
 BATCH_JOBS = 500
-
-
-@dataclass(frozen=True, slots=True)
-class Handler:
-    """A registered job type and the function that runs it."""
-
-    type: str
-    func: Callable[..., Any]
-    is_async: bool
-    defaults: JobDefaults
-    #: Seconds an attempt may run (a job's own `timeout` wins); None: no limit.
-    timeout: float | None = None
-    #: `backoff(attempt, error)` → seconds or timedelta before the next attempt; None: the settings'.
-    backoff: BackoffPolicy | None = None
 
 
 class App(AsyncProducer):
@@ -80,17 +61,11 @@ class App(AsyncProducer):
     """
 
     def __init__(self, *, job_scope: JobScope | None = None, **settings: Any) -> None:
-        self.settings = Settings.load(settings)
-        if job_scope is not None and not callable(job_scope):
-            raise ValueError(f"job_scope must be a callable returning an async context manager, got {job_scope!r}")
-        self.job_scope = job_scope
+        #: Handlers, periodic jobs, listeners and the job scope: what this App's workers run.
+        self.registry = Registry(Settings.load(settings), job_scope)
         self.store = JobStore(self.settings.schema)
         self.periodic_store = PeriodicStore(self.settings.schema, self.store.channel)
         self.queue_store = QueueStore(self.settings.schema)
-        self.handlers: dict[str, Handler] = {}
-        #: Periodic jobs declared in code (`periodic`); workers keep the stored ones in step with these.
-        self.periodics: dict[str, PeriodicSpec] = {}
-        self.events = EventHub()
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
         self._pool_users = 0
         self._batcher: InsertBatcher | None = None
@@ -122,79 +97,35 @@ class App(AsyncProducer):
 
     # -- registry ----------------------------------------------------------------------------------
 
-    def job(
-        self,
-        type: str,
-        *,
-        queue: str = "default",
-        max_attempts: int | None = None,
-        priority: int = 0,
-        timeout: float | timedelta | None = None,
-        backoff: BackoffPolicy | None = None,
-    ) -> Callable[[F], F]:
+    def job(self, type: str, **options: Unpack[HandlerOptions]) -> Callable[[F], F]:
         """Register a handler: ``async def`` receives a `JobExecution`, ``def`` a `SyncJobExecution`.
 
-        `timeout` (seconds or a timedelta) bounds every attempt of its jobs (a job's own `timeout`
-        wins); `backoff(attempt, error)` returns the delay before the next attempt (seconds or a
-        timedelta) and replaces the settings' formula for this type.
+        The options are those of `HandlerOptions`: the jobs' default `queue`, `max_attempts` and
+        `priority`; `timeout` (seconds or a timedelta) bounds every attempt of its jobs (a job's own
+        `timeout` wins); `backoff(attempt, error)` returns the delay before the next attempt (seconds
+        or a timedelta) and replaces the settings' formula for this type.
         """
-        defaults = JobDefaults(queue=queue, max_attempts=max_attempts, priority=priority)
-        build_spec(JobRequest(type), defaults, self.settings.default_max_attempts)  # validates the options
-        timeout_seconds = seconds_or_none("timeout", timeout)
-        if backoff is not None and not callable(backoff):
-            raise TypeError(f"backoff must be a callable (attempt, error) -> seconds or timedelta, got {backoff!r}")
-
-        def register(func: F) -> F:
-            if type in self.handlers:
-                raise ValueError(f"job type {type!r} already has a handler: {self.handlers[type].func!r}")
-            is_async = inspect.iscoroutinefunction(func)
-            self.handlers[type] = Handler(type, func, is_async, defaults, timeout_seconds, backoff)
-            return func
-
-        return register
+        return self.registry.job(type, **options)
 
     @overload
     def task(self, name: Callable[P, R], /) -> Task[P, R]: ...
 
     @overload
     def task(
-        self,
-        name: str | None = None,
-        *,
-        queue: str = "default",
-        max_attempts: int | None = None,
-        priority: int = 0,
-        timeout: float | timedelta | None = None,
-        backoff: BackoffPolicy | None = None,
+        self, name: str | None = None, **options: Unpack[HandlerOptions]
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
-    def task(
-        self,
-        name: str | Callable[..., Any] | None = None,
-        *,
-        queue: str = "default",
-        max_attempts: int | None = None,
-        priority: int = 0,
-        timeout: float | timedelta | None = None,
-        backoff: BackoffPolicy | None = None,
-    ) -> Any:
+    def task(self, name: str | Callable[..., Any] | None = None, **options: Unpack[HandlerOptions]) -> Any:
         """Register a function as a typed task: its parameters are the job's input (see `jobbus.Task`).
 
         ``@app.task`` or ``@app.task("mail.send", queue="mail", ...)``; the job type defaults to the
         function's ``module.qualname``. The options are those of `job`. Sync functions run in a worker
         thread, async ones in the event loop; `jobbus.current_job()` gives the running job inside.
         """
-        from jobbus.tasks import Task, default_type
+        check_options("app.task()", options, HandlerOptions.__optional_keys__)
 
         def register(func: Callable[P, R]) -> Task[P, R]:
-            if not callable(func) or isinstance(func, type):
-                raise TypeError(f"@app.task decorates a function, got {func!r}")
-            job_type = name if isinstance(name, str) else default_type(func)
-            task = Task(self, func, job_type)
-            self.job(
-                job_type, queue=queue, max_attempts=max_attempts, priority=priority, timeout=timeout, backoff=backoff
-            )(task.handler())
-            return task
+            return self.registry.task(self, func, name if isinstance(name, str) else None, **options)
 
         if callable(name):
             return register(name)
@@ -202,40 +133,61 @@ class App(AsyncProducer):
             raise TypeError(f"@app.task(name): the job type must be a string, got {name!r}")
         return register
 
-    def periodic(
-        self,
-        name: str,
-        *,
-        type: str,
-        cron: str | None = None,
-        every: float | timedelta | None = None,
-        configuration: Mapping[str, Any] | None = None,
-        timezone: str = "UTC",
-        queue: str | None = None,
-        priority: int | None = None,
-        overlap: bool = False,
-    ) -> None:
-        """Declare a periodic job in code: exactly one of `cron` (5 fields, in `timezone`) or `every`.
+    def periodic(self, name: str, *, type: str, **options: Unpack[PeriodicOptions]) -> None:
+        """Declare a periodic job in code: exactly one of `cron` (5 fields, in `timezone`) or `every`
+        (the options are those of `PeriodicOptions`).
 
         Workers store it when they start (and delete code-declared ones their code no longer has, for
         the job types they handle); the leader enqueues one job per tick, fleet-wide.
         """
-        if name in self.periodics:
-            raise ValueError(f"periodic job {name!r} is already declared")
-        self.periodics[name] = plan.periodic_spec(
-            self, name, type, cron, every, configuration, timezone, queue, priority, overlap
-        )
-
-    def max_attempts_of(self, job_type: str) -> int:
-        return self.job_defaults(job_type).max_attempts or self.settings.default_max_attempts
+        self.registry.periodic(name, type=type, **options)
 
     def on(self, event_type: type[JobEvent]) -> Callable[[F], F]:
         """Register a sync or async listener for a lifecycle event class (and its subclasses)."""
-        return self.events.on(event_type)  # type: ignore[return-value]
+        return self.registry.events.on(event_type)  # type: ignore[return-value]
+
+    @property
+    def settings(self) -> Settings:
+        """This App's settings (the registry's, which its job defaults and payload limit come from)."""
+        return self.registry.settings
+
+    @settings.setter
+    def settings(self, settings: Settings) -> None:
+        self.registry.settings = settings
+
+    @property
+    def handlers(self) -> dict[str, Handler]:
+        """The registered handlers by job type."""
+        return self.registry.handlers
+
+    @property
+    def periodics(self) -> dict[str, PeriodicSpec]:
+        """The periodic jobs declared in code (`periodic`) by name."""
+        return self.registry.periodics
+
+    @property
+    def events(self) -> EventHub:
+        """The lifecycle events' listeners (`on`)."""
+        return self.registry.events
+
+    @property
+    def job_scope(self) -> JobScope | None:
+        """`App(job_scope=...)`: job → the async context manager a worker enters around each job."""
+        return self.registry.job_scope
+
+    @job_scope.setter
+    def job_scope(self, job_scope: JobScope | None) -> None:
+        self.registry.job_scope = job_scope
 
     def job_defaults(self, job_type: str) -> JobDefaults:
-        handler = self.handlers.get(job_type)
-        return handler.defaults if handler else JobDefaults()
+        return self.registry.job_defaults(job_type)
+
+    def max_attempts_of(self, job_type: str) -> int:
+        return self.registry.max_attempts_of(job_type)
+
+    def build_job_spec(self, request: JobRequest, depth: int = 0) -> JobSpec:
+        """Validate a request and its chain of follow-ups (each gets its id now, so it is written once)."""
+        return self.registry.build_job_spec(request, depth)
 
     # -- connections -------------------------------------------------------------------------------
 
@@ -326,10 +278,6 @@ class App(AsyncProducer):
     async def _migrate(self) -> list[schema_module.Migration]:
         return await asyncio.to_thread(self.sync.migrate)
 
-    def build_job_spec(self, request: JobRequest, depth: int = 0) -> JobSpec:
-        """Validate a request and its chain of follow-ups (each gets its id now, so it is written once)."""
-        return plan.job_spec(self, request, depth)
-
     # -- worker ------------------------------------------------------------------------------------
 
     async def run_worker(self, options: WorkerOptions | None = None, **kwargs: Any) -> int:
@@ -337,8 +285,6 @@ class App(AsyncProducer):
 
         A shortcut for ``await jobbus.Worker(app, ...).run()``; keep the `Worker` to stop it from outside.
         """
-        from jobbus.worker.runtime import Worker
-
         return await Worker(self, options, **kwargs).run()
 
     async def drain(
@@ -358,10 +304,7 @@ class App(AsyncProducer):
         The counts are those of the attempts, by outcome: ``{"completed": 2, "retried": 1}``
         (also ``failed``, ``cancelled``, ``snoozed``, ``timed_out``, ``released``, ``lost``).
         """
-        from jobbus.worker.options import WorkerOptions
-        from jobbus.worker.runtime import EXIT_OK, Worker
-
-        if not self.handlers:
+        if not self.registry.handlers:
             return {}
         counts = _OutcomeCounts()
         options = WorkerOptions(

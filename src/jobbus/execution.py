@@ -19,11 +19,11 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 from jobbus.errors import LeaseLostError
 from jobbus.models import ClaimedJob, Job, JobSpec
-from jobbus.requests import JobRequest, json_text, spec_json
+from jobbus.requests import JobOptions, JobRequest, json_text, spec_json
 from jobbus.store import JobStore, Statement
 
 T = TypeVar("T")
@@ -316,7 +316,9 @@ class JobExecution:
             raise TimeoutError(f"job {self.id}: no event {key!r} before the wait's timeout")
         return stored["payload"]
 
-    async def spawn(self, type: str, configuration: Mapping[str, Any] | None = None, **options: Any) -> uuid.UUID:
+    async def spawn(
+        self, type: str, configuration: Mapping[str, Any] | None = None, **options: Unpack[JobOptions]
+    ) -> uuid.UUID:
         """Schedule a child job (its `parent_id` is this job's id) once; returns its id. The k-th spawn
         of one (type, configuration) in a run of the handler is the same child in every run."""
         if self._build is None:
@@ -493,7 +495,9 @@ class SyncJobExecution:
     def wait_for_event(self, key: str, timeout: float | timedelta | None = None) -> Any:
         return self._wait(self._execution.wait_for_event(key, timeout))
 
-    def spawn(self, type: str, configuration: Mapping[str, Any] | None = None, **options: Any) -> uuid.UUID:
+    def spawn(
+        self, type: str, configuration: Mapping[str, Any] | None = None, **options: Unpack[JobOptions]
+    ) -> uuid.UUID:
         return self._wait(self._execution.spawn(type, configuration, **options))
 
     def wait_for_children(self) -> list[Job]:

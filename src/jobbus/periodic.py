@@ -21,9 +21,10 @@ periodic job past every tick it enqueues.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypedDict, Unpack
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
@@ -108,6 +109,21 @@ class Schedule:
         return _EPOCH + (elapsed // every + ahead) * every * _MICROSECOND
 
 
+class PeriodicOptions(TypedDict, total=False):
+    """What `App.periodic` and `add_periodic` take beside the name and the job type: exactly one of
+    `cron` (5 fields, in `timezone`, "UTC" unless given) or `every` (seconds or a timedelta); the jobs'
+    `configuration`, `queue` and `priority` (None: the handler's); `overlap` (False unless given: a
+    tick is skipped while the previous job of the periodic job is queued or running)."""
+
+    cron: str | None
+    every: float | timedelta | None
+    configuration: Mapping[str, Any] | None
+    timezone: str
+    queue: str | None
+    priority: int | None
+    overlap: bool
+
+
 @dataclass(frozen=True, slots=True)
 class PeriodicSpec:
     """A validated periodic job definition, ready to store."""
@@ -126,26 +142,30 @@ class PeriodicSpec:
         name: str,
         *,
         type: str,
-        cron: str | None = None,
-        every: float | timedelta | None = None,
-        configuration: dict[str, Any] | None = None,
-        timezone: str = "UTC",
-        queue: str | None = None,
-        priority: int | None = None,
-        overlap: bool = False,
         default_queue: str = "default",
+        default_priority: int = 0,
         max_payload_bytes: int | None = None,
+        **options: Unpack[PeriodicOptions],
     ) -> PeriodicSpec:
-        priority = 0 if priority is None else priority
+        """Validate a periodic job; its queue and priority default to `default_queue`/`default_priority`."""
+        priority = options.get("priority")
+        priority = default_priority if priority is None else priority
         if isinstance(priority, bool) or not isinstance(priority, int) or not INT32_MIN <= priority <= INT32_MAX:
             raise InvalidJobError(f"priority must be a 32-bit integer, got {priority!r}")
+        overlap = options.get("overlap", False)
         if not isinstance(overlap, bool):
             raise InvalidJobError(f"overlap must be True or False, got {overlap!r}")
+        configuration = options.get("configuration")
+        queue = options.get("queue")
         return cls(
             name=validate_text("periodic name", name, MAX_TYPE_BYTES),
             type=validate_text("type", type, MAX_TYPE_BYTES),
-            schedule=Schedule.of(cron=cron, every=every, timezone=timezone),
-            configuration=configuration_json(configuration, max_payload_bytes),
+            schedule=Schedule.of(
+                cron=options.get("cron"), every=options.get("every"), timezone=options.get("timezone", "UTC")
+            ),
+            configuration=configuration_json(
+                dict(configuration) if configuration is not None else None, max_payload_bytes
+            ),
             queue=validate_text("queue", queue if queue is not None else default_queue, MAX_TYPE_BYTES),
             priority=priority,
             overlap=overlap,

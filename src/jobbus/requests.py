@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypedDict
 
 import uuid_utils.compat as uuid7_source
 
@@ -53,6 +53,32 @@ class JobRequest:
     #: A job not started by then never runs and ends `cancelled`: seconds or a timedelta from the
     #: insert (the database clock), or an aware datetime.
     expires: float | timedelta | datetime | None = None
+
+
+class JobOptions(TypedDict, total=False):
+    """The options of one job as keywords: of `App.schedule`, `schedule_many` (for each of its jobs),
+    `Task.options` and `job.spawn`. Each is the `JobRequest` field of the same name; one left out (or
+    None) takes the handler's default, then the settings'."""
+
+    name: str | None
+    group_id: uuid.UUID | None
+    unique_key: str | None
+    max_attempts: int | None
+    available_at: datetime | timedelta | None
+    queue: str | None
+    priority: int | None
+    timeout: float | timedelta | None
+    concurrency_key: str | None
+    then: JobRequest | None
+    expires: float | timedelta | datetime | None
+
+
+def check_options(what: str, given: Mapping[str, object], known: frozenset[str]) -> None:
+    """`TypeError` for a keyword that is not one of `known` (an options TypedDict's keys), as a
+    signature that spells them out would raise: mypy sees it in checked code, this sees every call."""
+    unknown = sorted(set(given) - known)
+    if unknown:
+        raise TypeError(f"{what}: unexpected keyword argument {unknown[0]!r} (it takes {', '.join(sorted(known))})")
 
 
 @dataclass(frozen=True, slots=True)

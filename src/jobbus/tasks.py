@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+from typing import Any, Generic, ParamSpec, Protocol, TypeVar, Unpack, cast
 
 import psycopg
 
@@ -30,9 +30,7 @@ from jobbus.durations import resolve_available_at, seconds_or_none
 from jobbus.encoding import EncodingError
 from jobbus.errors import InvalidJobError, NonRetryableError
 from jobbus.execution import JobExecution, SyncJobExecution
-
-if TYPE_CHECKING:
-    from jobbus.app import App
+from jobbus.requests import JobOptions, check_options
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -40,6 +38,22 @@ R = TypeVar("R")
 Connection = psycopg.AsyncConnection[Any] | psycopg.Connection[Any]
 
 _KINDS = inspect.Parameter
+
+
+class BlockingScheduler(Protocol):
+    """The blocking `schedule` of an App's `sync`."""
+
+    def schedule(self, type: str, *args: Any, **kwargs: Any) -> uuid.UUID: ...
+
+
+class TaskProducer(Protocol):
+    """What a task enqueues its jobs through: an `App`, whose `schedule(type, configuration, *,
+    connection=None, **options)` it calls (its `sync` one for `defer_sync` and the Celery verbs)."""
+
+    async def schedule(self, type: str, *args: Any, **kwargs: Any) -> uuid.UUID: ...
+
+    @property
+    def sync(self) -> BlockingScheduler: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +72,7 @@ class Task(Generic[P, R]):
     `defer_sync`, `delay` and ``options(...).defer`` as it checks a call of the function itself.
     """
 
-    def __init__(self, app: App, func: Callable[P, R], type: str) -> None:
+    def __init__(self, app: TaskProducer, func: Callable[P, R], type: str) -> None:
         self.app = app
         self.func = func
         self.type = type
@@ -76,39 +90,16 @@ class Task(Generic[P, R]):
 
     # -- producing ----------------------------------------------------------------------------------
 
-    def options(
-        self,
-        *,
-        name: str | None = None,
-        group_id: uuid.UUID | None = None,
-        unique_key: str | None = None,
-        max_attempts: int | None = None,
-        available_at: datetime | timedelta | None = None,
-        queue: str | None = None,
-        priority: int | None = None,
-        timeout: float | timedelta | None = None,
-        concurrency_key: str | None = None,
-        expires: float | timedelta | datetime | None = None,
-        connection: Connection | None = None,
-    ) -> TaskOptions[P, R]:
-        """This task with per-job options (those of `App.schedule`); chain `.defer(...)` on it.
+    def options(self, *, connection: Connection | None = None, **options: Unpack[JobOptions]) -> TaskOptions[P, R]:
+        """This task with per-job options (those of `App.schedule`, see `JobOptions`); chain `.defer(...)`
+        on it. An option given as None is left as it was.
 
         `connection` is a psycopg connection inside the caller's open transaction: an async one for
         `defer`, a sync one for `defer_sync`. The job commits, or rolls back, with that transaction.
         """
-        given = {
-            "name": name,
-            "group_id": group_id,
-            "unique_key": unique_key,
-            "max_attempts": max_attempts,
-            "available_at": available_at,
-            "queue": queue,
-            "priority": priority,
-            "timeout": timeout,
-            "concurrency_key": concurrency_key,
-            "expires": expires,
-        }
-        return TaskOptions(self, {key: value for key, value in given.items() if value is not None}, connection)
+        check_options("task.options()", options, JobOptions.__optional_keys__)
+        given = cast(JobOptions, {key: value for key, value in options.items() if value is not None})
+        return TaskOptions(self, given, connection)
 
     async def defer(self, *args: P.args, **kwargs: P.kwargs) -> uuid.UUID:
         """Enqueue one job of this task; returns its id (or, with a `unique_key`, the active holder's)."""
@@ -240,41 +231,15 @@ class TaskOptions(Generic[P, R]):
     """A task with per-job options: `defer`, `defer_sync`, and `options` to change some of them."""
 
     task: Task[P, R]
-    values: Mapping[str, Any] = field(default_factory=dict)
+    values: JobOptions = field(default_factory=lambda: JobOptions())
     connection: Connection | None = None
 
-    def options(
-        self,
-        *,
-        name: str | None = None,
-        group_id: uuid.UUID | None = None,
-        unique_key: str | None = None,
-        max_attempts: int | None = None,
-        available_at: datetime | timedelta | None = None,
-        queue: str | None = None,
-        priority: int | None = None,
-        timeout: float | timedelta | None = None,
-        concurrency_key: str | None = None,
-        expires: float | timedelta | datetime | None = None,
-        connection: Connection | None = None,
-    ) -> TaskOptions[P, R]:
+    def options(self, *, connection: Connection | None = None, **options: Unpack[JobOptions]) -> TaskOptions[P, R]:
         """These options with those given here changed (the keywords of `Task.options`)."""
-        changed = self.task.options(
-            name=name,
-            group_id=group_id,
-            unique_key=unique_key,
-            max_attempts=max_attempts,
-            available_at=available_at,
-            queue=queue,
-            priority=priority,
-            timeout=timeout,
-            concurrency_key=concurrency_key,
-            expires=expires,
-            connection=connection,
-        )
+        changed = self.task.options(connection=connection, **options)
         return replace(
             self,
-            values={**self.values, **changed.values},
+            values=self.values | changed.values,
             connection=connection if connection is not None else self.connection,
         )
 

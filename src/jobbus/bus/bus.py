@@ -39,7 +39,7 @@ from jobbus.encoding import EncodingError
 from jobbus.errors import InvalidJobError
 from jobbus.execution import JobExecution, SyncJobExecution
 from jobbus.models import JobSpec
-from jobbus.requests import JobRequest, build_spec
+from jobbus.requests import JobRequest
 
 if TYPE_CHECKING:
     from jobbus.app import App
@@ -358,9 +358,7 @@ class MessageBus:
             unique_key=unique_keys.get(binding.name),
             available_at=available_at,
         )
-        settings = self.app.settings
-        defaults = self.app.job_defaults(binding.job_type)
-        return build_spec(request, defaults, settings.default_max_attempts, settings.max_payload_bytes)
+        return self.app.registry.build_job_spec(request)
 
     def _message_of(self, message: object, message_type: type[Any] | str | None) -> MessageType:
         if message_type is not None:

@@ -25,6 +25,7 @@ from jobbus.requests import (
     INT32_MIN,
     MAX_JSON_DEPTH,
     JobDefaults,
+    JobOptions,
     JobRequest,
     build_spec,
 )
@@ -141,7 +142,7 @@ def schedule_command(
         group = uuid.UUID(group_id) if group_id else None
     except ValueError:
         raise UsageProblem(f"--group-id {group_id!r} is not a UUID") from None
-    options: dict[str, Any] = {
+    options: JobOptions = {
         "queue": queue,
         "unique_key": unique_key,
         "available_at": available_at,

@@ -9,7 +9,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar, Unpack
 
 import psycopg
 
@@ -21,10 +21,10 @@ from jobbus.events import JobCancelled, JobScheduled
 from jobbus.execution import check_event_key
 from jobbus.limits import KEEP, Keep, QueueSettings, RateLimit
 from jobbus.models import GroupProgress, Job, JobSpec, JobStatus
-from jobbus.periodic import Periodic
+from jobbus.periodic import Periodic, PeriodicOptions
 from jobbus.producer import plan
 from jobbus.producer.plan import Found, JobItem, ProducerApp
-from jobbus.requests import MAX_TYPE_BYTES, JobRequest, json_text, new_job_id, validate_text
+from jobbus.requests import MAX_TYPE_BYTES, JobOptions, JobRequest, json_text, new_job_id, validate_text
 from jobbus.store import run_sync
 from jobbus.store.statements import Operation
 from jobbus.waiting import SyncFinishedJobs, timeout_message, vanished_message
@@ -89,41 +89,17 @@ class SyncProducer(ABC):
         type: str,
         configuration: Mapping[str, Any] | None = None,
         *,
-        name: str | None = None,
-        group_id: uuid.UUID | None = None,
-        unique_key: str | None = None,
-        max_attempts: int | None = None,
-        available_at: datetime | timedelta | None = None,
-        queue: str | None = None,
-        priority: int | None = None,
-        timeout: float | timedelta | None = None,
-        concurrency_key: str | None = None,
-        then: JobRequest | None = None,
-        expires: float | timedelta | datetime | None = None,
         connection: psycopg.Connection[Any] | None = None,
+        **options: Unpack[JobOptions],
     ) -> uuid.UUID:
         """Enqueue one job and return its id, or the id of the active job holding `unique_key`.
 
-        `then`: a follow-up job, scheduled exactly once in the transaction that records this job
-        `completed` (never on failure or cancellation). `expires`: seconds or a timedelta from now, or
-        an aware datetime; a job not started by then never runs and ends `cancelled` ("expired").
+        The options are those of `JobOptions`. `then`: a follow-up job, scheduled exactly once in the
+        transaction that records this job `completed` (never on failure or cancellation). `expires`:
+        seconds or a timedelta from now, or an aware datetime; a job not started by then never runs
+        and ends `cancelled` ("expired").
         """
-        request = JobRequest(
-            type,
-            configuration,
-            name,
-            group_id,
-            unique_key,
-            max_attempts,
-            available_at,
-            queue,
-            priority,
-            timeout,
-            concurrency_key,
-            then,
-            expires,
-        )
-        (job_id,) = self.schedule_many([request], connection=connection)
+        (job_id,) = self.schedule_many([JobRequest(type, configuration, **options)], connection=connection)
         return job_id
 
     def schedule_many(
@@ -132,13 +108,13 @@ class SyncProducer(ABC):
         configurations: Iterable[Mapping[str, Any] | None] | None = None,
         *,
         connection: psycopg.Connection[Any] | None = None,
-        **common: Any,
+        **common: Unpack[JobOptions],
     ) -> list[uuid.UUID]:
         """Enqueue many jobs in one round trip; ids come back in input order.
 
         Either a list of ``JobRequest(...)``, ``{"type": ..., "configuration": ..., ...}`` or
         ``("type", configuration)`` items, or ``schedule_many("type", [config, ...], queue=..., ...)``;
-        keyword options apply to every job.
+        keyword options (those of `JobOptions`) apply to every job.
         """
         specs, order = plan.job_specs(self._app, jobs, configurations, common)
         ids = self.insert_specs(specs, connection=connection)
@@ -164,7 +140,7 @@ class SyncProducer(ABC):
                 found.update(self._insert(missing, connection))
             else:
                 raise plan.dedupe_contention(specs, found)
-        events = self._app.events
+        events = self._app.registry.events
         if events:
             for spec in plan.inserted(specs, found):
                 events.emit_sync(JobScheduled(spec.id, spec.type, spec.queue))
@@ -189,9 +165,10 @@ class SyncProducer(ABC):
         found = self._run(app.store.insert_jobs(specs, callback=callback), connection)
         if plan.missing(specs, found):
             found.update(self._insert(plan.missing(specs, found), connection))
-        if app.events:
+        events = app.registry.events
+        if events:
             for spec in plan.inserted(specs, found):
-                app.events.emit_sync(JobScheduled(spec.id, spec.type, spec.queue))
+                events.emit_sync(JobScheduled(spec.id, spec.type, spec.queue))
         return group, plan.resolve_ids(specs, order, found)
 
     def _check_follow_up_groups(self, specs: Sequence[JobSpec], connection: psycopg.Connection[Any] | None) -> None:
@@ -287,7 +264,7 @@ class SyncProducer(ABC):
         status = plan.cancel_status(job_id, result)
         if result.before is JobStatus.QUEUED and result.type and result.queue:
             cancelled = JobCancelled(plan.as_uuid(job_id), result.type, result.queue, JobStatus.QUEUED)
-            self._app.events.emit_sync(cancelled)
+            self._app.registry.events.emit_sync(cancelled)
         return status
 
     def retry(self, job_id: uuid.UUID, available_at: datetime | timedelta | None = None) -> None:
@@ -372,22 +349,11 @@ class SyncProducer(ABC):
 
     # -- periodic jobs -----------------------------------------------------------------------------
 
-    def add_periodic(
-        self,
-        name: str,
-        *,
-        type: str,
-        cron: str | None = None,
-        every: float | timedelta | None = None,
-        configuration: Mapping[str, Any] | None = None,
-        timezone: str = "UTC",
-        queue: str | None = None,
-        priority: int | None = None,
-        overlap: bool = False,
-    ) -> Periodic:
-        """Add (or redefine) a periodic job at run time, stored in the database; it survives restarts."""
+    def add_periodic(self, name: str, *, type: str, **options: Unpack[PeriodicOptions]) -> Periodic:
+        """Add (or redefine) a periodic job at run time, stored in the database; it survives restarts
+        (the options are those of `App.periodic`)."""
         app = self._app
-        spec = plan.periodic_spec(app, name, type, cron, every, configuration, timezone, queue, priority, overlap)
+        spec = app.registry.periodic_spec(name, type, **options)
         now = self._run(app.periodic_store.database_now())
         statement = app.periodic_store.upsert(spec, source="runtime", next_run_at=spec.schedule.next_after(now))
         if not self._run(statement):
@@ -421,7 +387,7 @@ class SyncProducer(ABC):
         if job_type is None:
             raise InvalidStateError(f"no periodic job is named {name!r}")
         job_id = new_job_id()
-        statement = app.periodic_store.run_now(name, job_id=job_id, max_attempts=app.max_attempts_of(job_type))
+        statement = app.periodic_store.run_now(name, job_id=job_id, max_attempts=app.registry.max_attempts_of(job_type))
         if not self._run(statement, repeatable=False):
             raise InvalidStateError(f"no periodic job is named {name!r}")
         return job_id

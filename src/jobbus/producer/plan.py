@@ -5,7 +5,6 @@ Pure rules and values shared by `App` and its blocking twin; nothing here does I
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 import uuid
@@ -16,20 +15,10 @@ from typing import Any, Protocol
 import psycopg
 
 from jobbus.errors import DatabaseUnavailableError, InvalidJobError, InvalidStateError, JobbusError
-from jobbus.events import EventHub
 from jobbus.limits import Keep, RateLimit, check_count, check_rate
 from jobbus.models import JOB_VIEWS, JobSpec, JobStatus
-from jobbus.periodic import PeriodicSpec
-from jobbus.requests import (
-    MAX_TYPE_BYTES,
-    JobDefaults,
-    JobRequest,
-    build_spec,
-    new_job_id,
-    spec_json,
-    specs_sharing,
-    validate_text,
-)
+from jobbus.registry import Registry
+from jobbus.requests import MAX_TYPE_BYTES, JobRequest, new_job_id, spec_json, specs_sharing, validate_text
 from jobbus.resilience import Backoff, first_line, is_transient
 from jobbus.settings import Settings
 from jobbus.store import CancelResult, JobStore, Statement
@@ -47,22 +36,16 @@ DEDUPE_ROUNDS = 10
 #: What a statement raises on a schema a migration behind this code (a rolling deploy): a table or column
 #: it names is missing.
 SCHEMA_BEHIND = (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn)
-#: The longest chain of `then=` follow-ups one request may carry.
-MAX_CHAIN = 20
 
 
 class ProducerApp(Protocol):
-    """What the verbs read of their App: settings, stores, listeners and the handlers' job defaults."""
+    """What the verbs read of their App: settings, stores, and the registry (job defaults, listeners)."""
 
     settings: Settings
     store: JobStore
     periodic_store: PeriodicStore
     queue_store: QueueStore
-    events: EventHub
-
-    def job_defaults(self, job_type: str) -> JobDefaults: ...
-
-    def max_attempts_of(self, job_type: str) -> int: ...
+    registry: Registry
 
 
 class DatabaseWait:
@@ -110,21 +93,6 @@ def refused(exc: Exception) -> None:
 # -- specs -----------------------------------------------------------------------------------------
 
 
-def job_spec(app: ProducerApp, request: JobRequest, depth: int = 0) -> JobSpec:
-    """Validate a request and its chain of follow-ups (each gets its id now, so it is written once)."""
-    settings = app.settings
-    spec = build_spec(
-        request, app.job_defaults(request.type), settings.default_max_attempts, settings.max_payload_bytes
-    )
-    if request.then is None:
-        return spec
-    if not isinstance(request.then, JobRequest):
-        raise InvalidJobError(f"then must be a jobbus.JobRequest, got {request.then!r:.80}")
-    if depth >= MAX_CHAIN:
-        raise InvalidJobError(f"a chain of then= may hold at most {MAX_CHAIN} follow-ups")
-    return dataclasses.replace(spec, then=spec_json(job_spec(app, request.then, depth + 1)))
-
-
 def job_specs(
     app: ProducerApp,
     jobs: Iterable[JobItem] | str,
@@ -132,8 +100,7 @@ def job_specs(
     common: Mapping[str, Any],
 ) -> tuple[list[JobSpec], list[int]]:
     """The specs to insert and, per input, the index of its spec (a repeated unique key folds onto the first)."""
-    settings_default = app.settings.default_max_attempts
-    limit = app.settings.max_payload_bytes
+    registry = app.registry
     if (
         isinstance(jobs, str)
         and configurations is not None
@@ -141,14 +108,14 @@ def job_specs(
         and common.get("then") is None  # every job needs a follow-up of its own
     ):
         # One type, shared options: validate the options once, then only each configuration.
-        template = build_spec(_request({**common, "type": jobs}), app.job_defaults(jobs), settings_default, limit)
-        shared = specs_sharing(template, configurations, limit)
+        template = registry.build_job_spec(_request({**common, "type": jobs}))
+        shared = specs_sharing(template, configurations, registry.settings.max_payload_bytes)
         return shared, list(range(len(shared)))
     specs: list[JobSpec] = []
     order: list[int] = []
     first_by_key: dict[tuple[str, str], int] = {}
     for request in list(_requests(jobs, configurations, common)):
-        spec = job_spec(app, request)
+        spec = registry.build_job_spec(request)
         if spec.unique_key is not None:
             key = (spec.type, spec.unique_key)
             if key in first_by_key:  # a repeat within the batch folds onto the first
@@ -176,36 +143,8 @@ def group_specs(
             raise InvalidJobError(f"then must be a jobbus.JobRequest, got {then!r:.80}")
         if any(spec.unique_key is not None for spec in specs):
             raise InvalidJobError("schedule_group with then=: members cannot have a unique_key")
-        callback = spec_json(job_spec(app, then))
+        callback = spec_json(app.registry.build_job_spec(then))
     return group, specs, order, (group, callback)
-
-
-def periodic_spec(
-    app: ProducerApp,
-    name: str,
-    job_type: str,
-    cron: str | None,
-    every: float | timedelta | None,
-    configuration: Mapping[str, Any] | None,
-    timezone: str,
-    queue: str | None,
-    priority: int | None,
-    overlap: bool,
-) -> PeriodicSpec:
-    defaults = app.job_defaults(job_type)
-    return PeriodicSpec.build(
-        name,
-        type=job_type,
-        cron=cron,
-        every=every,
-        configuration=dict(configuration) if configuration is not None else None,
-        timezone=timezone,
-        queue=queue,
-        priority=priority if priority is not None else defaults.priority,
-        overlap=overlap,
-        default_queue=defaults.queue,
-        max_payload_bytes=app.settings.max_payload_bytes,
-    )
 
 
 def _requests(

@@ -6,13 +6,11 @@ import asyncio
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from jobbus.execution import AttemptSignals, JobExecution, StopReason
 from jobbus.models import ClaimedJob
-
-if TYPE_CHECKING:
-    from jobbus.app import Handler
+from jobbus.registry import Handler
 
 
 class Phase(enum.Enum):

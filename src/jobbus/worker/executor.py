@@ -25,6 +25,7 @@ from jobbus.events import JobEvent, JobFailed, JobStarted
 from jobbus.execution import StopReason, SyncJobExecution, enter_job, leave_job
 from jobbus.jsontext import UndecodableJson
 from jobbus.models import JobStatus
+from jobbus.registry import Registry
 from jobbus.worker.attempt import Attempt, Phase
 from jobbus.worker.completer import Completer
 from jobbus.worker.outcomes import Decision, OutcomePolicy
@@ -32,15 +33,13 @@ from jobbus.worker.outcomes import Decision, OutcomePolicy
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
 
-    from jobbus.app import App
-
 logger = logging.getLogger("jobbus.worker")
 
 
 class Executor:
     def __init__(
         self,
-        app: App,
+        registry: Registry,
         *,
         policy: OutcomePolicy,
         completer: Completer,
@@ -50,7 +49,7 @@ class Executor:
         on_slot_free: Callable[[Attempt], None],
         on_finished: Callable[[Attempt, JobStatus | None, str], None],
     ) -> None:
-        self.app = app
+        self.registry = registry
         self.policy = policy
         self.completer = completer
         self.threads = threads
@@ -74,7 +73,7 @@ class Executor:
         error: BaseException | None = None
         try:
             scope: AbstractAsyncContextManager[Any] | None = None
-            events = self.app.events
+            events = self.registry.events
             if events:
                 claimed = attempt.claimed
                 await events.emit(JobStarted(claimed.id, claimed.type, claimed.queue, claimed.attempts))
@@ -128,7 +127,7 @@ class Executor:
         return None
 
     async def _enter_scope(self, attempt: Attempt) -> tuple[AbstractAsyncContextManager[Any] | None, Decision | None]:
-        factory = self.app.job_scope
+        factory = self.registry.job_scope
         if factory is None:
             return None, None
         try:

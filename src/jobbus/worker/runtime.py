@@ -29,7 +29,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
@@ -40,6 +40,7 @@ from jobbus.models import ClaimedJob, JobStatus
 from jobbus.resilience import Backoff, Outage, first_line, is_transient, open_pool, retrying
 from jobbus.store import MaintenanceStore, Registration, Statement, WorkerStore, run_async
 from jobbus.store.statements import configure_async
+from jobbus.worker.app_view import AppView
 from jobbus.worker.attempt import Attempt, Phase
 from jobbus.worker.claimer import CLAIM_BATCH_WAIT_SECONDS, Claimer
 from jobbus.worker.completer import Completer
@@ -58,9 +59,6 @@ from jobbus.worker.services.periodic import PeriodicEnqueuer
 from jobbus.worker.services.queue_stats import QueueSampler
 from jobbus.worker.services.rescuer import Rescuer
 from jobbus.worker.watchdog import LoopWatchdog
-
-if TYPE_CHECKING:
-    from jobbus.app import App
 
 logger = logging.getLogger("jobbus.worker")
 T = TypeVar("T")
@@ -107,7 +105,7 @@ class Worker:
 
     def __init__(
         self,
-        app: App,
+        app: AppView,
         options: WorkerOptions | None = None,
         *,
         observers: Sequence[WorkerObserver] = (),
@@ -117,6 +115,7 @@ class Worker:
             raise TypeError("pass either WorkerOptions or keyword options, not both")
         self.observers = Observers(observers)
         self.app = app
+        self.registry = app.registry
         self.options = options if options is not None else WorkerOptions(**kwargs)
         self.settings = app.settings
         self.store = app.store
@@ -150,7 +149,7 @@ class Worker:
         self.policy = OutcomePolicy(self.settings, self.worker_id)
         self.completer = Completer(self.store, self._run, write_lock=self._write_lock, on_fatal=self._fatal)
         self.executor = Executor(
-            app,
+            self.registry,
             policy=self.policy,
             completer=self.completer,
             threads=self._threads,
@@ -203,7 +202,7 @@ class Worker:
                     jobs=self.store,
                     workers=self.workers,
                     run=self._run,
-                    events=app.events,
+                    events=self.registry.events,
                     interval=self.poll_interval,
                 ),
                 Cleaner(settings=self.settings, maintenance=self.maintenance, run=self._run),
@@ -216,7 +215,7 @@ class Worker:
                 PeriodicEnqueuer(
                     store=app.periodic_store,
                     run=self._run,
-                    max_attempts_of=app.max_attempts_of,
+                    max_attempts_of=self.registry.max_attempts_of,
                     catch_up_seconds=2 * self.settings.worker_dead_after_seconds,
                 ),
             ],
@@ -274,7 +273,7 @@ class Worker:
     # -- lifecycle ----------------------------------------------------------------------------------
 
     def _types(self) -> list[str]:
-        known = sorted(self.app.handlers)
+        known = sorted(self.registry.handlers)
         if not known:
             raise ValueError("the app has no job handlers: register some with @app.job(...)")
         if self.options.types is None:
@@ -432,14 +431,14 @@ class Worker:
                 len(recovered),
                 extra={"worker_id": self.worker_id},
             )
-            await announce_recovered(self.app.events, recovered)
+            await announce_recovered(self.registry.events, recovered)
 
     async def _sync_periodics(self) -> None:
         """Store the periodic jobs this code declares; delete the ones it no longer declares among the
         job types this worker handles (other workers' types are theirs to keep)."""
         store = self.app.periodic_store
         now = await self._run(store.database_now())
-        for spec in self.app.periodics.values():
+        for spec in self.registry.periodics.values():
             next_run_at = spec.schedule.next_after(now)
             if not await self._run(store.upsert(spec, source="code", next_run_at=next_run_at)):
                 logger.warning(
@@ -448,7 +447,7 @@ class Worker:
                     spec.name,
                     spec.name,
                 )
-        retired = await self._run(store.retire_code_periodics(self.types, list(self.app.periodics)))
+        retired = await self._run(store.retire_code_periodics(self.types, list(self.registry.periodics)))
         for name in retired:
             logger.info("periodic job %s is no longer declared in code: removed", name)
         for periodic in await self._run(store.list_periodic()):
@@ -674,8 +673,10 @@ class Worker:
     def _start(self, jobs: list[ClaimedJob], sent: float) -> int:
         """Every claimed job becomes an attempt with its own task; its lease started after `sent`."""
         tracer = tracing.current_tracer()
+        handlers = self.registry.handlers
+        build_job_spec = self.registry.build_job_spec
         for claimed in jobs:
-            handler = self.app.handlers[claimed.type]
+            handler = handlers[claimed.type]
             signals = AttemptSignals(cancelled=claimed.cancellation_requested)
             attempt = Attempt(claimed, handler, signals, sent + self.settings.lease_seconds)
             attempt.execution = JobExecution(
@@ -685,7 +686,7 @@ class Worker:
                 self.settings.lease_seconds,
                 self.settings.max_payload_bytes,
                 signals,
-                self.app.build_job_spec,
+                build_job_spec,
             )
             attempt.timeout = claimed.timeout_seconds or handler.timeout
             self._in_flight[claimed.id] = attempt

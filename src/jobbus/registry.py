@@ -1,0 +1,161 @@
+"""The registry: the job types an App handles, its periodic jobs, its listeners and its job scope.
+
+`App`'s decorators (`job`, `task`, `periodic`, `on`) fill it. A worker runs what it holds, reading
+it with the settings and the stores, never the App; the producer verbs build their job specs from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, ParamSpec, TypedDict, TypeVar, Unpack
+
+from jobbus.durations import seconds_or_none
+from jobbus.errors import InvalidJobError
+from jobbus.events import EventHub
+from jobbus.models import JobSpec
+from jobbus.periodic import PeriodicOptions, PeriodicSpec
+from jobbus.requests import JobDefaults, JobRequest, build_spec, check_options, spec_json
+from jobbus.settings import Settings
+from jobbus.tasks import Task, TaskProducer, default_type
+
+F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
+#: `App(job_scope=...)`: the running job → the async context manager whose value is its `job.scope`.
+JobScope = Callable[[Any], AbstractAsyncContextManager[Any]]
+#: A handler's own retry policy: (the failed attempt's number, its exception) → delay.
+BackoffPolicy = Callable[[int, BaseException], "float | timedelta"]
+#: The longest chain of `then=` follow-ups one request may carry.
+MAX_CHAIN = 20
+
+
+class HandlerOptions(TypedDict, total=False):
+    """What `App.job` and `App.task` say about a job type. Its jobs' `queue` ("default"),
+    `max_attempts` (None: the settings' `default_max_attempts`) and `priority` (0) when the producer
+    does not say; `timeout`, seconds or a timedelta that bounds every attempt (a job's own wins);
+    `backoff(attempt, error)`, the delay before the next attempt (seconds or a timedelta) in place of
+    the settings' formula."""
+
+    queue: str
+    max_attempts: int | None
+    priority: int
+    timeout: float | timedelta | None
+    backoff: BackoffPolicy | None
+
+
+@dataclass(frozen=True, slots=True)
+class Handler:
+    """A registered job type and the function that runs it."""
+
+    type: str
+    func: Callable[..., Any]
+    is_async: bool
+    defaults: JobDefaults
+    #: Seconds an attempt may run (a job's own `timeout` wins); None: no limit.
+    timeout: float | None = None
+    #: `backoff(attempt, error)` → seconds or timedelta before the next attempt; None: the settings'.
+    backoff: BackoffPolicy | None = None
+
+
+class Registry:
+    """What an App handles and declares, and the job defaults that follow from it.
+
+    `settings` are the App's (`App.reconfigure` replaces them here too): they fill in what a handler
+    leaves open (`default_max_attempts`) and bound every payload (`max_payload_bytes`).
+    """
+
+    def __init__(self, settings: Settings, job_scope: JobScope | None = None) -> None:
+        if job_scope is not None and not callable(job_scope):
+            raise ValueError(f"job_scope must be a callable returning an async context manager, got {job_scope!r}")
+        self.settings = settings
+        self.job_scope = job_scope
+        self.handlers: dict[str, Handler] = {}
+        #: Periodic jobs declared in code (`periodic`); workers keep the stored ones in step with these.
+        self.periodics: dict[str, PeriodicSpec] = {}
+        self.events = EventHub()
+
+    # -- declaring ---------------------------------------------------------------------------------
+
+    def job(self, type: str, **options: Unpack[HandlerOptions]) -> Callable[[F], F]:
+        """`App.job`: the options are checked now, the function is registered when decorated."""
+        check_options("app.job()", options, HandlerOptions.__optional_keys__)
+        defaults = JobDefaults(
+            queue=options.get("queue", "default"),
+            max_attempts=options.get("max_attempts"),
+            priority=options.get("priority", 0),
+        )
+        build_spec(JobRequest(type), defaults, self.settings.default_max_attempts)  # validates the options
+        timeout_seconds = seconds_or_none("timeout", options.get("timeout"))
+        backoff = options.get("backoff")
+        if backoff is not None and not callable(backoff):
+            raise TypeError(f"backoff must be a callable (attempt, error) -> seconds or timedelta, got {backoff!r}")
+
+        def register(func: F) -> F:
+            if type in self.handlers:
+                raise ValueError(f"job type {type!r} already has a handler: {self.handlers[type].func!r}")
+            is_async = inspect.iscoroutinefunction(func)
+            self.handlers[type] = Handler(type, func, is_async, defaults, timeout_seconds, backoff)
+            return func
+
+        return register
+
+    def task(
+        self,
+        producer: TaskProducer,
+        func: Callable[P, R],
+        name: str | None = None,
+        **options: Unpack[HandlerOptions],
+    ) -> Task[P, R]:
+        """`App.task`: `func` as a `Task` that defers its jobs through `producer`, and its handler."""
+        if not callable(func) or isinstance(func, type):
+            raise TypeError(f"@app.task decorates a function, got {func!r}")
+        task = Task(producer, func, name if name is not None else default_type(func))
+        self.job(task.type, **options)(task.handler())
+        return task
+
+    def periodic(self, name: str, *, type: str, **options: Unpack[PeriodicOptions]) -> None:
+        """`App.periodic`: declare a periodic job in code (a name is declared once)."""
+        if name in self.periodics:
+            raise ValueError(f"periodic job {name!r} is already declared")
+        self.periodics[name] = self.periodic_spec(name, type, **options)
+
+    # -- what follows from it ----------------------------------------------------------------------
+
+    def job_defaults(self, job_type: str) -> JobDefaults:
+        handler = self.handlers.get(job_type)
+        return handler.defaults if handler else JobDefaults()
+
+    def max_attempts_of(self, job_type: str) -> int:
+        return self.job_defaults(job_type).max_attempts or self.settings.default_max_attempts
+
+    def build_job_spec(self, request: JobRequest, depth: int = 0) -> JobSpec:
+        """Validate a request and its chain of follow-ups (each gets its id now, so it is written once)."""
+        settings = self.settings
+        spec = build_spec(
+            request, self.job_defaults(request.type), settings.default_max_attempts, settings.max_payload_bytes
+        )
+        if request.then is None:
+            return spec
+        if not isinstance(request.then, JobRequest):
+            raise InvalidJobError(f"then must be a jobbus.JobRequest, got {request.then!r:.80}")
+        if depth >= MAX_CHAIN:
+            raise InvalidJobError(f"a chain of then= may hold at most {MAX_CHAIN} follow-ups")
+        return dataclasses.replace(spec, then=spec_json(self.build_job_spec(request.then, depth + 1)))
+
+    def periodic_spec(self, name: str, job_type: str, **options: Unpack[PeriodicOptions]) -> PeriodicSpec:
+        """A periodic job, validated; its queue and priority default to its handler's."""
+        check_options("periodic job", options, PeriodicOptions.__optional_keys__)
+        defaults = self.job_defaults(job_type)
+        return PeriodicSpec.build(
+            name,
+            type=job_type,
+            default_queue=defaults.queue,
+            default_priority=defaults.priority,
+            max_payload_bytes=self.settings.max_payload_bytes,
+            **options,
+        )
