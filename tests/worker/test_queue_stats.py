@@ -18,6 +18,7 @@ from jobbus.store import MaintenanceStore, QueueSample, run_sync
 from jobbus.worker.services.queue_stats import LATE_SECONDS, TALLY_SECONDS
 from tests.plans import NEEDS_AUTO_EXPLAIN, auto_explained
 from tests.roles import granted_roles
+from tests.storehelpers import behind_a_lock
 
 SAMPLE = MaintenanceStore("jobbus").sample_queues(1.0, late_seconds=LATE_SECONDS, keep_seconds=TALLY_SECONDS)
 STATUSES = ("completed", "failed", "cancelled")
@@ -59,16 +60,6 @@ def _totals(finished: Counter[tuple[str, str]]) -> Totals:
     return {q: (finished[q, "completed"], finished[q, "failed"], finished[q, "cancelled"]) for q in queues}
 
 
-def _until_waiting_or_done(dsn: str, pid: int, thread: threading.Thread) -> None:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        for _ in range(100):
-            row = conn.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
-            if row == ("Lock",) or not thread.is_alive():
-                return
-            time.sleep(0.05)
-    raise AssertionError(f"backend {pid} neither waited for a lock nor finished")
-
-
 def test_a_second_leader_sampling_while_the_first_has_not_committed_counts_only_what_followed(dsn: str) -> None:
     """Two leaders for a moment: the second samples while the first one's sample is not committed yet.
     It waits for it, then counts the jobs finished since, not the first one's again."""
@@ -76,30 +67,18 @@ def test_a_second_leader_sampling_while_the_first_has_not_committed_counts_only_
         _start_sampling(conn)  # the jobs below finish after the newest sample
         _finish(conn, "a", "completed", 5)
         _finish(conn, "b", "failed", 3)
-    seconds: list[list[QueueSample]] = []
-    failures: list[BaseException] = []
     with psycopg.connect(dsn) as first, psycopg.connect(dsn) as second:
         assert {(s.queue, s.completed, s.failed) for s in _sample(first) if s.completed + s.failed} == {
             ("a", 5, 0),
             ("b", 0, 3),
         }
 
-        def sample_second() -> None:
-            try:
-                seconds.append(_sample(second))
-                second.commit()
-            except BaseException as exc:
-                failures.append(exc)
+        def finish_meanwhile() -> None:  # while the second waits: after the first one's sample
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                _finish(conn, "a", "completed", 2)
 
-        waiting = threading.Thread(target=sample_second)
-        waiting.start()
-        _until_waiting_or_done(dsn, second.info.backend_pid, waiting)
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            _finish(conn, "a", "completed", 2)  # while the second waits: after the first one's sample
-        first.commit()
-        waiting.join(10.0)
-    assert failures == []
-    assert [(s.queue, s.completed, s.failed) for s in seconds[0] if s.completed + s.failed] == [("a", 2, 0)]
+        second_sample = behind_a_lock(dsn, first, second, SAMPLE, finish_meanwhile)
+    assert [(s.queue, s.completed, s.failed) for s in second_sample if s.completed + s.failed] == [("a", 2, 0)]
     with psycopg.connect(dsn, autocommit=True) as conn:
         assert _counted(conn) == {"a": (7, 0, 0), "b": (0, 3, 0)}
 
@@ -164,6 +143,22 @@ def test_a_job_committed_after_a_sample_it_predates_is_counted_by_the_next(dsn: 
             finishing.commit()
         assert [(s.queue, s.completed) for s in _sample(conn) if s.completed] == [("a", 2)]
         assert _counted(conn) == {"a": (2, 0, 0)}
+
+
+def test_a_job_retried_or_deleted_after_it_was_counted_is_not_taken_back(dsn: str) -> None:
+    """A failure retried right after it was counted, in seconds the next samples read again, stays counted;
+    its second attempt's outcome is counted too. A deleted job stays counted."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        _start_sampling(conn)
+        _finish(conn, "a", "failed", 1)
+        _finish(conn, "a", "completed", 1)
+        _sample(conn)
+        conn.execute("UPDATE jobbus.job SET status = 'queued', finished_at = NULL WHERE status = 'failed'")
+        conn.execute("DELETE FROM jobbus.job WHERE status = 'completed'")
+        assert [s.failed + s.completed for s in _sample(conn)] == [0, 0]  # a and waiting: nothing negative
+        conn.execute("UPDATE jobbus.job SET status = 'completed', finished_at = now() WHERE queue = 'a'")
+        _sample(conn)
+        assert _counted(conn) == {"a": (2, 1, 0)}
 
 
 def _set_the_clock_back(conn: psycopg.Connection[Any], seconds: int) -> None:
