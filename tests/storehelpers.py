@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import psycopg
 
 from jobbus import App
 from jobbus.models import ClaimedJob, JobStatus
 from jobbus.store import MaintenanceStore, Outcome, Registration, Statement, run_sync
+
+T = TypeVar("T")
 
 
 def claim(
@@ -80,3 +84,46 @@ def registration(worker_id: str, instance_id: uuid.UUID) -> Registration:
         dead_after_seconds=3.0,
         heartbeat_seconds=1.0,
     )
+
+
+def behind_a_lock(
+    dsn: str,
+    holder: psycopg.Connection[Any],
+    waiter: psycopg.Connection[Any],
+    statement: Statement[T],
+    meanwhile: Callable[[], object] = lambda: None,
+) -> T:
+    """Two leaders running one statement at once, the second held up by the first: `statement` runs on
+    `waiter` while `holder`'s transaction is still open and must wait for a lock of it; then `meanwhile()`
+    runs, `holder` commits, and `waiter`'s result comes back, committed."""
+    results: list[T] = []
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            results.append(run_sync(waiter, statement))
+            waiter.commit()
+        except BaseException as exc:
+            failures.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        _until_waiting_for_a_lock(dsn, waiter.info.backend_pid)
+        meanwhile()
+    finally:
+        holder.commit()
+        thread.join(10.0)
+    if failures:
+        raise failures[0]
+    return results[0]
+
+
+def _until_waiting_for_a_lock(dsn: str, pid: int) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for _ in range(100):
+            row = conn.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
+            if row == ("Lock",):
+                return
+            time.sleep(0.1)
+    raise AssertionError(f"backend {pid} never waited for a lock")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import html
 import re
 import threading
-import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -19,6 +18,7 @@ import jobbus
 from jobbus.dashboard import create_app
 from jobbus.store.maintenance import MaintenanceStore
 from jobbus.store.statements import run_async, run_sync
+from tests.storehelpers import behind_a_lock
 
 BASE = "http://127.0.0.1:8787"
 
@@ -129,18 +129,11 @@ def _bucket_totals(conn: psycopg.Connection[Any]) -> BucketTotals:
     return {(queue, bucket): (completed, failed, cancelled) for queue, bucket, completed, failed, cancelled in rows}
 
 
+COMPACT = MaintenanceStore("jobbus").compact_queue_stats(raw_seconds=3600, step_seconds=600)
+
+
 def _compact(conn: psycopg.Connection[Any]) -> int:
-    return int(run_sync(conn, MaintenanceStore("jobbus").compact_queue_stats(raw_seconds=3600, step_seconds=600)))
-
-
-def _until_waiting_for_a_lock(dsn: str, pid: int) -> None:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        for _ in range(100):
-            row = conn.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
-            if row == ("Lock",):
-                return
-            time.sleep(0.1)
-    raise AssertionError(f"backend {pid} never waited for a lock")
+    return int(run_sync(conn, COMPACT))
 
 
 def test_two_leaders_compacting_at_once_merge_every_sample_once(dsn: str) -> None:
@@ -149,24 +142,11 @@ def test_two_leaders_compacting_at_once_merge_every_sample_once(dsn: str) -> Non
     with psycopg.connect(dsn, autocommit=True) as conn:
         _step_samples(conn, "to_timestamp(floor(extract(epoch FROM now() - interval '4 hours') / 600) * 600)", 720)
         before = _bucket_totals(conn)
-    merged: list[int] = []
-    failures: list[BaseException] = []
     with psycopg.connect(dsn) as first, psycopg.connect(dsn) as second:
         assert _compact(first) == 2 * 12  # two queues, twelve whole steps; not committed yet
-
-        def compact_second() -> None:
-            try:
-                merged.append(_compact(second))
-                second.commit()
-            except BaseException as exc:
-                failures.append(exc)
-
-        waiting = threading.Thread(target=compact_second)
-        waiting.start()
-        _until_waiting_for_a_lock(dsn, second.info.backend_pid)  # for the rows the first deleted
-        first.commit()
-        waiting.join(10.0)
-    assert (failures, merged) == ([], [0])
+        merged = behind_a_lock(dsn, first, second, COMPACT)  # waits for the rows the first deleted
+    assert merged == 0
+    failures: list[BaseException] = []
     with psycopg.connect(dsn, autocommit=True) as conn:
         assert _bucket_totals(conn) == before
         _step_samples(

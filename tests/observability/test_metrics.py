@@ -180,17 +180,18 @@ def test_a_queue_that_goes_idle_gets_one_sample_of_zeros(dsn: str) -> None:
     import psycopg
 
     from jobbus.store import MaintenanceStore, run_sync
+    from jobbus.worker.services.queue_stats import LATE_SECONDS, TALLY_SECONDS
 
-    store = MaintenanceStore("jobbus")
+    statement = MaintenanceStore("jobbus").sample_queues(1.0, late_seconds=LATE_SECONDS, keep_seconds=TALLY_SECONDS)
     app = jobbus.App(dsn=dsn)
     with app.sync:
         (job_id,) = app.sync.schedule_many("ok", [{}], queue="idle-soon")
     with psycopg.connect(dsn, autocommit=True) as conn:
-        first = run_sync(conn, store.sample_queues(1.0))
+        first = run_sync(conn, statement)
         assert [(s.queue, s.available) for s in first] == [("idle-soon", 1)]
         conn.execute("UPDATE jobbus.job SET status = 'cancelled', finished_at = now() WHERE id = %s", (job_id,))
-        second = run_sync(conn, store.sample_queues(1.0))
+        second = run_sync(conn, statement)
         assert [(s.queue, s.available, s.cancelled) for s in second] == [("idle-soon", 0, 1)]
-        third = run_sync(conn, store.sample_queues(1.0))
+        third = run_sync(conn, statement)
         assert [(s.queue, s.available, s.cancelled) for s in third] == [("idle-soon", 0, 0)]
-        assert run_sync(conn, store.sample_queues(1.0)) == []
+        assert run_sync(conn, statement) == []

@@ -12,11 +12,13 @@ GRANT EXECUTE ON FUNCTION {schema}.uuid_generate_v7() TO {worker}, {operator};
 GRANT EXECUTE ON FUNCTION {schema}.claim_jobs(text, integer, text[], text[], double precision, integer, text[]),
     {schema}.take_from_queue(text, text[], integer, uuid[]), {schema}.queued_pairs()
     TO {worker}, {operator};
--- The leader (any worker may be elected): the leadership lease, queue samples, and retention through
--- a function that deletes expired finished jobs and nothing else.
+-- The leader (any worker may be elected): the leadership lease, queue samples (through a function that
+-- keeps its tallies as the schema owner), and retention through a function that deletes expired finished
+-- jobs and nothing else.
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.leader TO {worker}, {operator};
 GRANT SELECT, INSERT, DELETE ON {schema}.queue_stat TO {worker}, {operator};
 GRANT EXECUTE ON FUNCTION {schema}.delete_finished_jobs(text, double precision, integer) TO {worker}, {operator};
+GRANT EXECUTE ON FUNCTION {schema}.sample_queues(double precision, double precision, double precision) TO {worker}, {operator};
 GRANT EXECUTE ON FUNCTION {schema}.delete_old_events(double precision, integer),
     {schema}.delete_finished_groups(double precision, integer)
     TO {worker}, {operator};

@@ -11,7 +11,7 @@ from jobbus.store.statements import Row, Statement, queries
 
 @dataclass(frozen=True, slots=True)
 class QueueSample:
-    """One queue at one sampling instant: gauges, and the jobs that finished since the previous sample."""
+    """One queue at one sampling instant: gauges, and the finished jobs no sample counted before."""
 
     queue: str
     available: int
@@ -56,15 +56,20 @@ class MaintenanceStore:
         """Every (queue, type) that has queued jobs: one index probe per pair."""
         return Statement(self._q["queued_pairs"], {}, lambda rows, _: [(r[0], r[1]) for r in rows])
 
-    def sample_queues(self, interval_seconds: float) -> Statement[list[QueueSample]]:
-        """Write one sample of every queue for the whole fleet; returns the rows written."""
+    def sample_queues(
+        self, interval_seconds: float, *, late_seconds: float, keep_seconds: float
+    ) -> Statement[list[QueueSample]]:
+        """Write one sample of every queue for the whole fleet, each finished job counted once: jobs
+        committed up to `late_seconds` after a sample they predate are counted by the next, tallies of what
+        was counted are kept `keep_seconds` (a clock set back by less loses nothing); returns the rows
+        written."""
 
         def decode(rows: list[Row], _: int) -> list[QueueSample]:
             return [
                 QueueSample(r[0], int(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5]), int(r[6]), r[7]) for r in rows
             ]
 
-        params = {"interval_seconds": interval_seconds}
+        params = {"interval_seconds": interval_seconds, "late_seconds": late_seconds, "keep_seconds": keep_seconds}
         return Statement(self._q["sample_queues"], params, decode)
 
     def compact_queue_stats(self, *, raw_seconds: int, step_seconds: int) -> Statement[int]:

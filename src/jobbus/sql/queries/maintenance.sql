@@ -31,50 +31,10 @@ SELECT {schema}.delete_finished_groups(%(older_than_seconds)s, %(limit)s);
 SELECT queue, type FROM {schema}.queued_pairs();
 
 -- name: sample_queues
--- One sample of every queue for the whole fleet: the gauges from the queued and running rows (each
--- through its own partial index), and the jobs finished since the previous sample (through
--- job_finished_idx). Never a scan of the finished rows. The rows written come back: the leader's metrics
--- gauges are set from them, so Prometheus never causes a query of its own.
-WITH sample AS (
-    SELECT now() AS at,
-           coalesce((SELECT max(sampled_at) FROM {schema}.queue_stat), now() - make_interval(secs => %(interval_seconds)s)) AS since
-), queued AS (
-    SELECT j.queue,
-           count(*) FILTER (WHERE j.available_at <= s.at) AS available,
-           count(*) FILTER (WHERE j.available_at > s.at) AS scheduled,
-           extract(epoch FROM s.at - min(j.available_at) FILTER (WHERE j.available_at <= s.at))::float8 AS oldest
-    FROM {schema}.job AS j, sample AS s
-    WHERE j.status = 'queued'
-    GROUP BY j.queue, s.at
-), running AS (
-    SELECT j.queue, count(*) AS running FROM {schema}.job AS j WHERE j.status = 'running' GROUP BY j.queue
-), finished AS (
-    SELECT j.queue,
-           count(*) FILTER (WHERE j.status = 'completed') AS completed,
-           count(*) FILTER (WHERE j.status = 'failed') AS failed,
-           count(*) FILTER (WHERE j.status = 'cancelled') AS cancelled
-    FROM {schema}.job AS j, sample AS s
-    WHERE j.finished_at > s.since AND j.finished_at <= s.at
-    GROUP BY j.queue, s.since, s.at
-), queues AS (
-    -- A queue of the previous sample gets one more row, of zeros when it went idle: readers of the
-    -- latest sample (metrics, the dashboard) never keep showing the last jobs a queue had.
-    SELECT queue FROM queued UNION SELECT queue FROM running UNION SELECT queue FROM finished
-    UNION SELECT st.queue FROM {schema}.queue_stat AS st, sample AS s
-          WHERE st.sampled_at = s.since AND st.available + st.scheduled + st.running + st.completed + st.failed
-                                            + st.cancelled > 0
-)
-INSERT INTO {schema}.queue_stat (sampled_at, queue, available, scheduled, running, completed, failed, cancelled,
-                                 oldest_available_seconds)
-SELECT s.at, q.queue, coalesce(qd.available, 0), coalesce(qd.scheduled, 0), coalesce(r.running, 0),
-       coalesce(f.completed, 0), coalesce(f.failed, 0), coalesce(f.cancelled, 0), qd.oldest
-FROM queues AS q
-CROSS JOIN sample AS s
-LEFT JOIN queued AS qd ON qd.queue = q.queue
-LEFT JOIN running AS r ON r.queue = q.queue
-LEFT JOIN finished AS f ON f.queue = q.queue
-ON CONFLICT (sampled_at, queue) DO NOTHING
-RETURNING queue, available, scheduled, running, completed, failed, cancelled, oldest_available_seconds;
+-- One sample of every queue for the whole fleet, each finished job counted once (the function of
+-- migration 0016 says how); returns the rows written, from which the leader's metrics gauges are set, so
+-- Prometheus never causes a query of its own.
+SELECT * FROM {schema}.sample_queues(%(interval_seconds)s, %(late_seconds)s, %(keep_seconds)s);
 
 -- name: compact_queue_stats
 -- Samples older than %(raw_seconds)s seconds are merged into one row per queue and %(step_seconds)s

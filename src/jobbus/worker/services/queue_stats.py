@@ -1,12 +1,15 @@
 """The queue sampler: one row per queue every `stats_interval_seconds` in `<schema>.queue_stat`.
 
-Gauges (available, scheduled, running, the age of the oldest available job) and the jobs that
-finished since the previous sample, read once for the whole fleet by the leader. Metrics and the
-dashboard read these rows: no request path and no scrape counts the job table. Every sample of the
-last `RAW_SECONDS` is kept; older ones are merged into one row per queue and `STEP_SECONDS` (the
-dashboard's 24 h and 7 d charts), and rows older than `KEEP_SECONDS` are deleted: at most about
-1,400 rows per queue whatever the interval. The rows written are handed to the worker's observers (the leader's
-Prometheus queue gauges), so a scrape never queries the database.
+Gauges (available, scheduled, running, the age of the oldest available job) and the finished jobs no
+sample counted before, read once for the whole fleet by the leader. Each finished job is counted once:
+two leaders for a moment take turns, a job committed after a sample it predates (by up to `LATE_SECONDS`)
+is counted by the next one, and a database clock set back (by up to `TALLY_SECONDS`) neither loses nor
+repeats a count (`queue_tally`, migration 0016). Metrics and the dashboard read these rows: no request
+path and no scrape counts the job table. Every sample of the last `RAW_SECONDS` is kept; older ones are
+merged into one row per queue and `STEP_SECONDS` (the dashboard's 24 h and 7 d charts), and rows older
+than `KEEP_SECONDS` are deleted: at most about 1,400 rows per queue whatever the interval. The rows
+written are handed to the worker's observers (the leader's Prometheus queue gauges), so a scrape never
+queries the database.
 """
 
 from __future__ import annotations
@@ -20,6 +23,10 @@ from jobbus.store import MaintenanceStore, QueueSample, Statement
 KEEP_SECONDS = 7 * 86400.0 + 3600.0
 RAW_SECONDS = 3600
 STEP_SECONDS = 600
+#: How long after its finished_at a job's transaction may commit and still be counted.
+LATE_SECONDS = 10.0
+#: How long the tallies of counted jobs are kept (per queue, one row per 10 seconds with finished jobs).
+TALLY_SECONDS = 86400.0
 
 
 class QueueSampler:
@@ -40,7 +47,9 @@ class QueueSampler:
         self._compacted_at: float | None = None
 
     async def run_once(self) -> None:
-        samples = await self._run(self.maintenance.sample_queues(self.interval))
+        samples = await self._run(
+            self.maintenance.sample_queues(self.interval, late_seconds=LATE_SECONDS, keep_seconds=TALLY_SECONDS)
+        )
         if self._on_sample is not None:
             self._on_sample(samples)
         now = time.monotonic()
