@@ -25,7 +25,7 @@ from jobbus.models import JobStatus
 from jobbus.resilience import Backoff, ErrorKind, Outage, classify
 from jobbus.store import JobStore, Outcome, Statement
 from jobbus.worker.outcomes import error_text
-from jobbus.worker.tasks import stop_tasks
+from jobbus.worker.service import stop_tasks
 
 logger = logging.getLogger("jobbus.worker")
 

@@ -22,8 +22,8 @@ from typing import Any
 from jobbus.resilience import Backoff, Outage, first_line, is_transient
 from jobbus.settings import Settings
 from jobbus.store import MaintenanceStore, Statement
+from jobbus.worker.service import stop_tasks
 from jobbus.worker.services import Service
-from jobbus.worker.tasks import stop_tasks
 
 logger = logging.getLogger("jobbus.worker")
 

@@ -17,7 +17,7 @@ import psycopg
 from psycopg import sql
 
 from jobbus.resilience import Backoff, Outage
-from jobbus.worker.tasks import stop_tasks
+from jobbus.worker.service import stop_tasks
 
 
 class Listener:

@@ -26,7 +26,7 @@ from jobbus.resilience import Backoff, Outage, is_transient
 from jobbus.settings import Settings
 from jobbus.store import JobStore, Statement
 from jobbus.worker.attempt import Attempt, Phase
-from jobbus.worker.tasks import stop_tasks
+from jobbus.worker.service import stop_tasks
 
 logger = logging.getLogger("jobbus.worker")
 T = TypeVar("T")
