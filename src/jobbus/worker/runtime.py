@@ -55,6 +55,7 @@ from jobbus.worker.options import WorkerOptions
 from jobbus.worker.outcomes import OutcomePolicy
 from jobbus.worker.recovery import announce_recovered
 from jobbus.worker.services.cleaner import Cleaner
+from jobbus.worker.services.maintainer import Maintainer
 from jobbus.worker.services.periodic import PeriodicEnqueuer
 from jobbus.worker.services.queue_stats import QueueSampler
 from jobbus.worker.services.rescuer import Rescuer
@@ -197,28 +198,30 @@ class Worker:
             run=self._run,
             worker_id=self.worker_id,
             instance_id=self.instance_id,
-            services=[
-                Rescuer(
-                    jobs=self.store,
-                    workers=self.workers,
-                    run=self._run,
-                    events=self.registry.events,
-                    interval=self.poll_interval,
-                ),
-                Cleaner(settings=self.settings, maintenance=self.maintenance, run=self._run),
-                QueueSampler(
-                    maintenance=self.maintenance,
-                    run=self._run,
-                    interval=self.settings.stats_interval_seconds,
-                    on_sample=self.observers.queues_sampled,
-                ),
-                PeriodicEnqueuer(
-                    store=app.periodic_store,
-                    run=self._run,
-                    max_attempts_of=self.registry.max_attempts_of,
-                    catch_up_seconds=2 * self.settings.worker_dead_after_seconds,
-                ),
-            ],
+            maintainer=Maintainer(
+                [
+                    Rescuer(
+                        jobs=self.store,
+                        workers=self.workers,
+                        run=self._run,
+                        events=self.registry.events,
+                        interval=self.poll_interval,
+                    ),
+                    Cleaner(settings=self.settings, maintenance=self.maintenance, run=self._run),
+                    QueueSampler(
+                        maintenance=self.maintenance,
+                        run=self._run,
+                        interval=self.settings.stats_interval_seconds,
+                        on_sample=self.observers.queues_sampled,
+                    ),
+                    PeriodicEnqueuer(
+                        store=app.periodic_store,
+                        run=self._run,
+                        max_attempts_of=self.registry.max_attempts_of,
+                        catch_up_seconds=2 * self.settings.worker_dead_after_seconds,
+                    ),
+                ]
+            ),
             on_change=self.observers.leadership_changed,
         )
         listen_dsn = self.settings.notification_dsn
@@ -498,7 +501,7 @@ class Worker:
             # Housekeeping, within one deadline: it never keeps a stopping worker from exiting.
             # The loops first (no database call), then the writes, side by side.
             self._housekeeping_deadline = time.monotonic() + HOUSEKEEPING_TIMEOUT_SECONDS
-            await self.leadership.stop(self._housekeeping_left())
+            await self.leadership.close(self._housekeeping_left())
             await self.monitor.close(self._housekeeping_left())
             self.watchdog.stop()
             if self._listener is not None:
