@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from jobbus import tracing
-from jobbus.errors import JobbusError, LeaseLostError
+from jobbus.errors import LeaseLostError
 from jobbus.execution import AttemptSignals, JobExecution, StopReason
 from jobbus.models import ClaimedJob, JobStatus
 from jobbus.resilience import Backoff, Outage, first_line, is_transient, open_pool, retrying
@@ -54,6 +54,7 @@ from jobbus.worker.observer import Observers, WorkerObserver
 from jobbus.worker.options import WorkerOptions
 from jobbus.worker.outcomes import OutcomePolicy
 from jobbus.worker.recovery import announce_recovered
+from jobbus.worker.registration import Registrar, WorkerIdInUseError
 from jobbus.worker.services.cleaner import Cleaner
 from jobbus.worker.services.maintainer import Maintainer
 from jobbus.worker.services.periodic import PeriodicEnqueuer
@@ -90,10 +91,6 @@ STARTUP_RETRY_SECONDS = 60.0
 #: Connections of the worker's own pool: claims, outcomes, renewals, control, maintenance. Separate
 #: from the App's pool, which handlers and job scopes may hold for as long as they like.
 SYSTEM_POOL_SIZE = 4
-
-
-class WorkerIdInUseError(JobbusError):
-    """Another live process holds this worker id; the CLI exits 78."""
 
 
 class Worker:
@@ -180,6 +177,24 @@ class Worker:
             on_stop=self.request_stop,
             on_acked=self._acknowledge,
         )
+        self.registrar = Registrar(
+            Registration(
+                worker_id=self.worker_id,
+                instance_id=self.instance_id,
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                queues=self.options.queues,
+                types=self.types,
+                concurrency=self.options.concurrency,
+                lease_seconds=self.settings.lease_seconds,
+                dead_after_seconds=self.settings.worker_dead_after_seconds,
+                heartbeat_seconds=self.settings.heartbeat_seconds,
+            ),
+            workers=self.workers,
+            run=self._run,
+            starting=self._starting,
+            on_id_taken=functools.partial(self._fatal, "worker registry", exit_code=EXIT_CONFIG),
+        )
         self.monitor = Monitor(
             settings=self.settings,
             store=self.store,
@@ -189,7 +204,7 @@ class Worker:
             write_lock=self._write_lock,
             worker_id=self.worker_id,
             on_fatal=self._fatal,
-            on_registration_lost=self._registration_lost,
+            on_registration_lost=self.registrar.register_again,
         )
         self.watchdog = LoopWatchdog(self._in_flight.values, self.worker_id, on_freeze=self.monitor.after_freeze)
         self.leadership = Leadership(
@@ -393,47 +408,14 @@ class Worker:
         """Start-up statements ride out a connection lost right after the server was reached."""
         return await retrying(call, Outage("worker start"), deadline=time.monotonic() + STARTUP_RETRY_SECONDS)
 
-    def _registration(self) -> Registration:
-        return Registration(
-            worker_id=self.worker_id,
-            instance_id=self.instance_id,
-            host=socket.gethostname(),
-            pid=os.getpid(),
-            queues=self.options.queues,
-            types=self.types,
-            concurrency=self.options.concurrency,
-            lease_seconds=self.settings.lease_seconds,
-            dead_after_seconds=self.settings.worker_dead_after_seconds,
-            heartbeat_seconds=self.settings.heartbeat_seconds,
-        )
-
     async def _register(self) -> None:
         """Take the worker id (refused while a live process holds it), then take back what a dead
         predecessor under the same id left running."""
-        registration = self._registration()
-        acked = await self._starting(lambda: self._run(self.workers.register_worker(registration)))
-        if acked is None:
-            holder = await self._run(self.workers.worker_holding_id(self.worker_id))
-            if holder is not None and holder.host == registration.host and not _process_alive(holder.pid):
-                # The process that held the id on this host is gone (a restart of a killed worker):
-                # take over now instead of waiting for its row to go silent.
-                statement = self.workers.register_worker(registration, replaces=holder.instance_id)
-                acked = await self._run(statement)
-        if acked is None:
-            raise await self._id_in_use()
-        self.control.acked_generation = acked
+        self.control.acked_generation = await self.registrar.register()
         self.monitor.last_contact = time.monotonic()
-        recovered = await self._starting(
-            lambda: self._run(self.workers.reclaim_predecessor_jobs(self.worker_id, self.instance_id))
-        )
+        recovered = await self.registrar.reclaim_predecessor_jobs()
         await self._starting(self._sync_periodics)
         if recovered:
-            logger.warning(
-                "worker %s reclaimed %d job(s) its previous run left running",
-                self.worker_id,
-                len(recovered),
-                extra={"worker_id": self.worker_id},
-            )
             await announce_recovered(self.registry.events, recovered)
 
     async def _sync_periodics(self) -> None:
@@ -463,19 +445,6 @@ class Worker:
                     periodic.queue,
                     extra={"worker_id": self.worker_id, "periodic": periodic.name, "job_type": periodic.type},
                 )
-
-    async def _id_in_use(self) -> WorkerIdInUseError:
-        holder = await self._run(self.workers.worker_holding_id(self.worker_id))
-        where = ""
-        if holder is not None:
-            where = (
-                f" (host {holder.host}, pid {holder.pid}, seen {holder.seen_seconds_ago:.0f} s ago; it counts as "
-                f"gone once silent for {holder.silent_after_seconds:g} s)"
-            )
-        return WorkerIdInUseError(
-            f"worker id {self.worker_id!r} is in use by a live worker{where}: give every worker process its "
-            f"own --worker-id, or start this one after the other stops"
-        )
 
     async def _serve(self) -> int:
         logger.info(
@@ -542,14 +511,6 @@ class Worker:
         self._hurry = True
         self._stop_claiming = True
         self._wake.set()
-
-    async def _registration_lost(self) -> None:
-        """Our row is gone or belongs to another instance: register again, or stop if the id is taken."""
-        acked = await self._run(self.workers.register_worker(self._registration()))
-        if acked is None:
-            self._fatal("worker registry", await self._id_in_use(), EXIT_CONFIG)
-            return
-        logger.warning("worker %s registered again (its registry row was gone)", self.worker_id)
 
     # -- signals ------------------------------------------------------------------------------------
 
@@ -822,19 +783,6 @@ class Worker:
                 return
             self._wake.clear()
             await self._sleep(remaining)
-
-
-def _process_alive(pid: int) -> bool:
-    """Whether a process of this host exists (a pid equal to ours is another, earlier process)."""
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _dump_tasks() -> None:
