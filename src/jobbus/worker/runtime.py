@@ -53,6 +53,7 @@ from jobbus.worker.monitor import Monitor
 from jobbus.worker.observer import Observers, WorkerObserver
 from jobbus.worker.options import WorkerOptions
 from jobbus.worker.outcomes import OutcomePolicy
+from jobbus.worker.periodic_sync import sync_periodics
 from jobbus.worker.recovery import announce_recovered
 from jobbus.worker.registration import Registrar, WorkerIdInUseError
 from jobbus.worker.services.cleaner import Cleaner
@@ -414,37 +415,11 @@ class Worker:
         self.control.acked_generation = await self.registrar.register()
         self.monitor.last_contact = time.monotonic()
         recovered = await self.registrar.reclaim_predecessor_jobs()
-        await self._starting(self._sync_periodics)
+        await self._starting(
+            functools.partial(sync_periodics, self.app, self._run, types=self.types, worker_id=self.worker_id)
+        )
         if recovered:
             await announce_recovered(self.registry.events, recovered)
-
-    async def _sync_periodics(self) -> None:
-        """Store the periodic jobs this code declares; delete the ones it no longer declares among the
-        job types this worker handles (other workers' types are theirs to keep)."""
-        store = self.app.periodic_store
-        now = await self._run(store.database_now())
-        for spec in self.registry.periodics.values():
-            next_run_at = spec.schedule.next_after(now)
-            if not await self._run(store.upsert(spec, source="code", next_run_at=next_run_at)):
-                logger.warning(
-                    "periodic job %s is declared in code, but a periodic job of that name was added at run time: "
-                    "the one in the database stays; remove it (jobbus periodic remove %s) to use the code's",
-                    spec.name,
-                    spec.name,
-                )
-        retired = await self._run(store.retire_code_periodics(self.types, list(self.registry.periodics)))
-        for name in retired:
-            logger.info("periodic job %s is no longer declared in code: removed", name)
-        for periodic in await self._run(store.list_periodic()):
-            if periodic.type not in self.types:  # the types it claims: --type narrows them
-                logger.warning(
-                    "periodic job %s enqueues jobs of type %s, which no handler of this worker serves: unless "
-                    "another worker handles it, its jobs wait in queue %s forever (a typo, or a module not imported?)",
-                    periodic.name,
-                    periodic.type,
-                    periodic.queue,
-                    extra={"worker_id": self.worker_id, "periodic": periodic.name, "job_type": periodic.type},
-                )
 
     async def _serve(self) -> int:
         logger.info(
