@@ -31,15 +31,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
-
 from jobbus import tracing
-from jobbus.errors import LeaseLostError
 from jobbus.execution import AttemptSignals, JobExecution, StopReason
 from jobbus.models import ClaimedJob, JobStatus
-from jobbus.resilience import Backoff, Outage, first_line, is_transient, open_pool, retrying
-from jobbus.store import MaintenanceStore, Registration, Statement, WorkerStore, run_async
-from jobbus.store.statements import configure_async
+from jobbus.resilience import Backoff, Outage, first_line, is_transient, retrying
+from jobbus.store import MaintenanceStore, Registration, WorkerStore
 from jobbus.worker.app_view import AppView
 from jobbus.worker.attempt import Attempt, Phase
 from jobbus.worker.claimer import CLAIM_BATCH_WAIT_SECONDS, Claimer
@@ -54,6 +50,7 @@ from jobbus.worker.observer import Observers, WorkerObserver
 from jobbus.worker.options import WorkerOptions
 from jobbus.worker.outcomes import OutcomePolicy
 from jobbus.worker.periodic_sync import sync_periodics
+from jobbus.worker.pools import Pools
 from jobbus.worker.recovery import announce_recovered
 from jobbus.worker.registration import Registrar, WorkerIdInUseError
 from jobbus.worker.services.cleaner import Cleaner
@@ -80,18 +77,8 @@ RELEASE_HURRY_SECONDS = 2.0
 #: back, marking its registry row stopped, closing its pools) takes this long at most, in all: during
 #: an outage none of it can reach the database, and none of it may keep the worker from exiting.
 HOUSEKEEPING_TIMEOUT_SECONDS = 5.0
-#: Closing a pool gets at least this long, even once the housekeeping deadline has passed.
-POOL_CLOSE_SECONDS = 0.5
-#: How long a worker statement waits for a connection of the worker's pool (psycopg_pool's default).
-CONNECTION_WAIT_SECONDS = 30.0
-#: While that wait lasts (an outage), a claim or control read looks this often whether the worker was
-#: asked to stop: nothing was sent yet, so it gives up and the worker stops at once.
-STOP_CHECK_SECONDS = 0.5
 #: How long start-up statements are retried when the connection drops (the server was reachable).
 STARTUP_RETRY_SECONDS = 60.0
-#: Connections of the worker's own pool: claims, outcomes, renewals, control, maintenance. Separate
-#: from the App's pool, which handlers and job scopes may hold for as long as they like.
-SYSTEM_POOL_SIZE = 4
 
 
 class Worker:
@@ -140,13 +127,11 @@ class Worker:
         self._write_lock = asyncio.Lock()
         self._housekeeping_deadline: float | None = None
         self._threads = ThreadPoolExecutor(max_workers=self.options.concurrency, thread_name_prefix="jobbus-job")
-        self._pool: AsyncConnectionPool[Any] | None = None
-        self._handler_pool: AsyncConnectionPool[Any] | None = None
-        self._handler_outage = Outage("handler calls")
+        self.pools = Pools(self.settings, stopping=lambda: self._stop_claiming)
         self.workers = WorkerStore(self.settings.schema, self.store.channel, self.store.control_channel)
         self.maintenance = MaintenanceStore(self.settings.schema)
         self.policy = OutcomePolicy(self.settings, self.worker_id)
-        self.completer = Completer(self.store, self._run, write_lock=self._write_lock, on_fatal=self._fatal)
+        self.completer = Completer(self.store, self.pools.run, write_lock=self._write_lock, on_fatal=self._fatal)
         self.executor = Executor(
             self.registry,
             policy=self.policy,
@@ -161,7 +146,7 @@ class Worker:
             store=self.store,
             maintenance=self.maintenance,
             queue_settings=app.queue_store,
-            run=self._run_unless_stopping,
+            run=self.pools.run_unless_stopping,
             settings=self.settings,
             worker_id=self.worker_id,
             types=self.types,
@@ -171,7 +156,7 @@ class Worker:
         )
         self.control = ControlReader(
             store=self.workers,
-            run=self._run_unless_stopping,
+            run=self.pools.run_unless_stopping,
             worker_id=self.worker_id,
             queues=self.options.queues,
             on_drain=self.request_drain,
@@ -192,14 +177,14 @@ class Worker:
                 heartbeat_seconds=self.settings.heartbeat_seconds,
             ),
             workers=self.workers,
-            run=self._run,
+            run=self.pools.run,
             starting=self._starting,
             on_id_taken=functools.partial(self._fatal, "worker registry", exit_code=EXIT_CONFIG),
         )
         self.monitor = Monitor(
             settings=self.settings,
             store=self.store,
-            run=self._run,
+            run=self.pools.run,
             attempts=self._in_flight.values,
             touch=self._touch,
             write_lock=self._write_lock,
@@ -211,7 +196,7 @@ class Worker:
         self.leadership = Leadership(
             settings=self.settings,
             store=self.maintenance,
-            run=self._run,
+            run=self.pools.run,
             worker_id=self.worker_id,
             instance_id=self.instance_id,
             maintainer=Maintainer(
@@ -219,20 +204,20 @@ class Worker:
                     Rescuer(
                         jobs=self.store,
                         workers=self.workers,
-                        run=self._run,
+                        run=self.pools.run,
                         events=self.registry.events,
                         interval=self.poll_interval,
                     ),
-                    Cleaner(settings=self.settings, maintenance=self.maintenance, run=self._run),
+                    Cleaner(settings=self.settings, maintenance=self.maintenance, run=self.pools.run),
                     QueueSampler(
                         maintenance=self.maintenance,
-                        run=self._run,
+                        run=self.pools.run,
                         interval=self.settings.stats_interval_seconds,
                         on_sample=self.observers.queues_sampled,
                     ),
                     PeriodicEnqueuer(
                         store=app.periodic_store,
-                        run=self._run,
+                        run=self.pools.run,
                         max_attempts_of=self.registry.max_attempts_of,
                         catch_up_seconds=2 * self.settings.worker_dead_after_seconds,
                     ),
@@ -306,17 +291,13 @@ class Worker:
         """Run until stopped; returns the exit code (0, 70 or 75)."""
         await self.app.open()
         try:
-            self._pool = await self._open_pool("jobbus-worker", 1, SYSTEM_POOL_SIZE)
-            self._handler_pool = await self._open_pool("jobbus-handlers", 0, self.settings.pool_max_size)
+            await self.pools.open(self.app.dsn)
             await self._starting(self.app.check_schema)
             await self._register()
             return await self._serve()
         finally:
             self._threads.shutdown(wait=False, cancel_futures=True)
-            for pool in (self._pool, self._handler_pool):
-                if pool is not None:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(pool.close(), max(self._housekeeping_left(), POOL_CLOSE_SECONDS))
+            await self.pools.close(self._housekeeping_left)
             await self.app.close()
 
     def _housekeeping_left(self) -> float:
@@ -324,86 +305,6 @@ class Worker:
         if self._housekeeping_deadline is None:
             return HOUSEKEEPING_TIMEOUT_SECONDS
         return max(0.0, self._housekeeping_deadline - time.monotonic())
-
-    async def _open_pool(self, name: str, min_size: int, max_size: int) -> AsyncConnectionPool[Any]:
-        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-            self.app.dsn,
-            min_size=min_size,
-            max_size=max_size,
-            kwargs=self.settings.connection_kwargs,
-            configure=configure_async,
-            open=False,
-            name=f"{name}-{self.settings.schema}",
-        )
-        if min_size > 0:
-            await open_pool(pool, self.app.dsn, self.settings.database_wait_seconds)
-        else:
-            await pool.open(wait=False)
-        return pool
-
-    async def _run(self, statement: Statement[T]) -> T:
-        assert self._pool is not None
-        async with self._pool.connection() as conn:
-            return await run_async(conn, statement)
-
-    async def _run_unless_stopping(self, statement: Statement[T]) -> T:
-        """Claims and control reads, which a stopping worker no longer needs: while the pool has no
-        connection to give (an outage), the wait for one ends once a stop is asked for (PoolTimeout,
-        nothing sent), so SIGTERM is not held up by `CONNECTION_WAIT_SECONDS`."""
-        assert self._pool is not None
-        deadline = time.monotonic() + CONNECTION_WAIT_SECONDS
-        while True:
-            try:
-                async with self._pool.connection(timeout=STOP_CHECK_SECONDS) as conn:
-                    return await run_async(conn, statement)
-            except PoolTimeout:
-                if self._stop_claiming or time.monotonic() >= deadline:
-                    raise
-
-    async def _run_for_handler(self, attempt: Attempt, statement: Statement[T]) -> T:
-        """The calls a handler makes (checkpoint, progress, heartbeat, steps, durable waits, spawns):
-        their own pool, so many handlers writing at once never queue in front of the worker's own
-        statements. A dropped connection does not fail the call: see `_retry_for_handler`."""
-        assert self._handler_pool is not None
-        try:
-            async with self._handler_pool.connection() as conn:
-                return await run_async(conn, statement)
-        except Exception as exc:
-            if not is_transient(exc):
-                raise
-            return await self._retry_for_handler(attempt, statement, exc)
-
-    async def _retry_for_handler(self, attempt: Attempt, statement: Statement[T], exc: Exception) -> T:
-        """Run a handler's call again, with backoff, on connections checked first, while the attempt's
-        lease holds: every such call is safe to run twice (one that committed before its connection
-        dropped answers the same again; a durable wait tells that it parked, see `JobExecution`).
-        Once the lease is surely gone, or the worker fenced, or the attempt over: `LeaseLostError`,
-        as a fenced write would say (its outcome is then not written; the job is recovered)."""
-        pool = self._handler_pool
-        assert pool is not None
-        backoff = Backoff()
-        while True:
-            self._handler_outage.failed(exc)
-            delay = backoff.next_delay()
-            signals = attempt.signals
-            if signals.lease_lost or signals.closed or time.monotonic() + delay > attempt.lease_deadline:
-                raise LeaseLostError(
-                    f"job {attempt.id}: attempt {attempt.claimed.attempts} lost its database connection "
-                    f"({type(exc).__name__}: {first_line(exc)}) and its lease ended before the call got through"
-                ) from exc
-            await asyncio.sleep(delay)
-            with contextlib.suppress(Exception):
-                await pool.check()  # drop every idle connection the same outage broke, not one per try
-            try:  # waiting for a new connection no longer than the lease lasts
-                async with pool.connection(timeout=max(0.1, attempt.lease_deadline - time.monotonic())) as conn:
-                    result = await run_async(conn, statement)
-            except Exception as again:
-                if not is_transient(again):
-                    raise
-                exc = again
-                continue
-            self._handler_outage.recovered()
-            return result
 
     async def _starting(self, call: Callable[[], Awaitable[T]]) -> T:
         """Start-up statements ride out a connection lost right after the server was reached."""
@@ -416,7 +317,7 @@ class Worker:
         self.monitor.last_contact = time.monotonic()
         recovered = await self.registrar.reclaim_predecessor_jobs()
         await self._starting(
-            functools.partial(sync_periodics, self.app, self._run, types=self.types, worker_id=self.worker_id)
+            functools.partial(sync_periodics, self.app, self.pools.run, types=self.types, worker_id=self.worker_id)
         )
         if recovered:
             await announce_recovered(self.registry.events, recovered)
@@ -621,7 +522,7 @@ class Worker:
             attempt.execution = JobExecution(
                 claimed,
                 self.store,
-                functools.partial(self._run_for_handler, attempt),
+                functools.partial(self.pools.run_for_handler, attempt),
                 self.settings.lease_seconds,
                 self.settings.max_payload_bytes,
                 signals,
@@ -684,7 +585,7 @@ class Worker:
             await asyncio.wait_for(self._touch(state), self._housekeeping_left())
 
     async def _touch(self, state: str | None = None) -> bool | None:
-        return await self._run(
+        return await self.pools.run(
             self.workers.touch_worker(
                 worker_id=self.worker_id,
                 instance_id=self.instance_id,
