@@ -31,17 +31,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from jobbus import tracing
-from jobbus.execution import AttemptSignals, JobExecution, StopReason
-from jobbus.models import ClaimedJob, JobStatus
-from jobbus.resilience import Backoff, Outage, first_line, is_transient, retrying
+from jobbus.execution import StopReason
+from jobbus.resilience import Outage, first_line, retrying
 from jobbus.store import MaintenanceStore, Registration, WorkerStore
 from jobbus.worker.app_view import AppView
 from jobbus.worker.attempt import Attempt, Phase
-from jobbus.worker.claimer import CLAIM_BATCH_WAIT_SECONDS, Claimer
+from jobbus.worker.claimer import Claimer
 from jobbus.worker.completer import Completer
 from jobbus.worker.control import ControlReader
-from jobbus.worker.executor import Executor
 from jobbus.worker.leader import Leadership
 from jobbus.worker.listener import Listener
 from jobbus.worker.memory import rss_bytes
@@ -51,6 +48,7 @@ from jobbus.worker.options import WorkerOptions
 from jobbus.worker.outcomes import OutcomePolicy
 from jobbus.worker.periodic_sync import sync_periodics
 from jobbus.worker.pools import Pools
+from jobbus.worker.producer import Producer
 from jobbus.worker.recovery import announce_recovered
 from jobbus.worker.registration import Registrar, WorkerIdInUseError
 from jobbus.worker.services.cleaner import Cleaner
@@ -109,17 +107,8 @@ class Worker:
         self.instance_id = uuid.uuid4()
         self.poll_interval = self.options.poll_interval or self.settings.poll_interval_seconds
         self.types = self._types()
-        self.completed = 0
-        self.failed = 0
         self.abandoned = 0
-        self._in_flight: dict[uuid.UUID, Attempt] = {}
-        self._running = 0  # attempts holding a slot (phase RUNNING)
-        self._claimed_total = 0
-        self._wake = asyncio.Event()
-        self._control_due = True
-        self._stop_claiming = False
         self._hurry = False
-        self._draining = self.options.stop_when_empty
         self._exit_code = EXIT_OK
         self._signals_received = 0
         self._ready = asyncio.Event()
@@ -127,21 +116,11 @@ class Worker:
         self._write_lock = asyncio.Lock()
         self._housekeeping_deadline: float | None = None
         self._threads = ThreadPoolExecutor(max_workers=self.options.concurrency, thread_name_prefix="jobbus-job")
-        self.pools = Pools(self.settings, stopping=lambda: self._stop_claiming)
+        self.pools = Pools(self.settings, stopping=lambda: self.producer.stopping)
         self.workers = WorkerStore(self.settings.schema, self.store.channel, self.store.control_channel)
         self.maintenance = MaintenanceStore(self.settings.schema)
         self.policy = OutcomePolicy(self.settings, self.worker_id)
         self.completer = Completer(self.store, self.pools.run, write_lock=self._write_lock, on_fatal=self._fatal)
-        self.executor = Executor(
-            self.registry,
-            policy=self.policy,
-            completer=self.completer,
-            threads=self._threads,
-            worker_id=self.worker_id,
-            on_handler_done=self._handler_done,
-            on_slot_free=self._slot_freed,
-            on_finished=self._finished,
-        )
         self.claimer = Claimer(
             store=self.store,
             maintenance=self.maintenance,
@@ -181,18 +160,37 @@ class Worker:
             starting=self._starting,
             on_id_taken=functools.partial(self._fatal, "worker registry", exit_code=EXIT_CONFIG),
         )
+        # The attempts from their claim to their written outcome: the producer starts and ends them.
+        in_flight: dict[uuid.UUID, Attempt] = {}
         self.monitor = Monitor(
             settings=self.settings,
             store=self.store,
             run=self.pools.run,
-            attempts=self._in_flight.values,
+            attempts=in_flight.values,
             touch=self._touch,
             write_lock=self._write_lock,
             worker_id=self.worker_id,
             on_fatal=self._fatal,
             on_registration_lost=self.registrar.register_again,
         )
-        self.watchdog = LoopWatchdog(self._in_flight.values, self.worker_id, on_freeze=self.monitor.after_freeze)
+        self.watchdog = LoopWatchdog(in_flight.values, self.worker_id, on_freeze=self.monitor.after_freeze)
+        self.producer = Producer(
+            app,
+            self.options,
+            in_flight=in_flight,
+            claimer=self.claimer,
+            control=self.control,
+            monitor=self.monitor,
+            policy=self.policy,
+            completer=self.completer,
+            threads=self._threads,
+            observers=self.observers,
+            worker_id=self.worker_id,
+            poll_interval=self.poll_interval,
+            run_for_handler=self.pools.run_for_handler,
+            on_fatal=self._fatal,
+            check_memory=self._check_memory if self.options.memory_limit is not None else None,
+        )
         self.leadership = Leadership(
             settings=self.settings,
             store=self.maintenance,
@@ -231,8 +229,8 @@ class Worker:
                 listen_dsn,
                 self.store.channel,
                 self.store.control_channel,
-                on_jobs=self._jobs_notified,
-                on_control=self._control_notified,
+                on_jobs=self.producer.jobs_notified,
+                on_control=self.producer.control_notified,
             )
             if listen_dsn
             else None
@@ -256,23 +254,31 @@ class Worker:
 
     def request_stop(self, exit_code: int = EXIT_OK) -> None:
         """Stop claiming, let in-flight jobs finish (the shutdown sequence), then exit with `exit_code`."""
-        self._stop_claiming = True
         if self._exit_code not in (EXIT_SOFTWARE, EXIT_CONFIG):
             self._exit_code = max(self._exit_code, exit_code)
-        self._wake.set()
+        self.producer.stop()
 
     def request_drain(self) -> None:
         """Run until no job is available for this worker, then stop with exit code 0."""
-        self._draining = True
-        self._wake.set()
+        self.producer.drain()
 
     @property
     def state(self) -> str:
-        if self._stop_claiming:
+        if self.producer.stopping:
             return "stopping"
-        if self._draining:
+        if self.producer.draining:
             return "draining"
         return "paused" if self.control.paused else "running"
+
+    @property
+    def completed(self) -> int:
+        """Jobs this worker has completed so far."""
+        return self.producer.completed
+
+    @property
+    def failed(self) -> int:
+        """Jobs this worker has failed for good so far."""
+        return self.producer.failed
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -340,7 +346,7 @@ class Worker:
         installed = self._install_signals()
         self._ready.set()
         try:
-            await self._main_loop()
+            await self.producer.run()
             await self._shutdown()
         finally:
             # Housekeeping, within one deadline: it never keeps a stopping worker from exiting.
@@ -353,7 +359,7 @@ class Worker:
                 await self._listener.close(self._housekeeping_left())
             self._remove_signals(installed)
             await self.completer.close(self._housekeeping_left())
-            self.abandoned = len(self._in_flight)
+            self.abandoned = len(self.producer.in_flight)
             # Jobs still running in threads keep their leases until this process exits: the row is not
             # marked stopped, so it goes silent and the leader recovers them once the process is gone.
             final_state = "stopped" if not self.abandoned else "stopping"
@@ -385,8 +391,7 @@ class Worker:
             )
             self._exit_code = exit_code
         self._hurry = True
-        self._stop_claiming = True
-        self._wake.set()
+        self.producer.stop()
 
     # -- signals ------------------------------------------------------------------------------------
 
@@ -418,153 +423,15 @@ class Worker:
             logger.info(
                 "%s: stopping; %d job(s) in flight get %.0f s to finish",
                 sig.name,
-                len(self._in_flight),
+                len(self.producer.in_flight),
                 self.options.shutdown_timeout,
             )
         self.request_stop()
 
-    # -- notifications ------------------------------------------------------------------------------
-
-    def _jobs_notified(self, queue: str | None, job_type: str | None) -> None:
-        if self.claimer.serves(queue, job_type):
-            self._wake.set()
-
-    def _control_notified(self) -> None:
-        self._control_due = True
-        self._wake.set()
-
-    # -- the main loop ------------------------------------------------------------------------------
-
-    def _free_slots(self) -> int:
-        """Slots are held by running handlers; outcomes waiting for the completer do not hold one, but
-        more of them than `concurrency` stops claiming (backpressure)."""
-        concurrency = self.options.concurrency
-        if len(self._in_flight) - self._running >= concurrency:
-            return 0
-        free = concurrency - self._running
-        limit = self.options.job_limit
-        if limit is not None:
-            free = min(free, limit - self._claimed_total)
-        return max(free, 0)
-
-    async def _main_loop(self) -> None:
-        backoff = Backoff()
-        outage = Outage("worker")
-        last_control = float("-inf")
-        while not self._stop_claiming:
-            self._wake.clear()
-            claimed = 0
-            free = 0
-            deferred = False
-            idle_before_claim = False
-            try:
-                now = time.monotonic()
-                if self._control_due or now - last_control >= self.poll_interval:
-                    self._control_due = False
-                    last_control = now
-                    await self.control.read()
-                if self._stop_claiming:
-                    break
-                free = self._free_slots()
-                # An outcome committed during the claim is invisible to it: "nothing available" only
-                # counts when nothing was in flight before the claim started.
-                idle_before_claim = not self._in_flight
-                if free > 0 and not self.control.paused and not self.monitor.fenced:
-                    if self.claimer.worth_claiming(free):
-                        claimed = self._start(*await self.claimer.claim(free, self.control.paused_queues))
-                    else:
-                        deferred = True
-                backoff.reset()
-                outage.recovered()
-            except Exception as exc:
-                if not is_transient(exc):
-                    self._fatal("claim loop", exc)
-                    break
-                outage.failed(exc)
-                await self._sleep(backoff.next_delay())
-                continue
-            limit = self.options.job_limit
-            if limit is not None and self._claimed_total >= limit and not self._in_flight:
-                break  # --limit / --run-once: every job we may take has finished
-            if self._draining and not self._in_flight and (self.control.paused or (claimed == 0 and idle_before_claim)):
-                if not self.control.paused and not self.claimer.read_fresh:
-                    self.claimer.forget_pairs()  # look at the table itself before concluding it is empty
-                    continue
-                logger.info("no job available: worker %s is done draining", self.worker_id)
-                break
-            if claimed and claimed == free:
-                continue  # the claim was full: there may be more, claim again as soon as slots free up
-            if deferred:
-                await self._sleep(CLAIM_BATCH_WAIT_SECONDS)
-                continue
-            try:
-                wait = await self.claimer.wait_for_limits(self.poll_interval)
-            except Exception as exc:
-                if not is_transient(exc):
-                    self._fatal("claim loop", exc)
-                    break
-                wait = self.poll_interval
-            await self._sleep(wait)
-
-    async def _sleep(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), seconds)
-
-    def _start(self, jobs: list[ClaimedJob], sent: float) -> int:
-        """Every claimed job becomes an attempt with its own task; its lease started after `sent`."""
-        tracer = tracing.current_tracer()
-        handlers = self.registry.handlers
-        build_job_spec = self.registry.build_job_spec
-        for claimed in jobs:
-            handler = handlers[claimed.type]
-            signals = AttemptSignals(cancelled=claimed.cancellation_requested)
-            attempt = Attempt(claimed, handler, signals, sent + self.settings.lease_seconds)
-            attempt.execution = JobExecution(
-                claimed,
-                self.store,
-                functools.partial(self.pools.run_for_handler, attempt),
-                self.settings.lease_seconds,
-                self.settings.max_payload_bytes,
-                signals,
-                build_job_spec,
-            )
-            attempt.timeout = claimed.timeout_seconds or handler.timeout
-            self._in_flight[claimed.id] = attempt
-            self._running += 1
-            self.executor.start(attempt, tracer)
-            if self.observers:
-                self.observers.claimed(claimed, max(0.0, time.time() - claimed.available_at.timestamp()))
-        self._claimed_total += len(jobs)
-        return len(jobs)
-
-    def _handler_done(self, attempt: Attempt) -> None:
-        self.monitor.check(attempt)
-
-    def _slot_freed(self, attempt: Attempt) -> None:
-        self._running -= 1
-        self._wake.set()
-
-    def _finished(self, attempt: Attempt, status: JobStatus | None, kind: str) -> None:
-        if kind == "released":  # written: only now is it true
-            logger.info("job %s: released at shutdown, available again at once", attempt.id)
-        if self.observers:
-            self.observers.finished(attempt.claimed, kind, attempt.ran_seconds)
-        if attempt.phase is Phase.RUNNING:  # ended before reaching its outcome (internal error)
-            attempt.phase = Phase.WRITING
-            self._running -= 1
-        self._in_flight.pop(attempt.id, None)
-        if status is JobStatus.QUEUED:  # retried or released: claimable here again, maybe at once
-            self.claimer.serves(attempt.claimed.queue, attempt.claimed.type)
-        if status is JobStatus.COMPLETED:
-            self.completed += 1
-        elif status is JobStatus.FAILED:
-            self.failed += 1
-        self._check_memory()
-        self._wake.set()
-
     def _check_memory(self) -> None:
+        """After a job: over `--memory-limit`, stop claiming, finish in-flight jobs, then exit 75."""
         limit = self.options.memory_limit
-        if limit is not None and not self._stop_claiming:
+        if limit is not None and not self.producer.stopping:
             rss = rss_bytes()
             if rss > limit:
                 logger.warning(
@@ -590,9 +457,9 @@ class Worker:
                 worker_id=self.worker_id,
                 instance_id=self.instance_id,
                 state=state or self.state,
-                in_flight=len(self._in_flight),
-                completed=self.completed,
-                failed=self.failed,
+                in_flight=len(self.producer.in_flight),
+                completed=self.producer.completed,
+                failed=self.producer.failed,
                 acked_generation=self.control.acked_generation,
             )
         )
@@ -602,7 +469,7 @@ class Worker:
     async def _shutdown(self) -> None:
         """Finish in-flight jobs within the timeout, then ask them to stop, then cancel async handlers
         and write their releases. Threads that still run keep their leases until the process exits."""
-        if not self._in_flight:
+        if not self.producer.in_flight:
             return
         if not self._hurry:
             await self._wait_in_flight(self.options.shutdown_timeout)
@@ -632,7 +499,7 @@ class Worker:
                 where,
                 extra=attempt.log_extra(self.worker_id),
             )
-        for attempt in self._in_flight.values():
+        for attempt in self.producer.in_flight.values():
             if attempt.phase is not Phase.RUNNING:
                 logger.warning(
                     "job %s: its outcome was not confirmed written before shutdown; if it was not, the job is "
@@ -642,13 +509,13 @@ class Worker:
                 )
 
     def _running_attempts(self) -> list[Attempt]:
-        return [a for a in self._in_flight.values() if a.phase is Phase.RUNNING]
+        return [a for a in self.producer.in_flight.values() if a.phase is Phase.RUNNING]
 
     async def _wait_in_flight(self, timeout: float, *, releases: bool = False) -> None:
         """Wait for in-flight jobs to end. A second signal cuts the wait for handlers short; the wait for
         releases is only shortened to RELEASE_HURRY_SECONDS."""
         deadline = time.monotonic() + timeout
-        while self._in_flight:
+        while self.producer.in_flight:
             if self._hurry:
                 if not releases:
                     return
@@ -657,8 +524,7 @@ class Worker:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
-            self._wake.clear()
-            await self._sleep(remaining)
+            await self.producer.wait_for_change(remaining)
 
 
 def _dump_tasks() -> None:
