@@ -31,11 +31,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from jobbus.execution import StopReason
 from jobbus.resilience import Outage, first_line, retrying
 from jobbus.store import MaintenanceStore, Registration, WorkerStore
 from jobbus.worker.app_view import AppView
-from jobbus.worker.attempt import Attempt, Phase
+from jobbus.worker.attempt import Attempt
 from jobbus.worker.claimer import Claimer
 from jobbus.worker.completer import Completer
 from jobbus.worker.control import ControlReader
@@ -56,6 +55,7 @@ from jobbus.worker.services.maintainer import Maintainer
 from jobbus.worker.services.periodic import PeriodicEnqueuer
 from jobbus.worker.services.queue_stats import QueueSampler
 from jobbus.worker.services.rescuer import Rescuer
+from jobbus.worker.shutdown import Shutdown
 from jobbus.worker.watchdog import LoopWatchdog
 
 logger = logging.getLogger("jobbus.worker")
@@ -65,12 +65,6 @@ EXIT_OK = 0
 EXIT_SOFTWARE = 70
 EXIT_RESTART = 75
 EXIT_CONFIG = 78
-#: After the shutdown timeout, handlers get min(this, --shutdown-timeout) to honour `cancellation_requested`.
-COOPERATIVE_GRACE_SECONDS = 3.0
-#: After async handlers are cancelled at shutdown, how long their releases may take to be written
-#: (after a second signal, or a fatal error: RELEASE_HURRY_SECONDS).
-RELEASE_WAIT_SECONDS = 10.0
-RELEASE_HURRY_SECONDS = 2.0
 #: Everything the worker does at exit after its jobs ended (stopping its loops, handing leadership
 #: back, marking its registry row stopped, closing its pools) takes this long at most, in all: during
 #: an outage none of it can reach the database, and none of it may keep the worker from exiting.
@@ -108,7 +102,6 @@ class Worker:
         self.poll_interval = self.options.poll_interval or self.settings.poll_interval_seconds
         self.types = self._types()
         self.abandoned = 0
-        self._hurry = False
         self._exit_code = EXIT_OK
         self._signals_received = 0
         self._ready = asyncio.Event()
@@ -191,6 +184,7 @@ class Worker:
             on_fatal=self._fatal,
             check_memory=self._check_memory if self.options.memory_limit is not None else None,
         )
+        self._shutdown = Shutdown(self.producer, timeout=self.options.shutdown_timeout, worker_id=self.worker_id)
         self.leadership = Leadership(
             settings=self.settings,
             store=self.maintenance,
@@ -347,7 +341,7 @@ class Worker:
         self._ready.set()
         try:
             await self.producer.run()
-            await self._shutdown()
+            await self._shutdown.run()
         finally:
             # Housekeeping, within one deadline: it never keeps a stopping worker from exiting.
             # The loops first (no database call), then the writes, side by side.
@@ -390,7 +384,7 @@ class Worker:
                 extra={"worker_id": self.worker_id},
             )
             self._exit_code = exit_code
-        self._hurry = True
+        self._shutdown.hurry = True
         self.producer.stop()
 
     # -- signals ------------------------------------------------------------------------------------
@@ -416,9 +410,9 @@ class Worker:
         """The first signal stops the worker gracefully; the second skips every remaining wait."""
         self._signals_received += 1
         if self._signals_received >= 2:
-            if not self._hurry:
+            if not self._shutdown.hurry:
                 logger.warning("second %s: skipping the wait for in-flight jobs", sig.name)
-            self._hurry = True
+            self._shutdown.hurry = True
         else:
             logger.info(
                 "%s: stopping; %d job(s) in flight get %.0f s to finish",
@@ -463,68 +457,6 @@ class Worker:
                 acked_generation=self.control.acked_generation,
             )
         )
-
-    # -- shutdown -----------------------------------------------------------------------------------
-
-    async def _shutdown(self) -> None:
-        """Finish in-flight jobs within the timeout, then ask them to stop, then cancel async handlers
-        and write their releases. Threads that still run keep their leases until the process exits."""
-        if not self.producer.in_flight:
-            return
-        if not self._hurry:
-            await self._wait_in_flight(self.options.shutdown_timeout)
-        running = self._running_attempts()
-        if running:
-            logger.warning("asking %d unfinished job(s) to stop", len(running))
-            for attempt in running:
-                attempt.signals.request(StopReason.SHUTDOWN)
-            if not self._hurry:
-                await self._wait_in_flight(min(COOPERATIVE_GRACE_SECONDS, self.options.shutdown_timeout or 0.5))
-        running = self._running_attempts()
-        if running:
-            logger.warning("interrupting %d unfinished job(s) to release them", len(running))
-            for attempt in running:
-                attempt.interrupt(StopReason.SHUTDOWN)
-        await self._wait_in_flight(RELEASE_HURRY_SECONDS if self._hurry else RELEASE_WAIT_SECONDS, releases=True)
-        # Each job is named once: "released at shutdown" when its release is written (`_finished`),
-        # else here, by what still holds it.
-        for attempt in self._running_attempts():
-            where = "sync handlers run in threads, which cannot be interrupted"
-            if attempt.handler.is_async:
-                where = "its handler ignored the cancellation"
-            logger.warning(
-                "job %s did not end (%s): not released, it keeps its lease until this process exits, then it "
-                "is recovered",
-                attempt.id,
-                where,
-                extra=attempt.log_extra(self.worker_id),
-            )
-        for attempt in self.producer.in_flight.values():
-            if attempt.phase is not Phase.RUNNING:
-                logger.warning(
-                    "job %s: its outcome was not confirmed written before shutdown; if it was not, the job is "
-                    "recovered when its lease expires",
-                    attempt.id,
-                    extra=attempt.log_extra(self.worker_id),
-                )
-
-    def _running_attempts(self) -> list[Attempt]:
-        return [a for a in self.producer.in_flight.values() if a.phase is Phase.RUNNING]
-
-    async def _wait_in_flight(self, timeout: float, *, releases: bool = False) -> None:
-        """Wait for in-flight jobs to end. A second signal cuts the wait for handlers short; the wait for
-        releases is only shortened to RELEASE_HURRY_SECONDS."""
-        deadline = time.monotonic() + timeout
-        while self.producer.in_flight:
-            if self._hurry:
-                if not releases:
-                    return
-                deadline = min(deadline, time.monotonic() + RELEASE_HURRY_SECONDS)
-                releases = False
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            await self.producer.wait_for_change(remaining)
 
 
 def _dump_tasks() -> None:
