@@ -96,7 +96,7 @@ class Producer:
         self._wake = asyncio.Event()
         self._control_due = True
 
-    # -- what the worker tells it ----------------------------------------------------------------
+    # -- what the worker tells it -------------------------------------------------------------------
 
     def stop(self) -> None:
         """Claim no more; `run()` returns."""
@@ -121,7 +121,7 @@ class Producer:
         self._wake.clear()
         await self._sleep(seconds)
 
-    # -- the claim loop ----------------------------------------------------------------------------
+    # -- the claim loop -----------------------------------------------------------------------------
 
     def _free_slots(self) -> int:
         """Slots are held by running handlers; outcomes waiting for the completer do not hold one, but
@@ -198,7 +198,7 @@ class Producer:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), seconds)
 
-    # -- attempts ----------------------------------------------------------------------------------
+    # -- attempts -----------------------------------------------------------------------------------
 
     def _start(self, jobs: list[ClaimedJob], sent: float) -> int:
         """Every claimed job becomes an attempt with its own task; its lease started after `sent`."""

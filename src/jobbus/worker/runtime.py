@@ -1,8 +1,10 @@
 """`Worker`: one asyncio event loop running up to `concurrency` jobs at once, until it is stopped.
 
-The runtime wires the parts and owns the lifecycle; each part is its own module:
-claimer (what and when to claim) → executor (one attempt) → completer (batched, fenced outcomes),
-with the monitor (leases, registry, fencing), the control reader and the listener on the side.
+The runtime wires the parts and owns the lifecycle (start, serve, stop, the exit's housekeeping);
+each part is its own module. The producer runs the claim loop: claimer (what and when to claim) →
+executor (one attempt) → completer (batched, fenced outcomes), with the monitor (leases, registry,
+fencing), the control reader, the listener and the leader election on the side; registration takes
+the worker id, the pools run the statements, and shutdown ends the jobs still in flight.
 See docs/worker.md for the timeline of a job and of a shutdown.
 
 A host process embeds a worker with the same object the CLI uses::
@@ -153,7 +155,8 @@ class Worker:
             starting=self._starting,
             on_id_taken=functools.partial(self._fatal, "worker registry", exit_code=EXIT_CONFIG),
         )
-        # The attempts from their claim to their written outcome: the producer starts and ends them.
+        # The attempts from their claim to their written outcome: the producer starts and ends them,
+        # the monitor and the watchdog watch them, the shutdown waits for them.
         in_flight: dict[uuid.UUID, Attempt] = {}
         self.monitor = Monitor(
             settings=self.settings,
@@ -368,7 +371,7 @@ class Worker:
         )
         return self._exit_code
 
-    # -- failures -----------------------------------------------------------------------------------
+    # -- stopping on its own ------------------------------------------------------------------------
 
     def _fatal(self, component: str, exc: BaseException, exit_code: int = EXIT_SOFTWARE) -> None:
         """A non-transient error: stop claiming, give back what is held within a bounded time, exit 70."""
@@ -386,6 +389,22 @@ class Worker:
             self._exit_code = exit_code
         self._shutdown.hurry = True
         self.producer.stop()
+
+    def _check_memory(self) -> None:
+        """After a job: over `--memory-limit`, stop claiming, finish in-flight jobs, then exit 75."""
+        limit = self.options.memory_limit
+        if limit is not None and not self.producer.stopping:
+            rss = rss_bytes()
+            if rss > limit:
+                logger.warning(
+                    "worker %s uses %d MiB, over its memory limit of %d MiB: finishing in-flight jobs, then "
+                    "exiting %d for a restart",
+                    self.worker_id,
+                    rss // 2**20,
+                    limit // 2**20,
+                    EXIT_RESTART,
+                )
+                self.request_stop(EXIT_RESTART)
 
     # -- signals ------------------------------------------------------------------------------------
 
@@ -422,21 +441,7 @@ class Worker:
             )
         self.request_stop()
 
-    def _check_memory(self) -> None:
-        """After a job: over `--memory-limit`, stop claiming, finish in-flight jobs, then exit 75."""
-        limit = self.options.memory_limit
-        if limit is not None and not self.producer.stopping:
-            rss = rss_bytes()
-            if rss > limit:
-                logger.warning(
-                    "worker %s uses %d MiB, over its memory limit of %d MiB: finishing in-flight jobs, then "
-                    "exiting %d for a restart",
-                    self.worker_id,
-                    rss // 2**20,
-                    limit // 2**20,
-                    EXIT_RESTART,
-                )
-                self.request_stop(EXIT_RESTART)
+    # -- the registry row ---------------------------------------------------------------------------
 
     async def _acknowledge(self) -> None:
         await self._touch()
