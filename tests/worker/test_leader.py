@@ -177,7 +177,7 @@ async def test_retention_deletes_old_events_and_finished_groups(dsn: str, keep: 
             )
         else:
             await eventually(lambda: worker.leadership.is_leader, what="leadership")
-            (cleaner,) = [service for service in worker.leadership.services if service.name == "cleaner"]
+            (cleaner,) = [service for service in worker.leadership.maintainer.services if service.name == "cleaner"]
             await cleaner.run_once()  # a whole round, on top of the leader's own
         worker.request_stop()
         await task

@@ -62,7 +62,7 @@ async def _silent_worker_holding_a_job(app: jobbus.App, workers: WorkerStore, in
 
 def _rescuer(app: jobbus.App) -> Rescuer:
     worker = jobbus.Worker(app, worker_id="the-leader")
-    (rescuer,) = [s for s in worker.leadership.services if isinstance(s, Rescuer)]
+    (rescuer,) = [s for s in worker.leadership.maintainer.services if isinstance(s, Rescuer)]
     return rescuer
 
 

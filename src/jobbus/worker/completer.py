@@ -18,14 +18,15 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from jobbus.models import JobStatus
 from jobbus.resilience import Backoff, ErrorKind, Outage, classify
 from jobbus.store import JobStore, Outcome, Statement
 from jobbus.worker.outcomes import error_text
-from jobbus.worker.tasks import stop_tasks
+from jobbus.worker.service import Service
 
 logger = logging.getLogger("jobbus.worker")
 
@@ -44,7 +45,7 @@ class _Round:
     done: asyncio.Future[Written] | None = None
 
 
-class Completer:
+class Completer(Service):
     def __init__(
         self,
         store: JobStore,
@@ -61,10 +62,9 @@ class Completer:
         self._wakeup = asyncio.Event()
         self._closing = False
         self._outage = Outage("completer")
-        self._task: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="jobbus-completer")
+    def loops(self) -> dict[str, Coroutine[Any, Any, None]]:
+        return {"completer": self._loop()}
 
     async def write(self, outcome: Outcome, lease_deadline: float) -> tuple[bool, str | None]:
         """Wait until the outcome is durable. Returns (written, refusal): written False means the lease
@@ -74,7 +74,7 @@ class Completer:
         Every outcome of a round waits on one shared future (one allocation per round, not per job);
         it is shielded, so a cancelled waiter never cancels the others' result.
         """
-        if self._closing and (self._task is None or self._task.done()):
+        if self._closing and all(task.done() for task in self._tasks):
             return False, None
         current = self._round
         if current.done is None:
@@ -91,10 +91,10 @@ class Completer:
         """Flush what is pending (at most `timeout` seconds), then stop."""
         self._closing = True
         self._wakeup.set()
-        if self._task is None:
+        if not self._tasks:
             return
-        await asyncio.wait({self._task}, timeout=timeout)
-        await stop_tasks([self._task], 1.0)
+        await asyncio.wait(self._tasks, timeout=timeout)
+        await super().close(1.0)
         pending = self._round.done
         if pending is not None and not pending.done():
             pending.set_result({})

@@ -1,4 +1,4 @@
-"""Leadership: at most one live worker of a schema runs the maintenance services.
+"""Leadership: the election of at most one live worker of a schema to run the maintenance services.
 
 The lease is a row in `<schema>.leader` (no session advisory lock, so it works behind PgBouncer in
 transaction mode), taken when free or expired and renewed every heartbeat for
@@ -6,7 +6,8 @@ transaction mode), taken when free or expired and renewed every heartbeat for
 expires, and another worker takes over at its next heartbeat. A leader that could not renew for two
 thirds of the lease stops its services before anyone else can be elected: two leaders never run at
 once as far as each can tell, and every service is safe even if they did (their statements skip
-locked rows and the periodic enqueuer's unit of exactly-once is the database).
+locked rows and the periodic enqueuer's unit of exactly-once is the database). While it leads, the
+maintainer (`services/maintainer.py`) runs the services.
 """
 
 from __future__ import annotations
@@ -16,24 +17,19 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from jobbus.resilience import Backoff, Outage, first_line, is_transient
 from jobbus.settings import Settings
 from jobbus.store import MaintenanceStore, Statement
-from jobbus.worker.services import Service
-from jobbus.worker.tasks import stop_tasks
+from jobbus.worker.service import Service
+from jobbus.worker.services.maintainer import Maintainer
 
 logger = logging.getLogger("jobbus.worker")
 
-#: After a service fails with a non-transient error, it is tried again this much later.
-SERVICE_RETRY_SECONDS = 60.0
-#: A service still running this long after it was asked to stop is left behind.
-SERVICE_STOP_SECONDS = 5.0
 
-
-class Leadership:
+class Leadership(Service):
     def __init__(
         self,
         *,
@@ -42,7 +38,7 @@ class Leadership:
         run: Callable[[Statement[Any]], Awaitable[Any]],
         worker_id: str,
         instance_id: uuid.UUID,
-        services: Sequence[Service],
+        maintainer: Maintainer,
         on_change: Callable[[bool], None] | None = None,
     ) -> None:
         self.settings = settings
@@ -50,26 +46,23 @@ class Leadership:
         self._run = run
         self.worker_id = worker_id
         self.instance_id = instance_id
-        self.services = list(services)
+        self.maintainer = maintainer
         self._on_change = on_change
         self.is_leader = False
         self._held_since: float | None = None  # monotonic send time of the last successful renewal
-        self._task: asyncio.Task[None] | None = None
-        self._service_tasks: list[asyncio.Task[None]] = []
 
     @property
     def ttl_seconds(self) -> float:
         return self.settings.worker_dead_after_seconds
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="jobbus-leadership")
+    def loops(self) -> dict[str, Coroutine[Any, Any, None]]:
+        return {"leadership": self._loop()}
 
-    async def stop(self, timeout: float) -> None:
+    async def close(self, timeout: float) -> None:
         """Stop taking part in the election and stop the services (no database call); `resign` then
         hands the lease back."""
-        if self._task is not None:
-            await stop_tasks([self._task], timeout)
-        await self._stop_services(timeout)
+        await super().close(timeout)
+        await self.maintainer.close(timeout)
 
     async def resign(self, timeout: float) -> None:
         """Hand the lease back, if held, waiting at most `timeout` seconds for the database."""
@@ -123,12 +116,10 @@ class Leadership:
         logger.info(
             "worker %s is the leader: it runs %s",
             self.worker_id,
-            ", ".join(s.name for s in self.services) or "no service",
+            ", ".join(s.name for s in self.maintainer.services) or "no service",
             extra={"worker_id": self.worker_id},
         )
-        self._service_tasks = [
-            asyncio.create_task(self._run_service(service), name=f"jobbus-{service.name}") for service in self.services
-        ]
+        self.maintainer.start()
 
     async def _step_down(self) -> None:
         if self.is_leader:
@@ -137,34 +128,4 @@ class Leadership:
                 self._on_change(False)
         self.is_leader = False
         self._held_since = None
-        await self._stop_services()
-
-    async def _stop_services(self, timeout: float = SERVICE_STOP_SECONDS) -> None:
-        tasks, self._service_tasks = self._service_tasks, []
-        await stop_tasks(tasks, min(timeout, SERVICE_STOP_SECONDS))
-
-    async def _run_service(self, service: Service) -> None:
-        """One service, every `service.interval` seconds, for as long as this worker leads."""
-        outage = Outage(service.name)
-        backoff = Backoff()
-        while True:
-            try:
-                await service.run_once()
-            except Exception as exc:
-                if is_transient(exc):
-                    outage.failed(exc)
-                    await asyncio.sleep(backoff.next_delay())
-                    continue
-                logger.error(
-                    "%s failed (%s: %s); trying again in %.0f s",
-                    service.name,
-                    type(exc).__name__,
-                    first_line(exc),
-                    SERVICE_RETRY_SECONDS,
-                    exc_info=exc,
-                )
-                await asyncio.sleep(SERVICE_RETRY_SECONDS)
-                continue
-            outage.recovered()
-            backoff.reset()
-            await asyncio.sleep(service.interval)
+        await self.maintainer.close()

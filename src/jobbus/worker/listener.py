@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
 from jobbus.resilience import Backoff, Outage
-from jobbus.worker.tasks import stop_tasks
+from jobbus.worker.service import Service
 
 
-class Listener:
+class Listener(Service):
     def __init__(
         self,
         dsn: str,
@@ -35,15 +35,10 @@ class Listener:
         self._control_channel = control_channel
         self._on_jobs = on_jobs
         self._on_control = on_control
-        self._task: asyncio.Task[None] | None = None
         self._outage = Outage("listener")
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="jobbus-listener")
-
-    async def close(self, timeout: float) -> None:
-        if self._task is not None:
-            await stop_tasks([self._task], timeout)
+    def loops(self) -> dict[str, Coroutine[Any, Any, None]]:
+        return {"listener": self._loop()}
 
     async def _loop(self) -> None:
         backoff = Backoff(cap=10.0)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
 from jobbus.execution import StopReason
@@ -26,7 +26,7 @@ from jobbus.resilience import Backoff, Outage, is_transient
 from jobbus.settings import Settings
 from jobbus.store import JobStore, Statement
 from jobbus.worker.attempt import Attempt, Phase
-from jobbus.worker.tasks import stop_tasks
+from jobbus.worker.service import Service
 
 logger = logging.getLogger("jobbus.worker")
 T = TypeVar("T")
@@ -40,7 +40,7 @@ LOSS_GRACE_SECONDS = 0.5
 FREEZE_SECONDS = 1.0
 
 
-class Monitor:
+class Monitor(Service):
     def __init__(
         self,
         *,
@@ -66,19 +66,18 @@ class Monitor:
         #: Monotonic send time of the last registry refresh that succeeded.
         self.last_contact = time.monotonic()
         self.fenced = False
-        self._tasks: list[asyncio.Task[None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._tasks = [
-            asyncio.create_task(self._every_heartbeat("lease monitor", self._renew_leases), name="jobbus-leases"),
-            asyncio.create_task(self._every_heartbeat("worker registry", self.refresh), name="jobbus-registry"),
-            asyncio.create_task(self._watch_loop(), name="jobbus-watch"),
-        ]
+        self._loop = asyncio.get_running_loop()  # `after_freeze` calls into it from the watchdog's thread
+        super().start()
 
-    async def close(self, timeout: float) -> None:
-        await stop_tasks(self._tasks, timeout)
+    def loops(self) -> dict[str, Coroutine[Any, Any, None]]:
+        return {
+            "leases": self._every_heartbeat("lease monitor", self._renew_leases),
+            "registry": self._every_heartbeat("worker registry", self.refresh),
+            "watch": self._watch_loop(),
+        }
 
     # -- renewals -----------------------------------------------------------------------------------
 

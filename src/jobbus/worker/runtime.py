@@ -1,8 +1,10 @@
 """`Worker`: one asyncio event loop running up to `concurrency` jobs at once, until it is stopped.
 
-The runtime wires the parts and owns the lifecycle; each part is its own module:
-claimer (what and when to claim) → executor (one attempt) → completer (batched, fenced outcomes),
-with the monitor (leases, registry, fencing), the control reader and the listener on the side.
+The runtime wires the parts and owns the lifecycle (start, serve, stop, the exit's housekeeping);
+each part is its own module. The producer runs the claim loop: claimer (what and when to claim) →
+executor (one attempt) → completer (batched, fenced outcomes), with the monitor (leases, registry,
+fencing), the control reader, the listener and the leader election on the side; registration takes
+the worker id, the pools run the statements, and shutdown ends the jobs still in flight.
 See docs/worker.md for the timeline of a job and of a shutdown.
 
 A host process embeds a worker with the same object the CLI uses::
@@ -31,21 +33,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
-
-from jobbus import tracing
-from jobbus.errors import JobbusError, LeaseLostError
-from jobbus.execution import AttemptSignals, JobExecution, StopReason
-from jobbus.models import ClaimedJob, JobStatus
-from jobbus.resilience import Backoff, Outage, first_line, is_transient, open_pool, retrying
-from jobbus.store import MaintenanceStore, Registration, Statement, WorkerStore, run_async
-from jobbus.store.statements import configure_async
+from jobbus.resilience import Outage, first_line, retrying
+from jobbus.store import MaintenanceStore, Registration, WorkerStore
 from jobbus.worker.app_view import AppView
-from jobbus.worker.attempt import Attempt, Phase
-from jobbus.worker.claimer import CLAIM_BATCH_WAIT_SECONDS, Claimer
+from jobbus.worker.attempt import Attempt
+from jobbus.worker.claimer import Claimer
 from jobbus.worker.completer import Completer
 from jobbus.worker.control import ControlReader
-from jobbus.worker.executor import Executor
 from jobbus.worker.leader import Leadership
 from jobbus.worker.listener import Listener
 from jobbus.worker.memory import rss_bytes
@@ -53,11 +47,17 @@ from jobbus.worker.monitor import Monitor
 from jobbus.worker.observer import Observers, WorkerObserver
 from jobbus.worker.options import WorkerOptions
 from jobbus.worker.outcomes import OutcomePolicy
+from jobbus.worker.periodic_sync import sync_periodics
+from jobbus.worker.pools import Pools
+from jobbus.worker.producer import Producer
 from jobbus.worker.recovery import announce_recovered
+from jobbus.worker.registration import Registrar, WorkerIdInUseError
 from jobbus.worker.services.cleaner import Cleaner
+from jobbus.worker.services.maintainer import Maintainer
 from jobbus.worker.services.periodic import PeriodicEnqueuer
 from jobbus.worker.services.queue_stats import QueueSampler
 from jobbus.worker.services.rescuer import Rescuer
+from jobbus.worker.shutdown import Shutdown
 from jobbus.worker.watchdog import LoopWatchdog
 
 logger = logging.getLogger("jobbus.worker")
@@ -67,32 +67,12 @@ EXIT_OK = 0
 EXIT_SOFTWARE = 70
 EXIT_RESTART = 75
 EXIT_CONFIG = 78
-#: After the shutdown timeout, handlers get min(this, --shutdown-timeout) to honour `cancellation_requested`.
-COOPERATIVE_GRACE_SECONDS = 3.0
-#: After async handlers are cancelled at shutdown, how long their releases may take to be written
-#: (after a second signal, or a fatal error: RELEASE_HURRY_SECONDS).
-RELEASE_WAIT_SECONDS = 10.0
-RELEASE_HURRY_SECONDS = 2.0
 #: Everything the worker does at exit after its jobs ended (stopping its loops, handing leadership
 #: back, marking its registry row stopped, closing its pools) takes this long at most, in all: during
 #: an outage none of it can reach the database, and none of it may keep the worker from exiting.
 HOUSEKEEPING_TIMEOUT_SECONDS = 5.0
-#: Closing a pool gets at least this long, even once the housekeeping deadline has passed.
-POOL_CLOSE_SECONDS = 0.5
-#: How long a worker statement waits for a connection of the worker's pool (psycopg_pool's default).
-CONNECTION_WAIT_SECONDS = 30.0
-#: While that wait lasts (an outage), a claim or control read looks this often whether the worker was
-#: asked to stop: nothing was sent yet, so it gives up and the worker stops at once.
-STOP_CHECK_SECONDS = 0.5
 #: How long start-up statements are retried when the connection drops (the server was reachable).
 STARTUP_RETRY_SECONDS = 60.0
-#: Connections of the worker's own pool: claims, outcomes, renewals, control, maintenance. Separate
-#: from the App's pool, which handlers and job scopes may hold for as long as they like.
-SYSTEM_POOL_SIZE = 4
-
-
-class WorkerIdInUseError(JobbusError):
-    """Another live process holds this worker id; the CLI exits 78."""
 
 
 class Worker:
@@ -123,17 +103,7 @@ class Worker:
         self.instance_id = uuid.uuid4()
         self.poll_interval = self.options.poll_interval or self.settings.poll_interval_seconds
         self.types = self._types()
-        self.completed = 0
-        self.failed = 0
         self.abandoned = 0
-        self._in_flight: dict[uuid.UUID, Attempt] = {}
-        self._running = 0  # attempts holding a slot (phase RUNNING)
-        self._claimed_total = 0
-        self._wake = asyncio.Event()
-        self._control_due = True
-        self._stop_claiming = False
-        self._hurry = False
-        self._draining = self.options.stop_when_empty
         self._exit_code = EXIT_OK
         self._signals_received = 0
         self._ready = asyncio.Event()
@@ -141,28 +111,16 @@ class Worker:
         self._write_lock = asyncio.Lock()
         self._housekeeping_deadline: float | None = None
         self._threads = ThreadPoolExecutor(max_workers=self.options.concurrency, thread_name_prefix="jobbus-job")
-        self._pool: AsyncConnectionPool[Any] | None = None
-        self._handler_pool: AsyncConnectionPool[Any] | None = None
-        self._handler_outage = Outage("handler calls")
+        self.pools = Pools(self.settings, stopping=lambda: self.producer.stopping)
         self.workers = WorkerStore(self.settings.schema, self.store.channel, self.store.control_channel)
         self.maintenance = MaintenanceStore(self.settings.schema)
         self.policy = OutcomePolicy(self.settings, self.worker_id)
-        self.completer = Completer(self.store, self._run, write_lock=self._write_lock, on_fatal=self._fatal)
-        self.executor = Executor(
-            self.registry,
-            policy=self.policy,
-            completer=self.completer,
-            threads=self._threads,
-            worker_id=self.worker_id,
-            on_handler_done=self._handler_done,
-            on_slot_free=self._slot_freed,
-            on_finished=self._finished,
-        )
+        self.completer = Completer(self.store, self.pools.run, write_lock=self._write_lock, on_fatal=self._fatal)
         self.claimer = Claimer(
             store=self.store,
             maintenance=self.maintenance,
             queue_settings=app.queue_store,
-            run=self._run_unless_stopping,
+            run=self.pools.run_unless_stopping,
             settings=self.settings,
             worker_id=self.worker_id,
             types=self.types,
@@ -172,53 +130,94 @@ class Worker:
         )
         self.control = ControlReader(
             store=self.workers,
-            run=self._run_unless_stopping,
+            run=self.pools.run_unless_stopping,
             worker_id=self.worker_id,
             queues=self.options.queues,
             on_drain=self.request_drain,
             on_stop=self.request_stop,
             on_acked=self._acknowledge,
         )
+        self.registrar = Registrar(
+            Registration(
+                worker_id=self.worker_id,
+                instance_id=self.instance_id,
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                queues=self.options.queues,
+                types=self.types,
+                concurrency=self.options.concurrency,
+                lease_seconds=self.settings.lease_seconds,
+                dead_after_seconds=self.settings.worker_dead_after_seconds,
+                heartbeat_seconds=self.settings.heartbeat_seconds,
+            ),
+            workers=self.workers,
+            run=self.pools.run,
+            starting=self._starting,
+            on_id_taken=functools.partial(self._fatal, "worker registry", exit_code=EXIT_CONFIG),
+        )
+        # The attempts from their claim to their written outcome: the producer starts and ends them,
+        # the monitor and the watchdog watch them, the shutdown waits for them.
+        in_flight: dict[uuid.UUID, Attempt] = {}
         self.monitor = Monitor(
             settings=self.settings,
             store=self.store,
-            run=self._run,
-            attempts=self._in_flight.values,
+            run=self.pools.run,
+            attempts=in_flight.values,
             touch=self._touch,
             write_lock=self._write_lock,
             worker_id=self.worker_id,
             on_fatal=self._fatal,
-            on_registration_lost=self._registration_lost,
+            on_registration_lost=self.registrar.register_again,
         )
-        self.watchdog = LoopWatchdog(self._in_flight.values, self.worker_id, on_freeze=self.monitor.after_freeze)
+        self.watchdog = LoopWatchdog(in_flight.values, self.worker_id, on_freeze=self.monitor.after_freeze)
+        self.producer = Producer(
+            app,
+            self.options,
+            in_flight=in_flight,
+            claimer=self.claimer,
+            control=self.control,
+            monitor=self.monitor,
+            policy=self.policy,
+            completer=self.completer,
+            threads=self._threads,
+            observers=self.observers,
+            worker_id=self.worker_id,
+            poll_interval=self.poll_interval,
+            run_for_handler=self.pools.run_for_handler,
+            on_fatal=self._fatal,
+            check_memory=self._check_memory if self.options.memory_limit is not None else None,
+        )
+        self._shutdown = Shutdown(self.producer, timeout=self.options.shutdown_timeout, worker_id=self.worker_id)
         self.leadership = Leadership(
             settings=self.settings,
             store=self.maintenance,
-            run=self._run,
+            run=self.pools.run,
             worker_id=self.worker_id,
             instance_id=self.instance_id,
-            services=[
-                Rescuer(
-                    jobs=self.store,
-                    workers=self.workers,
-                    run=self._run,
-                    events=self.registry.events,
-                    interval=self.poll_interval,
-                ),
-                Cleaner(settings=self.settings, maintenance=self.maintenance, run=self._run),
-                QueueSampler(
-                    maintenance=self.maintenance,
-                    run=self._run,
-                    interval=self.settings.stats_interval_seconds,
-                    on_sample=self.observers.queues_sampled,
-                ),
-                PeriodicEnqueuer(
-                    store=app.periodic_store,
-                    run=self._run,
-                    max_attempts_of=self.registry.max_attempts_of,
-                    catch_up_seconds=2 * self.settings.worker_dead_after_seconds,
-                ),
-            ],
+            maintainer=Maintainer(
+                [
+                    Rescuer(
+                        jobs=self.store,
+                        workers=self.workers,
+                        run=self.pools.run,
+                        events=self.registry.events,
+                        interval=self.poll_interval,
+                    ),
+                    Cleaner(settings=self.settings, maintenance=self.maintenance, run=self.pools.run),
+                    QueueSampler(
+                        maintenance=self.maintenance,
+                        run=self.pools.run,
+                        interval=self.settings.stats_interval_seconds,
+                        on_sample=self.observers.queues_sampled,
+                    ),
+                    PeriodicEnqueuer(
+                        store=app.periodic_store,
+                        run=self.pools.run,
+                        max_attempts_of=self.registry.max_attempts_of,
+                        catch_up_seconds=2 * self.settings.worker_dead_after_seconds,
+                    ),
+                ]
+            ),
             on_change=self.observers.leadership_changed,
         )
         listen_dsn = self.settings.notification_dsn
@@ -227,8 +226,8 @@ class Worker:
                 listen_dsn,
                 self.store.channel,
                 self.store.control_channel,
-                on_jobs=self._jobs_notified,
-                on_control=self._control_notified,
+                on_jobs=self.producer.jobs_notified,
+                on_control=self.producer.control_notified,
             )
             if listen_dsn
             else None
@@ -252,23 +251,31 @@ class Worker:
 
     def request_stop(self, exit_code: int = EXIT_OK) -> None:
         """Stop claiming, let in-flight jobs finish (the shutdown sequence), then exit with `exit_code`."""
-        self._stop_claiming = True
         if self._exit_code not in (EXIT_SOFTWARE, EXIT_CONFIG):
             self._exit_code = max(self._exit_code, exit_code)
-        self._wake.set()
+        self.producer.stop()
 
     def request_drain(self) -> None:
         """Run until no job is available for this worker, then stop with exit code 0."""
-        self._draining = True
-        self._wake.set()
+        self.producer.drain()
 
     @property
     def state(self) -> str:
-        if self._stop_claiming:
+        if self.producer.stopping:
             return "stopping"
-        if self._draining:
+        if self.producer.draining:
             return "draining"
         return "paused" if self.control.paused else "running"
+
+    @property
+    def completed(self) -> int:
+        """Jobs this worker has completed so far."""
+        return self.producer.completed
+
+    @property
+    def failed(self) -> int:
+        """Jobs this worker has failed for good so far."""
+        return self.producer.failed
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -287,17 +294,13 @@ class Worker:
         """Run until stopped; returns the exit code (0, 70 or 75)."""
         await self.app.open()
         try:
-            self._pool = await self._open_pool("jobbus-worker", 1, SYSTEM_POOL_SIZE)
-            self._handler_pool = await self._open_pool("jobbus-handlers", 0, self.settings.pool_max_size)
+            await self.pools.open(self.app.dsn)
             await self._starting(self.app.check_schema)
             await self._register()
             return await self._serve()
         finally:
             self._threads.shutdown(wait=False, cancel_futures=True)
-            for pool in (self._pool, self._handler_pool):
-                if pool is not None:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(pool.close(), max(self._housekeeping_left(), POOL_CLOSE_SECONDS))
+            await self.pools.close(self._housekeeping_left)
             await self.app.close()
 
     def _housekeeping_left(self) -> float:
@@ -306,173 +309,21 @@ class Worker:
             return HOUSEKEEPING_TIMEOUT_SECONDS
         return max(0.0, self._housekeeping_deadline - time.monotonic())
 
-    async def _open_pool(self, name: str, min_size: int, max_size: int) -> AsyncConnectionPool[Any]:
-        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-            self.app.dsn,
-            min_size=min_size,
-            max_size=max_size,
-            kwargs=self.settings.connection_kwargs,
-            configure=configure_async,
-            open=False,
-            name=f"{name}-{self.settings.schema}",
-        )
-        if min_size > 0:
-            await open_pool(pool, self.app.dsn, self.settings.database_wait_seconds)
-        else:
-            await pool.open(wait=False)
-        return pool
-
-    async def _run(self, statement: Statement[T]) -> T:
-        assert self._pool is not None
-        async with self._pool.connection() as conn:
-            return await run_async(conn, statement)
-
-    async def _run_unless_stopping(self, statement: Statement[T]) -> T:
-        """Claims and control reads, which a stopping worker no longer needs: while the pool has no
-        connection to give (an outage), the wait for one ends once a stop is asked for (PoolTimeout,
-        nothing sent), so SIGTERM is not held up by `CONNECTION_WAIT_SECONDS`."""
-        assert self._pool is not None
-        deadline = time.monotonic() + CONNECTION_WAIT_SECONDS
-        while True:
-            try:
-                async with self._pool.connection(timeout=STOP_CHECK_SECONDS) as conn:
-                    return await run_async(conn, statement)
-            except PoolTimeout:
-                if self._stop_claiming or time.monotonic() >= deadline:
-                    raise
-
-    async def _run_for_handler(self, attempt: Attempt, statement: Statement[T]) -> T:
-        """The calls a handler makes (checkpoint, progress, heartbeat, steps, durable waits, spawns):
-        their own pool, so many handlers writing at once never queue in front of the worker's own
-        statements. A dropped connection does not fail the call: see `_retry_for_handler`."""
-        assert self._handler_pool is not None
-        try:
-            async with self._handler_pool.connection() as conn:
-                return await run_async(conn, statement)
-        except Exception as exc:
-            if not is_transient(exc):
-                raise
-            return await self._retry_for_handler(attempt, statement, exc)
-
-    async def _retry_for_handler(self, attempt: Attempt, statement: Statement[T], exc: Exception) -> T:
-        """Run a handler's call again, with backoff, on connections checked first, while the attempt's
-        lease holds: every such call is safe to run twice (one that committed before its connection
-        dropped answers the same again; a durable wait tells that it parked, see `JobExecution`).
-        Once the lease is surely gone, or the worker fenced, or the attempt over: `LeaseLostError`,
-        as a fenced write would say (its outcome is then not written; the job is recovered)."""
-        pool = self._handler_pool
-        assert pool is not None
-        backoff = Backoff()
-        while True:
-            self._handler_outage.failed(exc)
-            delay = backoff.next_delay()
-            signals = attempt.signals
-            if signals.lease_lost or signals.closed or time.monotonic() + delay > attempt.lease_deadline:
-                raise LeaseLostError(
-                    f"job {attempt.id}: attempt {attempt.claimed.attempts} lost its database connection "
-                    f"({type(exc).__name__}: {first_line(exc)}) and its lease ended before the call got through"
-                ) from exc
-            await asyncio.sleep(delay)
-            with contextlib.suppress(Exception):
-                await pool.check()  # drop every idle connection the same outage broke, not one per try
-            try:  # waiting for a new connection no longer than the lease lasts
-                async with pool.connection(timeout=max(0.1, attempt.lease_deadline - time.monotonic())) as conn:
-                    result = await run_async(conn, statement)
-            except Exception as again:
-                if not is_transient(again):
-                    raise
-                exc = again
-                continue
-            self._handler_outage.recovered()
-            return result
-
     async def _starting(self, call: Callable[[], Awaitable[T]]) -> T:
         """Start-up statements ride out a connection lost right after the server was reached."""
         return await retrying(call, Outage("worker start"), deadline=time.monotonic() + STARTUP_RETRY_SECONDS)
 
-    def _registration(self) -> Registration:
-        return Registration(
-            worker_id=self.worker_id,
-            instance_id=self.instance_id,
-            host=socket.gethostname(),
-            pid=os.getpid(),
-            queues=self.options.queues,
-            types=self.types,
-            concurrency=self.options.concurrency,
-            lease_seconds=self.settings.lease_seconds,
-            dead_after_seconds=self.settings.worker_dead_after_seconds,
-            heartbeat_seconds=self.settings.heartbeat_seconds,
-        )
-
     async def _register(self) -> None:
         """Take the worker id (refused while a live process holds it), then take back what a dead
         predecessor under the same id left running."""
-        registration = self._registration()
-        acked = await self._starting(lambda: self._run(self.workers.register_worker(registration)))
-        if acked is None:
-            holder = await self._run(self.workers.worker_holding_id(self.worker_id))
-            if holder is not None and holder.host == registration.host and not _process_alive(holder.pid):
-                # The process that held the id on this host is gone (a restart of a killed worker):
-                # take over now instead of waiting for its row to go silent.
-                statement = self.workers.register_worker(registration, replaces=holder.instance_id)
-                acked = await self._run(statement)
-        if acked is None:
-            raise await self._id_in_use()
-        self.control.acked_generation = acked
+        self.control.acked_generation = await self.registrar.register()
         self.monitor.last_contact = time.monotonic()
-        recovered = await self._starting(
-            lambda: self._run(self.workers.reclaim_predecessor_jobs(self.worker_id, self.instance_id))
+        recovered = await self.registrar.reclaim_predecessor_jobs()
+        await self._starting(
+            functools.partial(sync_periodics, self.app, self.pools.run, types=self.types, worker_id=self.worker_id)
         )
-        await self._starting(self._sync_periodics)
         if recovered:
-            logger.warning(
-                "worker %s reclaimed %d job(s) its previous run left running",
-                self.worker_id,
-                len(recovered),
-                extra={"worker_id": self.worker_id},
-            )
             await announce_recovered(self.registry.events, recovered)
-
-    async def _sync_periodics(self) -> None:
-        """Store the periodic jobs this code declares; delete the ones it no longer declares among the
-        job types this worker handles (other workers' types are theirs to keep)."""
-        store = self.app.periodic_store
-        now = await self._run(store.database_now())
-        for spec in self.registry.periodics.values():
-            next_run_at = spec.schedule.next_after(now)
-            if not await self._run(store.upsert(spec, source="code", next_run_at=next_run_at)):
-                logger.warning(
-                    "periodic job %s is declared in code, but a periodic job of that name was added at run time: "
-                    "the one in the database stays; remove it (jobbus periodic remove %s) to use the code's",
-                    spec.name,
-                    spec.name,
-                )
-        retired = await self._run(store.retire_code_periodics(self.types, list(self.registry.periodics)))
-        for name in retired:
-            logger.info("periodic job %s is no longer declared in code: removed", name)
-        for periodic in await self._run(store.list_periodic()):
-            if periodic.type not in self.types:  # the types it claims: --type narrows them
-                logger.warning(
-                    "periodic job %s enqueues jobs of type %s, which no handler of this worker serves: unless "
-                    "another worker handles it, its jobs wait in queue %s forever (a typo, or a module not imported?)",
-                    periodic.name,
-                    periodic.type,
-                    periodic.queue,
-                    extra={"worker_id": self.worker_id, "periodic": periodic.name, "job_type": periodic.type},
-                )
-
-    async def _id_in_use(self) -> WorkerIdInUseError:
-        holder = await self._run(self.workers.worker_holding_id(self.worker_id))
-        where = ""
-        if holder is not None:
-            where = (
-                f" (host {holder.host}, pid {holder.pid}, seen {holder.seen_seconds_ago:.0f} s ago; it counts as "
-                f"gone once silent for {holder.silent_after_seconds:g} s)"
-            )
-        return WorkerIdInUseError(
-            f"worker id {self.worker_id!r} is in use by a live worker{where}: give every worker process its "
-            f"own --worker-id, or start this one after the other stops"
-        )
 
     async def _serve(self) -> int:
         logger.info(
@@ -492,20 +343,20 @@ class Worker:
         installed = self._install_signals()
         self._ready.set()
         try:
-            await self._main_loop()
-            await self._shutdown()
+            await self.producer.run()
+            await self._shutdown.run()
         finally:
             # Housekeeping, within one deadline: it never keeps a stopping worker from exiting.
             # The loops first (no database call), then the writes, side by side.
             self._housekeeping_deadline = time.monotonic() + HOUSEKEEPING_TIMEOUT_SECONDS
-            await self.leadership.stop(self._housekeeping_left())
+            await self.leadership.close(self._housekeeping_left())
             await self.monitor.close(self._housekeeping_left())
             self.watchdog.stop()
             if self._listener is not None:
                 await self._listener.close(self._housekeeping_left())
             self._remove_signals(installed)
             await self.completer.close(self._housekeeping_left())
-            self.abandoned = len(self._in_flight)
+            self.abandoned = len(self.producer.in_flight)
             # Jobs still running in threads keep their leases until this process exits: the row is not
             # marked stopped, so it goes silent and the leader recovers them once the process is gone.
             final_state = "stopped" if not self.abandoned else "stopping"
@@ -520,7 +371,7 @@ class Worker:
         )
         return self._exit_code
 
-    # -- failures -----------------------------------------------------------------------------------
+    # -- stopping on its own ------------------------------------------------------------------------
 
     def _fatal(self, component: str, exc: BaseException, exit_code: int = EXIT_SOFTWARE) -> None:
         """A non-transient error: stop claiming, give back what is held within a bounded time, exit 70."""
@@ -536,17 +387,24 @@ class Worker:
                 extra={"worker_id": self.worker_id},
             )
             self._exit_code = exit_code
-        self._hurry = True
-        self._stop_claiming = True
-        self._wake.set()
+        self._shutdown.hurry = True
+        self.producer.stop()
 
-    async def _registration_lost(self) -> None:
-        """Our row is gone or belongs to another instance: register again, or stop if the id is taken."""
-        acked = await self._run(self.workers.register_worker(self._registration()))
-        if acked is None:
-            self._fatal("worker registry", await self._id_in_use(), EXIT_CONFIG)
-            return
-        logger.warning("worker %s registered again (its registry row was gone)", self.worker_id)
+    def _check_memory(self) -> None:
+        """After a job: over `--memory-limit`, stop claiming, finish in-flight jobs, then exit 75."""
+        limit = self.options.memory_limit
+        if limit is not None and not self.producer.stopping:
+            rss = rss_bytes()
+            if rss > limit:
+                logger.warning(
+                    "worker %s uses %d MiB, over its memory limit of %d MiB: finishing in-flight jobs, then "
+                    "exiting %d for a restart",
+                    self.worker_id,
+                    rss // 2**20,
+                    limit // 2**20,
+                    EXIT_RESTART,
+                )
+                self.request_stop(EXIT_RESTART)
 
     # -- signals ------------------------------------------------------------------------------------
 
@@ -571,171 +429,19 @@ class Worker:
         """The first signal stops the worker gracefully; the second skips every remaining wait."""
         self._signals_received += 1
         if self._signals_received >= 2:
-            if not self._hurry:
+            if not self._shutdown.hurry:
                 logger.warning("second %s: skipping the wait for in-flight jobs", sig.name)
-            self._hurry = True
+            self._shutdown.hurry = True
         else:
             logger.info(
                 "%s: stopping; %d job(s) in flight get %.0f s to finish",
                 sig.name,
-                len(self._in_flight),
+                len(self.producer.in_flight),
                 self.options.shutdown_timeout,
             )
         self.request_stop()
 
-    # -- notifications ------------------------------------------------------------------------------
-
-    def _jobs_notified(self, queue: str | None, job_type: str | None) -> None:
-        if self.claimer.serves(queue, job_type):
-            self._wake.set()
-
-    def _control_notified(self) -> None:
-        self._control_due = True
-        self._wake.set()
-
-    # -- the main loop ------------------------------------------------------------------------------
-
-    def _free_slots(self) -> int:
-        """Slots are held by running handlers; outcomes waiting for the completer do not hold one, but
-        more of them than `concurrency` stops claiming (backpressure)."""
-        concurrency = self.options.concurrency
-        if len(self._in_flight) - self._running >= concurrency:
-            return 0
-        free = concurrency - self._running
-        limit = self.options.job_limit
-        if limit is not None:
-            free = min(free, limit - self._claimed_total)
-        return max(free, 0)
-
-    async def _main_loop(self) -> None:
-        backoff = Backoff()
-        outage = Outage("worker")
-        last_control = float("-inf")
-        while not self._stop_claiming:
-            self._wake.clear()
-            claimed = 0
-            free = 0
-            deferred = False
-            idle_before_claim = False
-            try:
-                now = time.monotonic()
-                if self._control_due or now - last_control >= self.poll_interval:
-                    self._control_due = False
-                    last_control = now
-                    await self.control.read()
-                if self._stop_claiming:
-                    break
-                free = self._free_slots()
-                # An outcome committed during the claim is invisible to it: "nothing available" only
-                # counts when nothing was in flight before the claim started.
-                idle_before_claim = not self._in_flight
-                if free > 0 and not self.control.paused and not self.monitor.fenced:
-                    if self.claimer.worth_claiming(free):
-                        claimed = self._start(*await self.claimer.claim(free, self.control.paused_queues))
-                    else:
-                        deferred = True
-                backoff.reset()
-                outage.recovered()
-            except Exception as exc:
-                if not is_transient(exc):
-                    self._fatal("claim loop", exc)
-                    break
-                outage.failed(exc)
-                await self._sleep(backoff.next_delay())
-                continue
-            limit = self.options.job_limit
-            if limit is not None and self._claimed_total >= limit and not self._in_flight:
-                break  # --limit / --run-once: every job we may take has finished
-            if self._draining and not self._in_flight and (self.control.paused or (claimed == 0 and idle_before_claim)):
-                if not self.control.paused and not self.claimer.read_fresh:
-                    self.claimer.forget_pairs()  # look at the table itself before concluding it is empty
-                    continue
-                logger.info("no job available: worker %s is done draining", self.worker_id)
-                break
-            if claimed and claimed == free:
-                continue  # the claim was full: there may be more, claim again as soon as slots free up
-            if deferred:
-                await self._sleep(CLAIM_BATCH_WAIT_SECONDS)
-                continue
-            try:
-                wait = await self.claimer.wait_for_limits(self.poll_interval)
-            except Exception as exc:
-                if not is_transient(exc):
-                    self._fatal("claim loop", exc)
-                    break
-                wait = self.poll_interval
-            await self._sleep(wait)
-
-    async def _sleep(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), seconds)
-
-    def _start(self, jobs: list[ClaimedJob], sent: float) -> int:
-        """Every claimed job becomes an attempt with its own task; its lease started after `sent`."""
-        tracer = tracing.current_tracer()
-        handlers = self.registry.handlers
-        build_job_spec = self.registry.build_job_spec
-        for claimed in jobs:
-            handler = handlers[claimed.type]
-            signals = AttemptSignals(cancelled=claimed.cancellation_requested)
-            attempt = Attempt(claimed, handler, signals, sent + self.settings.lease_seconds)
-            attempt.execution = JobExecution(
-                claimed,
-                self.store,
-                functools.partial(self._run_for_handler, attempt),
-                self.settings.lease_seconds,
-                self.settings.max_payload_bytes,
-                signals,
-                build_job_spec,
-            )
-            attempt.timeout = claimed.timeout_seconds or handler.timeout
-            self._in_flight[claimed.id] = attempt
-            self._running += 1
-            self.executor.start(attempt, tracer)
-            if self.observers:
-                self.observers.claimed(claimed, max(0.0, time.time() - claimed.available_at.timestamp()))
-        self._claimed_total += len(jobs)
-        return len(jobs)
-
-    def _handler_done(self, attempt: Attempt) -> None:
-        self.monitor.check(attempt)
-
-    def _slot_freed(self, attempt: Attempt) -> None:
-        self._running -= 1
-        self._wake.set()
-
-    def _finished(self, attempt: Attempt, status: JobStatus | None, kind: str) -> None:
-        if kind == "released":  # written: only now is it true
-            logger.info("job %s: released at shutdown, available again at once", attempt.id)
-        if self.observers:
-            self.observers.finished(attempt.claimed, kind, attempt.ran_seconds)
-        if attempt.phase is Phase.RUNNING:  # ended before reaching its outcome (internal error)
-            attempt.phase = Phase.WRITING
-            self._running -= 1
-        self._in_flight.pop(attempt.id, None)
-        if status is JobStatus.QUEUED:  # retried or released: claimable here again, maybe at once
-            self.claimer.serves(attempt.claimed.queue, attempt.claimed.type)
-        if status is JobStatus.COMPLETED:
-            self.completed += 1
-        elif status is JobStatus.FAILED:
-            self.failed += 1
-        self._check_memory()
-        self._wake.set()
-
-    def _check_memory(self) -> None:
-        limit = self.options.memory_limit
-        if limit is not None and not self._stop_claiming:
-            rss = rss_bytes()
-            if rss > limit:
-                logger.warning(
-                    "worker %s uses %d MiB, over its memory limit of %d MiB: finishing in-flight jobs, then "
-                    "exiting %d for a restart",
-                    self.worker_id,
-                    rss // 2**20,
-                    limit // 2**20,
-                    EXIT_RESTART,
-                )
-                self.request_stop(EXIT_RESTART)
+    # -- the registry row ---------------------------------------------------------------------------
 
     async def _acknowledge(self) -> None:
         await self._touch()
@@ -745,93 +451,17 @@ class Worker:
             await asyncio.wait_for(self._touch(state), self._housekeeping_left())
 
     async def _touch(self, state: str | None = None) -> bool | None:
-        return await self._run(
+        return await self.pools.run(
             self.workers.touch_worker(
                 worker_id=self.worker_id,
                 instance_id=self.instance_id,
                 state=state or self.state,
-                in_flight=len(self._in_flight),
-                completed=self.completed,
-                failed=self.failed,
+                in_flight=len(self.producer.in_flight),
+                completed=self.producer.completed,
+                failed=self.producer.failed,
                 acked_generation=self.control.acked_generation,
             )
         )
-
-    # -- shutdown -----------------------------------------------------------------------------------
-
-    async def _shutdown(self) -> None:
-        """Finish in-flight jobs within the timeout, then ask them to stop, then cancel async handlers
-        and write their releases. Threads that still run keep their leases until the process exits."""
-        if not self._in_flight:
-            return
-        if not self._hurry:
-            await self._wait_in_flight(self.options.shutdown_timeout)
-        running = self._running_attempts()
-        if running:
-            logger.warning("asking %d unfinished job(s) to stop", len(running))
-            for attempt in running:
-                attempt.signals.request(StopReason.SHUTDOWN)
-            if not self._hurry:
-                await self._wait_in_flight(min(COOPERATIVE_GRACE_SECONDS, self.options.shutdown_timeout or 0.5))
-        running = self._running_attempts()
-        if running:
-            logger.warning("interrupting %d unfinished job(s) to release them", len(running))
-            for attempt in running:
-                attempt.interrupt(StopReason.SHUTDOWN)
-        await self._wait_in_flight(RELEASE_HURRY_SECONDS if self._hurry else RELEASE_WAIT_SECONDS, releases=True)
-        # Each job is named once: "released at shutdown" when its release is written (`_finished`),
-        # else here, by what still holds it.
-        for attempt in self._running_attempts():
-            where = "sync handlers run in threads, which cannot be interrupted"
-            if attempt.handler.is_async:
-                where = "its handler ignored the cancellation"
-            logger.warning(
-                "job %s did not end (%s): not released, it keeps its lease until this process exits, then it "
-                "is recovered",
-                attempt.id,
-                where,
-                extra=attempt.log_extra(self.worker_id),
-            )
-        for attempt in self._in_flight.values():
-            if attempt.phase is not Phase.RUNNING:
-                logger.warning(
-                    "job %s: its outcome was not confirmed written before shutdown; if it was not, the job is "
-                    "recovered when its lease expires",
-                    attempt.id,
-                    extra=attempt.log_extra(self.worker_id),
-                )
-
-    def _running_attempts(self) -> list[Attempt]:
-        return [a for a in self._in_flight.values() if a.phase is Phase.RUNNING]
-
-    async def _wait_in_flight(self, timeout: float, *, releases: bool = False) -> None:
-        """Wait for in-flight jobs to end. A second signal cuts the wait for handlers short; the wait for
-        releases is only shortened to RELEASE_HURRY_SECONDS."""
-        deadline = time.monotonic() + timeout
-        while self._in_flight:
-            if self._hurry:
-                if not releases:
-                    return
-                deadline = min(deadline, time.monotonic() + RELEASE_HURRY_SECONDS)
-                releases = False
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            self._wake.clear()
-            await self._sleep(remaining)
-
-
-def _process_alive(pid: int) -> bool:
-    """Whether a process of this host exists (a pid equal to ours is another, earlier process)."""
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _dump_tasks() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Protocol
 
 
-class Service(Protocol):
+class MaintenanceService(Protocol):
     """A maintenance task the leader runs every `interval` seconds (and only the leader)."""
 
     name: str
