@@ -5,6 +5,7 @@ way the job ends `cancelled`."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -142,3 +143,49 @@ async def test_a_sync_handler_is_never_forced_and_ends_cancelled_when_it_returns
         job = await _run_until_finished(app, job_id, started)
     assert outcome == ["returned"]
     assert job.status is JobStatus.CANCELLED and job.result is None
+
+
+@pytest.mark.parametrize("flavour", ["async", "sync"])
+async def test_a_handler_that_returns_before_its_worker_reads_the_request_still_ends_cancelled(
+    dsn: str, flavour: str
+) -> None:
+    """The request lands between two renewals (an hour apart here) and the handler returns without
+    having looked: `cancel()` said the job would stop, so it ends cancelled, keeps no result, schedules
+    no follow-up, and listeners hear `JobCancelled`, not `JobCompleted`."""
+    app = _app(dsn, heartbeat_interval_seconds=3600, lease_seconds=7200, worker_dead_after_seconds=3 * 3600)
+    started = asyncio.Event()
+    release = threading.Event()
+    heard: list[str] = []
+    app.on(jobbus.JobCompleted)(lambda event: heard.append("completed"))
+    app.on(jobbus.JobCancelled)(lambda event: heard.append("cancelled"))
+
+    if flavour == "async":
+
+        @app.job("unaware")
+        async def unaware(job: jobbus.JobExecution) -> str:
+            started.set()
+            await asyncio.to_thread(release.wait, 20)
+            return "done"
+
+    else:
+
+        @app.job("unaware")
+        def unaware_sync(job: jobbus.SyncJobExecution) -> str:
+            loop.call_soon_threadsafe(started.set)
+            release.wait(20)
+            return "done"
+
+    async with app:
+        loop = asyncio.get_running_loop()
+        job_id = await app.schedule("unaware", then=jobbus.JobRequest("after"))
+        worker = jobbus.Worker(app, stop_when_empty=True)
+        task = worker.start()
+        await _cancel_while_running(app, job_id, started)
+        release.set()
+        assert await asyncio.wait_for(task, 60) == 0
+        job = await app.find(job_id)
+        follow_ups = await app.list_jobs(type="after")
+    assert job is not None and (job.status, job.result) == (JobStatus.CANCELLED, None)
+    assert job.history[-1]["outcome"] == "cancelled"
+    assert follow_ups == []
+    assert heard == ["cancelled"]

@@ -20,6 +20,13 @@ from jobbus.store.statements import Chain, Copy, Row, Statement, channel_name, q
 GROUP_REFUSED = "JB409"
 
 
+def raise_group_refusal(exc: BaseException) -> None:
+    """Raise the schema's refusal of a group (SQLSTATE `GROUP_REFUSED`) as `InvalidStateError`; any other
+    error is left to the caller."""
+    if isinstance(exc, psycopg.Error) and exc.sqlstate == GROUP_REFUSED:
+        raise InvalidStateError(exc.diag.message_primary or str(exc)) from None
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """The fenced end of one attempt, as the worker hands it to `record_outcomes`."""
@@ -306,8 +313,9 @@ class JobStore:
         params = {"id": job_id, "token": token, "attempt": attempt, "waiting_for": waiting_for}
         return Statement(self._q["parked_at"], params, lambda rows, _: bool(rows and rows[0][0]))
 
-    def record_outcomes(self, outcomes: Sequence[Outcome]) -> Statement[set[uuid.UUID]]:
-        """Fenced outcome writes for many jobs; returns the ids whose write applied.
+    def record_outcomes(self, outcomes: Sequence[Outcome]) -> Statement[dict[uuid.UUID, JobStatus]]:
+        """Fenced outcome writes for many jobs; returns the status written for each id whose write applied
+        (not the one asked for when the job was cancelled meanwhile, or a retry had no attempt left).
 
         Rows are sent in id order, like `heartbeat_leases`, so that two multi-row updates of one worker
         lock their rows in the same order and cannot deadlock each other.
@@ -326,7 +334,10 @@ class JobStore:
             "channel": self.channel,
         }
         return Statement(
-            self._q["record_outcomes"], params, lambda rows, _: {r[0] for r in rows if r[0] is not None}, prepare=False
+            self._q["record_outcomes"],
+            params,
+            lambda rows, _: {r[0]: JobStatus(r[1]) for r in rows if r[0] is not None},
+            prepare=False,
         )
 
     # -- admin -------------------------------------------------------------------------------------

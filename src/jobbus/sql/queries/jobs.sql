@@ -277,25 +277,30 @@ RETURNING cancellation_requested_at IS NOT NULL;
 -- available at once are announced like new ones, one notification per (queue, type).
 WITH written AS (
 UPDATE {schema}.job AS j
-SET status = o.final_status,
-    result = CASE WHEN o.final_status = 'completed' THEN o.result::jsonb ELSE j.result END,
+SET status = CASE WHEN j.cancellation_requested_at IS NOT NULL THEN 'cancelled' ELSE o.final_status END,
+    result = CASE WHEN o.final_status = 'completed' AND j.cancellation_requested_at IS NULL
+                  THEN o.result::jsonb ELSE j.result END,
     last_error = coalesce(o.error, j.last_error),
-    error_group = CASE WHEN o.final_status = 'failed' THEN {schema}.fold_error(coalesce(o.error, j.last_error)) END,
-    available_at = CASE WHEN o.final_status = 'queued' THEN now() + make_interval(secs => o.delay)
-                        ELSE j.available_at END,
-    finished_at = CASE WHEN o.final_status = 'queued' THEN NULL ELSE now() END,
+    error_group = CASE WHEN o.final_status = 'failed' AND j.cancellation_requested_at IS NULL
+                       THEN {schema}.fold_error(coalesce(o.error, j.last_error)) END,
+    available_at = CASE WHEN o.final_status = 'queued' AND j.cancellation_requested_at IS NULL
+                        THEN now() + make_interval(secs => o.delay) ELSE j.available_at END,
+    finished_at = CASE WHEN o.final_status = 'queued' AND j.cancellation_requested_at IS NULL
+                       THEN NULL ELSE now() END,
     attempts = CASE WHEN o.released THEN j.attempts - 1 ELSE j.attempts END,
     lease_token = NULL,
     lease_expires_at = NULL,
     history = (CASE WHEN jsonb_array_length(j.history) >= 50 THEN j.history - 0 ELSE j.history END)
               || jsonb_build_array(jsonb_strip_nulls(jsonb_build_object(
                      'attempt', j.attempts,
-                     'outcome', CASE WHEN o.final_status <> o.status THEN 'failed' ELSE o.kind END,
+                     'outcome', CASE WHEN j.cancellation_requested_at IS NOT NULL THEN 'cancelled'
+                                     WHEN o.final_status <> o.status THEN o.final_status ELSE o.kind END,
                      'at', now(),
                      'worker_id', j.worker_id,
                      'error', o.error,
                      'traceback', o.traceback,
-                     'delay_seconds', CASE WHEN o.final_status = 'queued' THEN o.delay END)))
+                     'delay_seconds', CASE WHEN o.final_status = 'queued' AND j.cancellation_requested_at IS NULL
+                                           THEN o.delay END)))
 FROM (
     SELECT i.*, CASE WHEN i.status = 'queued' AND NOT i.released AND cur.attempts >= cur.max_attempts
                      THEN 'failed' ELSE i.status END AS final_status
