@@ -228,8 +228,9 @@ class JobStore:
 
     def heartbeat_leases(
         self, leases: Mapping[uuid.UUID, uuid.UUID], lease_seconds: float
-    ) -> Statement[dict[uuid.UUID, bool]]:
-        """Renew many leases at once; the result maps each live job id to its cancellation flag."""
+    ) -> Statement[dict[uuid.UUID, float | None]]:
+        """Renew many leases at once; the result maps each live job id to the seconds since its
+        cancellation was asked for (None: it was not)."""
         ordered = sorted(leases.items())
         params = {
             "ids": [job_id for job_id, _ in ordered],

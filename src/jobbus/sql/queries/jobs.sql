@@ -236,13 +236,13 @@ WHERE j.id = expired.id
 RETURNING j.id;
 
 -- name: heartbeat_leases
--- Renews every lease a worker holds in one statement and returns the live ones with their
--- cancellation flag; a lease missing from the result is lost.
+-- Renews every lease a worker holds in one statement and returns the live ones with the seconds since
+-- their cancellation was asked for (NULL: it was not); a lease missing from the result is lost.
 UPDATE {schema}.job AS j
 SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)b)
 FROM unnest(%(ids)b::uuid[], %(tokens)b::uuid[]) AS l(id, token)
 WHERE j.id = l.id AND j.lease_token = l.token AND j.status = 'running' AND j.lease_expires_at > now()
-RETURNING j.id, j.cancellation_requested_at IS NOT NULL;
+RETURNING j.id, extract(epoch FROM now() - j.cancellation_requested_at)::float8;
 
 -- name: checkpoint_job
 -- The producer's trace context (the reserved key `_trace`, see jobbus/tracing.py) outlives checkpoints.
