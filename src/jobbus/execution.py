@@ -25,6 +25,7 @@ from jobbus.errors import LeaseLostError
 from jobbus.models import ClaimedJob, Job, JobSpec
 from jobbus.requests import JobOptions, JobRequest, json_text, spec_json
 from jobbus.store import JobStore, Statement
+from jobbus.store.jobs import raise_group_refusal
 
 T = TypeVar("T")
 Runner = Callable[[Statement[Any]], Awaitable[Any]]
@@ -320,7 +321,8 @@ class JobExecution:
         self, type: str, configuration: Mapping[str, Any] | None = None, **options: Unpack[JobOptions]
     ) -> uuid.UUID:
         """Schedule a child job (its `parent_id` is this job's id) once; returns its id. The k-th spawn
-        of one (type, configuration) in a run of the handler is the same child in every run."""
+        of one (type, configuration) in a run of the handler is the same child in every run. A `group_id`
+        of a group that has a callback raises `InvalidStateError` (nothing is written)."""
         if self._build is None:
             raise RuntimeError("spawn needs the App's handlers: run the job in a jobbus worker")
         if options.get("unique_key") is not None:
@@ -335,7 +337,11 @@ class JobExecution:
         found, stored = await self.stored_step(step)
         if found:
             return uuid.UUID(str(stored))
-        state, child = await self._run(self._store.spawn_child(self.id, self.lease_token, step, spec_json(spec)))
+        try:
+            state, child = await self._run(self._store.spawn_child(self.id, self.lease_token, step, spec_json(spec)))
+        except Exception as exc:
+            raise_group_refusal(exc)  # a child cannot join a group that has a callback
+            raise
         self._after_wait(state, "spawn")
         assert child is not None and self._steps is not None
         self._steps[step] = str(child)

@@ -9,8 +9,10 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
+import psycopg
 from psycopg.types.json import Jsonb
 
+from jobbus.errors import InvalidStateError
 from jobbus.models import JOB_COLUMNS, TRACE_KEY, ClaimedJob, GroupProgress, Job, JobSpec, JobStatus
 from jobbus.schema import VERSION_QUERY, render
 from jobbus.store.statements import Chain, Copy, Row, Statement, channel_name, queries

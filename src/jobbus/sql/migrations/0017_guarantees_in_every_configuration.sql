@@ -14,3 +14,109 @@ BEGIN
     RETURN NEW;
 END
 $$;
+
+-- 2. Groups are what they were scheduled as, whoever inserts the job: the trigger job_grouped of
+--    migration 0013 counted, instead of refusing, every job inserted below another trigger, so that a
+--    follow-up written by job_finished never fails the outcome that writes it. A job that a user's own
+--    trigger scheduled (the SQL API is meant for triggers) or inserted joined a group that has a callback
+--    the same way (the SQL API checks the group itself since migration 0014; a plain INSERT did not).
+--    Now only the jobs job_finished itself writes are counted: schedule_spec marks its insert when it
+--    runs inside a trigger (job_finished is the only trigger that calls it; spawn_child calls it outside
+--    any), for that one insert.
+CREATE OR REPLACE FUNCTION {schema}.schedule_spec(p_spec jsonb, p_channel text) RETURNS uuid
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_id uuid;
+BEGIN
+    IF pg_trigger_depth() > 0 THEN
+        PERFORM set_config('jobbus.finishing', 'on', true);
+    END IF;
+    INSERT INTO {schema}.job AS j (id, type, queue, name, group_id, unique_key, priority, configuration_data,
+                                  max_attempts, available_at, timeout_seconds, concurrency_key, expires_at)
+    VALUES ((p_spec ->> 'id')::uuid, p_spec ->> 'type', p_spec ->> 'queue', p_spec ->> 'name',
+            (p_spec ->> 'group_id')::uuid, p_spec ->> 'unique_key', (p_spec ->> 'priority')::integer,
+            p_spec -> 'configuration', (p_spec ->> 'max_attempts')::integer,
+            coalesce((p_spec ->> 'available_at')::timestamptz,
+                     now() + make_interval(secs => coalesce((p_spec ->> 'delay')::float8, 0))),
+            (p_spec ->> 'timeout')::float8, p_spec ->> 'concurrency_key',
+            coalesce((p_spec ->> 'expires_at')::timestamptz,
+                     now() + make_interval(secs => (p_spec ->> 'expires_in')::float8)))
+    ON CONFLICT DO NOTHING
+    RETURNING j.id INTO v_id;
+    PERFORM set_config('jobbus.finishing', '', true);
+    IF v_id IS NULL THEN
+        RETURN NULL;
+    END IF;
+    IF p_spec ? 'parent_id' THEN
+        INSERT INTO {schema}.job_child (child_id, parent_id) VALUES (v_id, (p_spec ->> 'parent_id')::uuid);
+        INSERT INTO {schema}.job_parent AS p (parent_id, active) VALUES ((p_spec ->> 'parent_id')::uuid, 1)
+        ON CONFLICT (parent_id) DO UPDATE SET active = p.active + 1;
+    END IF;
+    IF jsonb_typeof(p_spec -> 'then') = 'object' THEN
+        INSERT INTO {schema}.job_follow_up (job_id, spec) VALUES (v_id, p_spec -> 'then') ON CONFLICT DO NOTHING;
+    END IF;
+    PERFORM pg_notify(p_channel, json_build_array(p_spec ->> 'queue', p_spec ->> 'type')::text);
+    RETURN v_id;
+END
+$$;
+
+-- job_grouped of migration 0013, restated: counted only when marked by schedule_spec; the refusal names
+-- the field (the error's COLUMN, as the SQL API's refusals do).
+CREATE OR REPLACE FUNCTION {schema}.job_grouped() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_own boolean;
+BEGIN
+    PERFORM pg_advisory_xact_lock({schema}.wait_lock('group:' || NEW.group_id::text));
+    IF current_setting('jobbus.finishing', true) = 'on' THEN
+        UPDATE {schema}.job_group SET remaining = remaining + 1
+        WHERE group_id = NEW.group_id AND scheduled_at IS NULL;
+        RETURN NULL;
+    END IF;
+    SELECT g.created_in = pg_current_xact_id() AND g.created_stmt = statement_timestamp() INTO v_own
+    FROM {schema}.job_group AS g WHERE g.group_id = NEW.group_id;
+    IF FOUND AND NOT v_own THEN
+        RAISE EXCEPTION 'group % has a callback: its members are the jobs schedule_group scheduled with it',
+            NEW.group_id USING ERRCODE = 'JB409', COLUMN = 'group_id';
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+-- refuse_callback_group of migration 0014 (the SQL API's own check), restated to name the field too.
+CREATE OR REPLACE FUNCTION {schema}.refuse_callback_group(p_group uuid, p_where text) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock({schema}.wait_lock('group:' || p_group::text));
+    IF EXISTS (SELECT 1 FROM {schema}.job_group AS g WHERE g.group_id = p_group) THEN
+        RAISE EXCEPTION '%group % has a callback: its members are the jobs schedule_group scheduled with it',
+            p_where, p_group USING ERRCODE = 'JB409', COLUMN = 'group_id';
+    END IF;
+END
+$$;
+
+-- group_scheduled of migration 0013, restated: a `schedule_group` that inserted nothing (every member's
+-- unique key held by an active job) returned at once, so an id that already had other jobs was taken
+-- without a word. An id with jobs other than this call's is now refused whatever was inserted; only a
+-- repeat of the statement (its members already there, none inserted) changes nothing.
+CREATE OR REPLACE FUNCTION {schema}.group_scheduled(p_group uuid, p_ids uuid[], p_inserted integer, p_spec jsonb)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock({schema}.wait_lock('group:' || p_group::text));
+    IF EXISTS (SELECT 1 FROM {schema}.job AS j WHERE j.group_id = p_group AND NOT (j.id = ANY (p_ids))) THEN
+        RAISE EXCEPTION 'group % already has jobs: schedule_group makes a new group (pick another group_id)',
+            p_group USING ERRCODE = 'JB409', COLUMN = 'group_id';
+    END IF;
+    IF p_inserted = 0 THEN
+        RETURN;
+    END IF;
+    IF EXISTS (SELECT 1 FROM {schema}.job_group AS g WHERE g.group_id = p_group) THEN
+        RAISE EXCEPTION 'group % already has jobs: schedule_group makes a new group (pick another group_id)',
+            p_group USING ERRCODE = 'JB409', COLUMN = 'group_id';
+    END IF;
+    IF p_spec IS NOT NULL THEN
+        INSERT INTO {schema}.job_group (group_id, spec, remaining) VALUES (p_group, p_spec, p_inserted);
+    END IF;
+END
+$$;
