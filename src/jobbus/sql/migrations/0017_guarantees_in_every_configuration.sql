@@ -120,3 +120,38 @@ BEGIN
     END IF;
 END
 $$;
+
+-- 3. Durable waits stay durable: `wait_for_children()` keeps its answer once it has given it (migration
+--    0013), but a child that retention deleted before its parent's wait resolved was missing from that
+--    answer (a parked parent runs again only when its queue is served; a first child may finish a day
+--    before the last). Retention (and `prune`, query prune_jobs) keeps a finished child while its
+--    parent is queued or running; it goes with the first batch after its parent finished. The check is
+--    one probe of job_child's primary key per candidate row (most jobs are nobody's child), kept a
+--    correlated probe by `OFFSET 0`: flattened into an anti-join, the generic plan scanned the whole job
+--    table for the running parents, once per batch (tests/test_retention_plan.py).
+CREATE OR REPLACE FUNCTION {schema}.delete_finished_jobs(
+    p_status text, p_older_than_seconds double precision, p_limit integer
+)
+RETURNS integer
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH deleted AS (
+        DELETE FROM {schema}.job
+        WHERE id = ANY (ARRAY(
+            SELECT j.id FROM {schema}.job AS j
+            WHERE j.status = p_status
+              AND p_status IN ('completed', 'failed', 'cancelled')
+              AND j.finished_at < now() - make_interval(secs => p_older_than_seconds)
+              AND NOT EXISTS (SELECT 1 FROM {schema}.job_child AS c
+                              JOIN {schema}.job AS parent ON parent.id = c.parent_id
+                              WHERE c.child_id = j.id AND parent.status IN ('queued', 'running')
+                              OFFSET 0)
+            ORDER BY j.finished_at
+            LIMIT p_limit
+            FOR UPDATE OF j SKIP LOCKED
+        ))
+        RETURNING 1
+    )
+    SELECT count(*)::integer FROM deleted
+$$;

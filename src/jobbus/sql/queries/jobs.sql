@@ -270,6 +270,11 @@ RETURNING cancellation_requested_at IS NOT NULL;
 -- completed / failed / cancelled (terminal), queued with a delay (retry, snooze) or queued at once with
 -- the attempt given back (released at shutdown). Rows whose token is stale or expired are not returned.
 -- A retry asked for on the last attempt is recorded as failed: the store never exceeds max_attempts.
+-- Any outcome of an attempt whose cancellation was asked for is recorded as cancelled, also when the
+-- handler returned (or raised, or snoozed) before its worker read the request: `cancel()` said the job
+-- would stop, so it never ends completed (no result kept, no follow-up scheduled). The request is read
+-- from the row being updated (`j`), never from the statement's snapshot: a `cancel()` that commits
+-- while this statement waits for the row is seen when the row is read again.
 -- Each outcome is appended to the job's history (the last 50 are kept), with the traceback of an
 -- attempt that raised (NULL, and so no key, for every other outcome). A job that fails gets its
 -- failure group (fold_error of migration 0015, for the dashboard's failures page); the CASE spares every
@@ -507,14 +512,21 @@ LIMIT %(limit)s;
 -- Deletes in bounded batches so a large prune never holds locks for long; the caller loops until
 -- fewer than %(limit)s rows come back. The batch is an array, so the delete stays on the primary key
 -- whatever plan the statement gets (`id IN (subquery)` could become a hash join over a sequential scan
--- of the whole table in a generic plan: docs/capacity.md, retention).
+-- of the whole table in a generic plan: docs/capacity.md, retention). A finished child whose parent
+-- is queued or running is kept, as retention keeps it (migration 0017): its parent's
+-- `wait_for_children()` has yet to answer with it. `OFFSET 0` keeps that check a probe by primary key
+-- per row (as an anti-join it scanned the table for running parents).
 DELETE FROM {schema}.job
 WHERE id = ANY (ARRAY(
-    SELECT id FROM {schema}.job
-    WHERE finished_at < now() - make_interval(secs => %(older_than_seconds)s)
-      AND status = ANY(%(statuses)s::text[])
+    SELECT j.id FROM {schema}.job AS j
+    WHERE j.finished_at < now() - make_interval(secs => %(older_than_seconds)s)
+      AND j.status = ANY(%(statuses)s::text[])
+      AND NOT EXISTS (SELECT 1 FROM {schema}.job_child AS c
+                      JOIN {schema}.job AS parent ON parent.id = c.parent_id
+                      WHERE c.child_id = j.id AND parent.status IN ('queued', 'running')
+                      OFFSET 0)
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF j SKIP LOCKED
 ));
 
 -- name: job_steps
