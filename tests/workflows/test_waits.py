@@ -375,3 +375,30 @@ async def test_a_timed_out_event_wait_leaves_nothing_a_later_emit_could_wake(
     assert after is not None and after.status is JobStatus.QUEUED
     assert after.available_at == before.available_at  # still an hour away
     assert query(dsn, "SELECT count(*) FROM jobbus.event_wait")[0][0] == 0
+
+
+async def test_an_event_emitted_after_the_waits_timeout_does_not_answer_it_however_late_the_job_runs(
+    app: jobbus.App,
+) -> None:
+    """The wait's deadline passes while its job waits for a worker (its queue is busy or not served), then
+    the event is emitted: when the handler runs again its wait times out; the event came too late. An
+    event emitted before the deadline answers a wait that resumes after it."""
+    answers: dict[str, Any] = {}
+
+    @app.job("waiter")
+    async def waiter(job: jobbus.JobExecution) -> None:
+        key = str(job.configuration["key"])
+        try:
+            answers[key] = await job.wait_for_event(key, timeout=1)
+        except TimeoutError:
+            answers[key] = "timed out"
+
+    ids = [await app.schedule("waiter", {"key": key}) for key in ("late", "in-time")]
+    assert await Worker(app, stop_when_empty=True).run() == 0  # both park until their deadline
+    assert await app.emit_event("in-time", "came in time")
+    await asyncio.sleep(2)  # past the deadlines, no worker running
+    assert await app.emit_event("late", "came too late")
+    assert await Worker(app, stop_when_empty=True).run() == 0
+    assert answers == {"late": "timed out", "in-time": "came in time"}
+    jobs = [await app.find(job_id) for job_id in ids]
+    assert all(job is not None and job.status is JobStatus.COMPLETED for job in jobs)

@@ -155,3 +155,56 @@ AS $$
     )
     SELECT count(*)::integer FROM deleted
 $$;
+
+-- 4. A timed-out `wait_for_event` is not woken by a later emit: an event emitted after the wait's
+--    deadline, while its job waited for a worker to run it again (a busy or unserved queue), was
+--    answered as if it had come in time. The wait now answers with the event only when it was emitted
+--    by the deadline (the emit's transaction time against the stored `until`), else it times out.
+CREATE OR REPLACE FUNCTION {schema}.wait_for_event(p_id uuid, p_token uuid, p_key text, p_step text, p_timeout float8)
+RETURNS TABLE (state text, step jsonb)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_attempts integer;
+    v_step jsonb;
+    v_until timestamptz;
+    v_payload jsonb;
+    v_emitted timestamptz;
+BEGIN
+    PERFORM pg_advisory_xact_lock({schema}.wait_lock('event:' || p_key));
+    v_attempts := {schema}.held_attempts(p_id, p_token);
+    IF v_attempts IS NULL THEN
+        RETURN QUERY SELECT 'lost', NULL::jsonb;
+        RETURN;
+    END IF;
+    SELECT result INTO v_step FROM {schema}.job_step WHERE job_id = p_id AND name = p_step;
+    IF v_step ? 'payload' OR v_step ? 'timed_out' THEN
+        RETURN QUERY SELECT CASE WHEN v_step ? 'payload' THEN 'ready' ELSE 'timeout' END, v_step;
+        RETURN;
+    END IF;
+    v_until := (v_step ->> 'until')::timestamptz;
+    SELECT e.payload, e.emitted_at INTO v_payload, v_emitted FROM {schema}.event AS e WHERE e.key = p_key;
+    IF FOUND AND (v_until IS NULL OR v_emitted <= v_until) THEN
+        v_step := jsonb_build_object('payload', v_payload);
+        INSERT INTO {schema}.job_step (job_id, name, result, attempt) VALUES (p_id, p_step, v_step, v_attempts)
+        ON CONFLICT (job_id, name) DO UPDATE SET result = EXCLUDED.result;
+        DELETE FROM {schema}.event_wait WHERE key = 'event:' || p_key AND job_id = p_id;
+        RETURN QUERY SELECT 'ready', v_step;
+        RETURN;
+    END IF;
+    IF v_step IS NULL THEN
+        v_step := jsonb_build_object('until', now() + make_interval(secs => p_timeout));
+        INSERT INTO {schema}.job_step (job_id, name, result, attempt) VALUES (p_id, p_step, v_step, v_attempts);
+        v_until := (v_step ->> 'until')::timestamptz;
+    END IF;
+    IF v_until <= now() THEN
+        v_step := jsonb_build_object('timed_out', true);
+        UPDATE {schema}.job_step SET result = v_step WHERE job_id = p_id AND name = p_step;
+        DELETE FROM {schema}.event_wait WHERE key = 'event:' || p_key AND job_id = p_id;
+        RETURN QUERY SELECT 'timeout', v_step;
+        RETURN;
+    END IF;
+    INSERT INTO {schema}.event_wait (key, job_id) VALUES ('event:' || p_key, p_id) ON CONFLICT DO NOTHING;
+    PERFORM {schema}.park_job(p_id, coalesce(v_until, {schema}.never()), 'event ' || p_key);
+    RETURN QUERY SELECT 'parked', v_step;
+END
+$$;
