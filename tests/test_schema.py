@@ -99,6 +99,25 @@ def test_configuration_data_cannot_be_updated_but_execution_data_can(sync_app: j
     assert job.execution_data == {"offset": 5}
 
 
+@pytest.mark.parametrize("written", ['{"a": 1.0, "b": [2]}', '{"a": 1, "b": [2.00]}', '{"a": 10e-1, "b": [2]}'])
+def test_configuration_data_cannot_be_changed_to_a_number_jsonb_calls_equal(
+    sync_app: jobbus.App, dsn: str, written: str
+) -> None:
+    """jsonb holds 1 and 1.0 equal, but a handler reads an int or a float: that is a change, refused. Writing
+    back exactly what is stored (an ORM saving every column) changes nothing and is let through."""
+    job_id = sync_app.sync.schedule("t", {"a": 1, "b": [2]})
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.CheckViolation, match="immutable"):
+            conn.execute("UPDATE jobbus.job SET configuration_data = %s::jsonb WHERE id = %s", (written, job_id))
+        conn.execute("UPDATE jobbus.job SET configuration_data = configuration_data WHERE id = %s", (job_id,))
+        conn.execute('UPDATE jobbus.job SET configuration_data = \'{"b": [2], "a": 1}\' WHERE id = %s', (job_id,))
+        stored = conn.execute("SELECT configuration_data::text FROM jobbus.job WHERE id = %s", (job_id,)).fetchone()
+    assert stored == ('{"a": 1, "b": [2]}',)
+    job = sync_app.sync.find(job_id)
+    assert job is not None and job.configuration_data == {"a": 1, "b": [2]}
+    assert type(job.configuration_data["a"]) is int
+
+
 def test_current_code_reads_and_writes_jobs_on_the_previous_schema_version(empty_dsn: str) -> None:
     """During a rolling deploy new producers may run before `jobbus migrate`: the job paths still work."""
     with psycopg.connect(empty_dsn, autocommit=True) as conn:

@@ -108,17 +108,19 @@ class JobLifecycle(RuleBasedStateMachine):
             self.conn, self.app.store.record_outcomes([Outcome(job_id, token, status, released=released)])
         )
         if self._holds_lease(job, stale):
-            assert applied == {job_id}
             if job.token:
                 job.old_tokens.append(job.token)
-            if status is JobStatus.QUEUED and not released and job.attempts >= job.max_attempts:
+            if job.cancel_requested:  # the cancellation asked for wins over whatever the attempt ended with
+                status = JobStatus.CANCELLED
+            elif status is JobStatus.QUEUED and not released and job.attempts >= job.max_attempts:
                 status = JobStatus.FAILED  # the store never retries past max_attempts
+            assert applied == {job_id: status}
             job.status, job.token = status, None
             job.cancel_requested = job.cancel_requested and status is JobStatus.QUEUED
             if released:
                 job.attempts -= 1
         else:
-            assert applied == set(), f"a fenced write with a {'stale' if stale else 'lost'} lease was accepted"
+            assert applied == {}, f"a fenced write with a {'stale' if stale else 'lost'} lease was accepted"
 
     @rule(job_id=jobs, stale=st.booleans(), kind=st.sampled_from(["checkpoint", "progress", "heartbeat"]))
     def fenced_update(self, job_id: uuid.UUID, stale: bool, kind: str) -> None:

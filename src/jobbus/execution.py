@@ -25,6 +25,7 @@ from jobbus.errors import LeaseLostError
 from jobbus.models import ClaimedJob, Job, JobSpec
 from jobbus.requests import JobOptions, JobRequest, json_text, spec_json
 from jobbus.store import JobStore, Statement
+from jobbus.store.jobs import raise_group_refusal
 
 T = TypeVar("T")
 Runner = Callable[[Statement[Any]], Awaitable[Any]]
@@ -320,7 +321,8 @@ class JobExecution:
         self, type: str, configuration: Mapping[str, Any] | None = None, **options: Unpack[JobOptions]
     ) -> uuid.UUID:
         """Schedule a child job (its `parent_id` is this job's id) once; returns its id. The k-th spawn
-        of one (type, configuration) in a run of the handler is the same child in every run."""
+        of one (type, configuration) in a run of the handler is the same child in every run. A `group_id`
+        of a group that has a callback raises `InvalidStateError` (nothing is written)."""
         if self._build is None:
             raise RuntimeError("spawn needs the App's handlers: run the job in a jobbus worker")
         if options.get("unique_key") is not None:
@@ -335,7 +337,11 @@ class JobExecution:
         found, stored = await self.stored_step(step)
         if found:
             return uuid.UUID(str(stored))
-        state, child = await self._run(self._store.spawn_child(self.id, self.lease_token, step, spec_json(spec)))
+        try:
+            state, child = await self._run(self._store.spawn_child(self.id, self.lease_token, step, spec_json(spec)))
+        except Exception as exc:
+            raise_group_refusal(exc)  # a child cannot join a group that has a callback
+            raise
         self._after_wait(state, "spawn")
         assert child is not None and self._steps is not None
         self._steps[step] = str(child)
@@ -467,41 +473,45 @@ class SyncJobExecution:
     def configuration(self) -> Mapping[str, Any]:
         return self._execution.configuration
 
-    def _wait(self, awaitable: Awaitable[T]) -> T:
-        return asyncio.run_coroutine_threadsafe(_as_coroutine(awaitable), self._loop).result()
+    def _wait(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        """Run one of the attempt's calls on the worker's loop and wait for it. Once the attempt is over
+        `LeaseLostError`, before anything is started: a thread that outlived its worker finds no loop."""
+        self._execution.check_open(what)
+        return asyncio.run_coroutine_threadsafe(_as_coroutine(call()), self._loop).result()
 
     def checkpoint(self, data: Mapping[str, Any]) -> None:
-        self._wait(self._execution.checkpoint(data))
+        self._wait("checkpoint", lambda: self._execution.checkpoint(data))
 
     def progress(self, current: float, total: float | None = None) -> None:
-        self._wait(self._execution.progress(current, total))
+        self._wait("progress", lambda: self._execution.progress(current, total))
 
     def heartbeat(self) -> None:
-        self._wait(self._execution.heartbeat())
+        self._wait("heartbeat", self._execution.heartbeat)
 
     def step(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
         """The blocking twin of `JobExecution.step`: `fn` runs in this thread, once."""
         execution = self._execution
-        execution.check_open(f"step {name!r}")
-        found, result = self._wait(execution.stored_step(check_step_name(name, user=True)))
+        what = f"step {name!r}"
+        found, result = self._wait(what, lambda: execution.stored_step(check_step_name(name, user=True)))
         if found:
             return result
-        execution.check_open(f"step {name!r}")
-        return self._wait(self._execution.store_step(name, fn(*args)))
+        execution.check_open(what)
+        value = fn(*args)
+        return self._wait(what, lambda: execution.store_step(name, value))
 
     def sleep(self, name: str, delay: float | timedelta) -> None:
-        self._wait(self._execution.sleep(name, delay))
+        self._wait(f"sleep {name!r}", lambda: self._execution.sleep(name, delay))
 
     def wait_for_event(self, key: str, timeout: float | timedelta | None = None) -> Any:
-        return self._wait(self._execution.wait_for_event(key, timeout))
+        return self._wait(f"event {key!r}", lambda: self._execution.wait_for_event(key, timeout))
 
     def spawn(
         self, type: str, configuration: Mapping[str, Any] | None = None, **options: Unpack[JobOptions]
     ) -> uuid.UUID:
-        return self._wait(self._execution.spawn(type, configuration, **options))
+        return self._wait("spawn", lambda: self._execution.spawn(type, configuration, **options))
 
     def wait_for_children(self) -> list[Job]:
-        return self._wait(self._execution.wait_for_children())
+        return self._wait("wait for its children", self._execution.wait_for_children)
 
 
 #: Step names (and sleep names) are text of 1 to 200 characters: stored with a prefix for sleeps, events

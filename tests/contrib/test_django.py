@@ -288,17 +288,27 @@ def test_enqueue_joins_djangos_transaction(django_db: str) -> None:
     assert default_task_backend.get_result(kept.id).status == Status.SUCCESSFUL
 
 
-def _uri_of(dsn: str) -> str:
-    """The same database spelled another way: a URI without the port, with a parameter added."""
+def _spelled(dsn: str, spelling: str) -> str:
+    """The same database spelled another way."""
     params = conninfo_to_dict(dsn)
-    return f"postgresql://{params['user']}@{params['host']}/{params['dbname']}?connect_timeout=10"
+    user, host, dbname, port = params["user"], params["host"], params["dbname"], params.get("port") or "5432"
+    loopback = "localhost" if host != "localhost" else "127.0.0.1"
+    return {
+        # a URI without the port, with a parameter added
+        "uri": f"postgresql://{user}@{host}/{dbname}?connect_timeout=10",
+        # key=value, the other loopback name, more parameters
+        "key=value": f"host={loopback} port={port} dbname={dbname} user={user} application_name=jobs sslmode=disable",
+        # the other scheme, a port with a leading zero
+        "postgres://": f"postgres://{user}@{loopback}:0{port}/{dbname}?application_name=jobs",
+    }[spelling]
 
 
 @pytest.mark.server  # needs a TCP server (the embedded one listens on a socket only)
-def test_a_jobbus_dsn_naming_djangos_database_still_joins_its_transaction(django_db: str) -> None:
+@pytest.mark.parametrize("spelling", ["uri", "key=value", "postgres://"])
+def test_a_jobbus_dsn_naming_djangos_database_still_joins_its_transaction(django_db: str, spelling: str) -> None:
     from django.conf import settings
 
-    with override_settings(JOBBUS={**settings.JOBBUS, "dsn": _uri_of(django_db)}):
+    with override_settings(JOBBUS={**settings.JOBBUS, "dsn": _spelled(django_db, spelling)}):
         get_app().sync.close()
         with pytest.raises(ZeroDivisionError), transaction.atomic():
             fns.noop.enqueue("rolled back")
@@ -308,7 +318,7 @@ def test_a_jobbus_dsn_naming_djangos_database_still_joins_its_transaction(django
             kept = fns.noop.enqueue("committed")
             assert _jobs(django_db) == []  # not visible before Django commits
         assert [name for name, *_ in _jobs(django_db)] == ["tests.contrib.django_task_functions.noop"]
-        assert get_app().settings.dsn == _uri_of(django_db)  # the App's own pool is the dsn given
+        assert get_app().settings.dsn == _spelled(django_db, spelling)  # the App's own pool is the dsn given
         _drain()
         assert fns.EXECUTED == [("noop", ("committed",), {})]
         assert default_task_backend.get_result(kept.id).status == Status.SUCCESSFUL
@@ -337,6 +347,7 @@ def test_a_jobbus_dsn_naming_another_database_enqueues_there_at_once(django_db: 
         ("host=127.0.0.2 dbname=shop user=web", "host=localhost dbname=shop user=web", True),
         ("host=db1 dbname=shop user=web", "host=db2 dbname=shop user=web", False),
         ("host=db dbname=shop user=web", "host=db port=5433 dbname=shop user=web", False),
+        ("host=db port=05432 dbname=shop user=web", "postgresql://web@db:5432/shop", True),
         ("host=db dbname=shop user=web", "host=db dbname=shop_jobs user=web", False),
         ("host=db dbname=shop user=web", "host=db dbname=shop user=jobs", False),
         ("host=/var/run/postgresql dbname=shop user=web", "host=localhost dbname=shop user=web", False),

@@ -163,9 +163,9 @@ async def test_a_row_the_database_refuses_fails_alone_and_the_others_of_its_batc
     results = await asyncio.gather(*(completer.write(o, time.monotonic() + 60) for o in outcomes))
     await completer.close(5)
     assert failures == []
-    assert results[0] == (True, None) and results[2] == (True, None)
+    assert results[0] == (JobStatus.COMPLETED, None) and results[2] == (JobStatus.COMPLETED, None)
     written, refusal = results[1]
-    assert written and refusal is not None and "could not be stored" in refusal
+    assert written is JobStatus.FAILED and refusal is not None and "could not be stored" in refusal
     first, refused, third = [await app.find(i) for i in ids]
     assert first is not None and (first.status, first.result) == (JobStatus.COMPLETED, {"ok": 1})
     assert third is not None and (third.status, third.result) == (JobStatus.COMPLETED, {"ok": 3})

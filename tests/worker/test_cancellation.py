@@ -5,6 +5,7 @@ way the job ends `cancelled`."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -69,8 +70,9 @@ async def test_a_handler_that_sees_the_request_cleans_up_and_returns_and_the_job
     assert job.execution_data == {"cleaned": True}
 
 
-async def test_an_async_handler_that_ignores_the_request_is_cancelled_after_the_grace(dsn: str) -> None:
-    app = _app(dsn, cancel_grace_seconds=1)
+def _deaf(app: jobbus.App) -> tuple[asyncio.Event, list[float], list[float]]:
+    """A handler "deaf" that notes when it first sees the request and when its task is cancelled, and
+    otherwise ignores the request for a minute: (started, seen, interrupted)."""
     started = asyncio.Event()
     seen: list[float] = []
     interrupted: list[float] = []
@@ -86,6 +88,13 @@ async def test_an_async_handler_that_ignores_the_request_is_cancelled_after_the_
         except asyncio.CancelledError:
             interrupted.append(time.monotonic())
             raise
+
+    return started, seen, interrupted
+
+
+async def test_an_async_handler_that_ignores_the_request_is_cancelled_after_the_grace(dsn: str) -> None:
+    app = _app(dsn, cancel_grace_seconds=1)
+    started, seen, interrupted = _deaf(app)
 
     async with app:
         job_id = await app.schedule("deaf")
@@ -142,3 +151,79 @@ async def test_a_sync_handler_is_never_forced_and_ends_cancelled_when_it_returns
         job = await _run_until_finished(app, job_id, started)
     assert outcome == ["returned"]
     assert job.status is JobStatus.CANCELLED and job.result is None
+
+
+@pytest.mark.parametrize("flavour", ["async", "sync"])
+async def test_a_handler_that_returns_before_its_worker_reads_the_request_still_ends_cancelled(
+    dsn: str, flavour: str
+) -> None:
+    """The request lands between two renewals (an hour apart here) and the handler returns without
+    having looked: `cancel()` said the job would stop, so it ends cancelled, keeps no result, schedules
+    no follow-up, and listeners hear `JobCancelled`, not `JobCompleted`."""
+    app = _app(dsn, heartbeat_interval_seconds=3600, lease_seconds=7200, worker_dead_after_seconds=3 * 3600)
+    started = asyncio.Event()
+    release = threading.Event()
+    heard: list[str] = []
+    app.on(jobbus.JobCompleted)(lambda event: heard.append("completed"))
+    app.on(jobbus.JobCancelled)(lambda event: heard.append("cancelled"))
+
+    if flavour == "async":
+
+        @app.job("unaware")
+        async def unaware(job: jobbus.JobExecution) -> str:
+            started.set()
+            await asyncio.to_thread(release.wait, 20)
+            return "done"
+
+    else:
+
+        @app.job("unaware")
+        def unaware_sync(job: jobbus.SyncJobExecution) -> str:
+            loop.call_soon_threadsafe(started.set)
+            release.wait(20)
+            return "done"
+
+    async with app:
+        loop = asyncio.get_running_loop()
+        job_id = await app.schedule("unaware", then=jobbus.JobRequest("after"))
+        worker = jobbus.Worker(app, stop_when_empty=True)
+        task = worker.start()
+        await _cancel_while_running(app, job_id, started)
+        release.set()
+        assert await asyncio.wait_for(task, 60) == 0
+        job = await app.find(job_id)
+        follow_ups = await app.list_jobs(type="after")
+    assert job is not None and (job.status, job.result) == (JobStatus.CANCELLED, None)
+    assert job.history[-1]["outcome"] == "cancelled"
+    assert follow_ups == []
+    assert heard == ["cancelled"]
+
+
+async def test_the_grace_is_counted_from_the_request_not_from_when_the_worker_read_it(dsn: str) -> None:
+    """The request lands right after a renewal, so the worker reads it a heartbeat (2 s) later: the
+    handler, which ignores it, is still cancelled `cancel_grace_seconds` (3.5 s) after the request, not
+    3.5 s after the worker read it."""
+    app = _app(
+        dsn, heartbeat_interval_seconds=2, lease_seconds=60, worker_dead_after_seconds=10, cancel_grace_seconds=3.5
+    )
+    started, seen, interrupted = _deaf(app)
+
+    async with app:
+        job_id = await app.schedule("deaf")
+        worker = jobbus.Worker(app, stop_when_empty=True)
+        task = worker.start()
+        await asyncio.wait_for(started.wait(), 20)
+        job = await app.find(job_id)
+        assert job is not None
+        renewed = job.lease_expires_at
+        while job is not None and job.lease_expires_at == renewed:  # wait for the next renewal
+            await asyncio.sleep(0.01)
+            job = await app.find(job_id)
+        requested = time.monotonic()
+        assert await app.cancel(job_id) is JobStatus.RUNNING
+        assert await asyncio.wait_for(task, 60) == 0
+        job = await app.find(job_id)
+    assert job is not None and job.status is JobStatus.CANCELLED
+    assert len(seen) == 1 and len(interrupted) == 1
+    assert seen[0] - requested > 1.0  # read at the next renewal, about 2 s later
+    assert 3.4 < interrupted[0] - requested < 4.4

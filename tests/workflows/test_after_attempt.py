@@ -25,6 +25,37 @@ CALLS: dict[str, Callable[[Any, list[str]], Any]] = {
 }
 
 
+#: The fenced writes, which a leaked thread may try too.
+WRITES: dict[str, Callable[[Any, list[str]], Any]] = {
+    "checkpoint": lambda job, ran: job.checkpoint({"late": True}),
+    "progress": lambda job, ran: job.progress(1, 2),
+    "heartbeat": lambda job, ran: job.heartbeat(),
+}
+
+
+def _leak(
+    call: Callable[[Any, list[str]], Any],
+    job: Any,
+    ran: list[str],
+    go: threading.Event,
+    outcome: list[BaseException | None],
+) -> threading.Thread:
+    """Start a thread as a handler that leaks one: once `go` is set it makes `call` and notes what it
+    raised (None: nothing)."""
+
+    def late() -> None:
+        go.wait(30)
+        try:
+            call(job, ran)
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=late)
+    thread.start()
+    return thread
+
+
 async def _children(app: jobbus.App) -> list[jobbus.Job]:
     return await app.list_jobs(type="child")
 
@@ -119,17 +150,7 @@ async def test_a_thread_leaked_by_a_sync_handler_runs_nothing_after_the_attempt(
 
     @app.job("leaky")
     def leaky(job: jobbus.SyncJobExecution) -> str:
-        def late() -> None:
-            go.wait(30)
-            try:
-                CALLS[call](job, ran)
-                outcome.append(None)
-            except BaseException as exc:
-                outcome.append(exc)
-
-        thread = threading.Thread(target=late)
-        thread.start()
-        threads.append(thread)
+        threads.append(_leak(CALLS[call], job, ran, go, outcome))
         return "returned"
 
     job_id = await app.schedule("leaky")
@@ -141,6 +162,37 @@ async def test_a_thread_leaked_by_a_sync_handler_runs_nothing_after_the_attempt(
     job = await app.find(job_id)
     assert job is not None and (job.status, job.steps) == (JobStatus.COMPLETED, {})
     assert ran == [] and await _children(app) == []
+
+
+@pytest.mark.parametrize("call", sorted([*CALLS, *WRITES]))
+def test_a_thread_that_outlives_its_workers_event_loop_runs_nothing_and_is_told_the_lease_is_lost(
+    dsn: str, call: str
+) -> None:
+    """The worker is gone and its event loop closed when the leaked thread calls: `LeaseLostError`, as
+    while the worker ran, not the loop's RuntimeError."""
+    app = jobbus.App(dsn=dsn)
+    ran: list[str] = []
+    go = threading.Event()
+    outcome: list[BaseException | None] = []
+    threads: list[threading.Thread] = []
+
+    @app.job("leaky")
+    def leaky(job: jobbus.SyncJobExecution) -> None:
+        threads.append(_leak({**CALLS, **WRITES}[call], job, ran, go, outcome))
+
+    async def run_worker() -> None:
+        async with app:
+            await app.schedule("leaky")
+            assert await jobbus.Worker(app, stop_when_empty=True).run() == 0
+
+    asyncio.run(run_worker())  # its loop is closed when this returns
+    go.set()
+    threads[0].join(30)
+    assert len(outcome) == 1 and isinstance(outcome[0], jobbus.LeaseLostError), outcome
+    assert ran == []
+    with app.sync:
+        (job,) = app.sync.list_jobs()
+    assert (job.status, job.steps, job.execution_data) == (JobStatus.COMPLETED, {}, {})
 
 
 async def test_a_sync_handler_that_swallows_the_park_runs_no_step_after_it(app: jobbus.App) -> None:

@@ -286,3 +286,125 @@ async def test_a_follow_up_that_joins_a_group_after_its_callback_was_set_is_coun
         assert _callbacks(dsn) == []  # the follow-up is still running
         assert write(app, conn, follow_up, JobStatus.COMPLETED)
     assert _callbacks(dsn) == ["g"]
+
+
+def _sql_refusal(dsn: str, statement: str, *params: Any) -> psycopg.Error:
+    with psycopg.connect(dsn, autocommit=True) as conn, pytest.raises(psycopg.Error, match="has a callback") as raised:
+        conn.execute(statement, params)
+    return raised.value
+
+
+async def test_no_job_of_the_sql_api_or_of_a_users_trigger_joins_a_group_that_has_a_callback(
+    app: jobbus.App, dsn: str
+) -> None:
+    """The SQL API is meant for triggers: a job a user's trigger schedules (or inserts) naming a group that
+    has a callback is refused like any other, and the row that fired the trigger is not written either."""
+    group_id, _ = await app.schedule_group([JobRequest("t")], then=JobRequest("merge", {"group": "g"}))
+    options = f'{{"group_id": "{group_id}"}}'
+    refusals = [
+        _sql_refusal(dsn, "SELECT jobbus.schedule('t', '{}', %s::jsonb)", options),
+        _sql_refusal(
+            dsn, "SELECT * FROM jobbus.schedule_many(%s::jsonb)", f'[{{"type": "t"}}, {{"type": "t", {options[1:]}]'
+        ),
+    ]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE public.orders (id serial PRIMARY KEY, group_id uuid, plain boolean)")
+        conn.execute(
+            """CREATE FUNCTION public.order_placed() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF NEW.plain THEN
+                    INSERT INTO jobbus.job (id, type, queue, group_id, configuration_data, max_attempts)
+                    VALUES (gen_random_uuid(), 't', 'default', NEW.group_id, '{}', 3);
+                ELSE
+                    PERFORM jobbus.schedule('t', '{}', jsonb_build_object('group_id', NEW.group_id));
+                END IF;
+                RETURN NEW;
+            END $$"""
+        )
+        conn.execute(
+            "CREATE TRIGGER order_placed AFTER INSERT ON public.orders"
+            " FOR EACH ROW EXECUTE FUNCTION public.order_placed()"
+        )
+    for plain in (False, True):
+        refusals.append(
+            _sql_refusal(dsn, "INSERT INTO public.orders (group_id, plain) VALUES (%s, %s)", group_id, plain)
+        )
+    assert [(r.sqlstate, r.diag.column_name) for r in refusals] == [("JB409", "group_id")] * 4
+    assert _jobs_of(dsn, group_id) == 1 and len(await app.list_jobs()) == 1
+    assert query(dsn, "SELECT count(*) FROM public.orders") == [(0,)]
+    other = uuid.uuid4()  # a group without a callback is a label: a trigger's job may join it
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO public.orders (group_id, plain) VALUES (%s, false)", (other,))
+    assert _jobs_of(dsn, other) == 1
+
+
+async def test_a_groups_callback_cannot_join_its_own_group_nor_another_that_has_a_callback(
+    app: jobbus.App, dsn: str
+) -> None:
+    """`schedule_group(..., then=)` whose callback (or a member's follow-up) names the group it makes, or a
+    group that has a callback, would add a job to a group after its callback: refused, nothing written."""
+    closed, _ = await app.schedule_group([JobRequest("t")], then=JobRequest("merge", {"group": "g"}))
+    own = uuid.uuid4()
+    cases = [
+        ([JobRequest("t")], None, JobRequest("merge", {"group": "h"}, group_id=closed)),
+        ([JobRequest("t")], own, JobRequest("merge", {"group": "h"}, group_id=own)),
+        ([JobRequest("t")], own, JobRequest("merge", {"group": "h"}, then=JobRequest("t", group_id=own))),
+        ([JobRequest("t", then=JobRequest("t", group_id=own))], own, JobRequest("merge", {"group": "h"})),
+    ]
+    for members, group_id, then in cases:
+        with pytest.raises(jobbus.InvalidStateError, match="has a callback"):
+            await app.schedule_group(members, group_id=group_id, then=then)
+        with pytest.raises(jobbus.InvalidStateError, match="has a callback"):
+            await asyncio.to_thread(app.sync.schedule_group, members, group_id=group_id, then=then)
+    assert len(await app.list_jobs()) == 1
+    assert query(dsn, "SELECT count(*) FROM jobbus.job_group") == [(1,)]
+
+
+@pytest.mark.parametrize("flavour", ["async", "sync"])
+async def test_a_child_cannot_be_spawned_into_a_group_that_has_a_callback(
+    app: jobbus.App, dsn: str, flavour: str
+) -> None:
+    group_id, _ = await app.schedule_group([JobRequest("t")], then=JobRequest("merge", {"group": "g"}))
+    raised: list[BaseException] = []
+
+    if flavour == "async":
+
+        @app.job("parent", max_attempts=1)
+        async def parent(job: jobbus.JobExecution) -> None:
+            try:
+                await job.spawn("t", {"child": True}, group_id=group_id)
+            except Exception as exc:
+                raised.append(exc)
+                raise
+
+    else:
+
+        @app.job("parent", max_attempts=1)
+        def parent_sync(job: jobbus.SyncJobExecution) -> None:
+            try:
+                job.spawn("t", {"child": True}, group_id=group_id)
+            except Exception as exc:
+                raised.append(exc)
+                raise
+
+    job_id = await app.schedule("parent")
+    assert await jobbus.Worker(app, types=["parent"], stop_when_empty=True).run() == 0
+    assert len(raised) == 1 and isinstance(raised[0], jobbus.InvalidStateError), raised
+    job = await app.find(job_id)
+    assert job is not None and job.status is JobStatus.FAILED and "has a callback" in (job.last_error or "")
+    assert _jobs_of(dsn, group_id) == 1 and not job.steps
+
+
+async def test_schedule_group_refuses_an_id_that_has_jobs_even_when_every_member_is_deduplicated(
+    app: jobbus.App, dsn: str
+) -> None:
+    """Every member's unique key is held by an active job, so the call would insert nothing: the id that
+    already has other jobs is still refused, not taken without a word."""
+    group_id = uuid.uuid4()
+    await app.schedule("t", group_id=group_id)
+    held = await app.schedule("t", unique_key="k")
+    with pytest.raises(jobbus.InvalidStateError, match="already has jobs"):
+        await app.schedule_group([JobRequest("t", unique_key="k")], group_id=group_id)
+    assert _jobs_of(dsn, group_id) == 1
+    fresh = uuid.uuid4()  # a new id whose members are all deduplicated: nothing to refuse
+    assert await app.schedule_group([JobRequest("t", unique_key="k")], group_id=fresh) == (fresh, [held])

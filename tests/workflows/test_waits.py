@@ -17,6 +17,7 @@ import pytest
 
 import jobbus
 from jobbus import JobStatus
+from jobbus.store import MaintenanceStore, run_async
 from jobbus.worker.runtime import Worker
 from tests.processes import eventually, query, wait_until, workers
 from tests.workflow_apps import prepare
@@ -296,6 +297,53 @@ async def test_wait_for_children_answers_the_same_after_retention_deleted_the_ch
     assert kept is not None and kept.steps.keys() == job.steps.keys()  # the answers are not steps
 
 
+@pytest.mark.parametrize("deleted_by", ["retention", "prune"])
+async def test_children_finished_long_before_their_parent_runs_again_are_kept_for_its_wait(
+    app: jobbus.App, dsn: str, deleted_by: str
+) -> None:
+    """The parent's queue is not served while its children finish, and retention (or `prune`) runs past
+    their age before the parent's wait has answered: the finished children are kept while their parent
+    is not finished, so `wait_for_children()` answers with every child; once the parent has finished,
+    they go."""
+
+    @app.job("kid", queue="kids", max_attempts=1)
+    async def kid(job: jobbus.JobExecution) -> int:
+        if job.configuration["n"] == 2:
+            raise jobbus.NonRetryableError("the second child fails")
+        return int(job.configuration["n"])
+
+    @app.job("parent", queue="parents")
+    async def parent(job: jobbus.JobExecution) -> list[Any]:
+        await job.spawn("kid", {"n": 1})
+        await job.spawn("kid", {"n": 2})
+        children = await job.wait_for_children()
+        return sorted([child.status.value, child.result] for child in children)
+
+    async def delete_finished() -> int:
+        if deleted_by == "prune":
+            return await app.prune(timedelta(0), ["completed", "failed"])
+        maintenance = MaintenanceStore(app.settings.schema)
+        async with app.pool.connection() as conn:
+            return sum(
+                [
+                    await run_async(conn, maintenance.delete_finished_jobs(status, 0.0, 1000))
+                    for status in ("completed", "failed")
+                ]
+            )
+
+    job_id = await app.schedule("parent")
+    assert await Worker(app, queues=["parents"], stop_when_empty=True).run() == 0
+    assert await Worker(app, queues=["kids"], stop_when_empty=True).run() == 0
+    assert sorted(job.status.value for job in await app.list_jobs(type="kid")) == ["completed", "failed"]
+    assert await delete_finished() == 0
+    assert await Worker(app, queues=["parents"], stop_when_empty=True).run() == 0
+    job = await app.find(job_id)
+    assert job is not None and job.status is JobStatus.COMPLETED, job
+    assert job.result == [["completed", 1], ["failed", None]]
+    assert await delete_finished() == 3
+    assert await app.list_jobs() == []
+
+
 @pytest.mark.parametrize("then", ["snooze", "retry"])
 async def test_a_timed_out_event_wait_leaves_nothing_a_later_emit_could_wake(
     app: jobbus.App, dsn: str, then: str
@@ -327,3 +375,30 @@ async def test_a_timed_out_event_wait_leaves_nothing_a_later_emit_could_wake(
     assert after is not None and after.status is JobStatus.QUEUED
     assert after.available_at == before.available_at  # still an hour away
     assert query(dsn, "SELECT count(*) FROM jobbus.event_wait")[0][0] == 0
+
+
+async def test_an_event_emitted_after_the_waits_timeout_does_not_answer_it_however_late_the_job_runs(
+    app: jobbus.App,
+) -> None:
+    """The wait's deadline passes while its job waits for a worker (its queue is busy or not served), then
+    the event is emitted: when the handler runs again its wait times out; the event came too late. An
+    event emitted before the deadline answers a wait that resumes after it."""
+    answers: dict[str, Any] = {}
+
+    @app.job("waiter")
+    async def waiter(job: jobbus.JobExecution) -> None:
+        key = str(job.configuration["key"])
+        try:
+            answers[key] = await job.wait_for_event(key, timeout=1)
+        except TimeoutError:
+            answers[key] = "timed out"
+
+    ids = [await app.schedule("waiter", {"key": key}) for key in ("late", "in-time")]
+    assert await Worker(app, stop_when_empty=True).run() == 0  # both park until their deadline
+    assert await app.emit_event("in-time", "came in time")
+    await asyncio.sleep(2)  # past the deadlines, no worker running
+    assert await app.emit_event("late", "came too late")
+    assert await Worker(app, stop_when_empty=True).run() == 0
+    assert answers == {"late": "timed out", "in-time": "came in time"}
+    jobs = [await app.find(job_id) for job_id in ids]
+    assert all(job is not None and job.status is JobStatus.COMPLETED for job in jobs)

@@ -31,6 +31,7 @@ from jobbus.producer import plan
 from jobbus.producer.plan import Found, JobItem, ProducerApp
 from jobbus.requests import MAX_TYPE_BYTES, JobOptions, JobRequest, json_text, new_job_id, validate_text
 from jobbus.store import run_async
+from jobbus.store.jobs import raise_group_refusal
 from jobbus.store.statements import Operation
 from jobbus.waiting import FinishedJobs, timeout_message, vanished_message
 
@@ -76,7 +77,7 @@ class AsyncProducer(ABC):
             try:
                 return await run_async(connection, statement)
             except psycopg.Error as exc:
-                plan.refused(exc)
+                raise_group_refusal(exc)
                 raise
         waiting = plan.DatabaseWait(self._app.settings.database_wait_seconds)
         while True:
@@ -135,7 +136,7 @@ class AsyncProducer(ABC):
         """
         if not specs:
             return []
-        await self._check_follow_up_groups(specs, connection)
+        await self._check_follow_up_groups(plan.follow_up_groups(specs), connection)
         with tracing.producing(specs) as specs:
             found = await self._insert(specs, connection)
             for _ in range(plan.DEDUPE_ROUNDS):
@@ -166,7 +167,7 @@ class AsyncProducer(ABC):
         """
         app = self._app
         group, specs, order, callback = plan.group_specs(app, requests, group_id, then)
-        await self._check_follow_up_groups(specs, connection)
+        await self._check_follow_up_groups(plan.follow_up_groups(specs, callback[1]), connection)
         found = await self._run(app.store.insert_jobs(specs, callback=callback), connection)
         if plan.missing(specs, found):
             found.update(await self._insert(plan.missing(specs, found), connection))
@@ -177,11 +178,10 @@ class AsyncProducer(ABC):
         return group, plan.resolve_ids(specs, order, found)
 
     async def _check_follow_up_groups(
-        self, specs: Sequence[JobSpec], connection: psycopg.AsyncConnection[Any] | None
+        self, groups: Sequence[uuid.UUID], connection: psycopg.AsyncConnection[Any] | None
     ) -> None:
-        """`then=` naming a group that has a callback is refused before anything is written (one more
-        round trip, only for follow-ups that name a group)."""
-        groups = plan.follow_up_groups(specs)
+        """`then=` (a group's callback's too) naming a group that has a callback is refused before
+        anything is written (one more round trip, only for follow-ups that name a group)."""
         if groups:
             plan.refuse_follow_up_groups(await self._run(self._app.store.groups_with_callbacks(groups), connection))
 

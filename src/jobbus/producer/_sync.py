@@ -26,6 +26,7 @@ from jobbus.producer import plan
 from jobbus.producer.plan import Found, JobItem, ProducerApp
 from jobbus.requests import MAX_TYPE_BYTES, JobOptions, JobRequest, json_text, new_job_id, validate_text
 from jobbus.store import run_sync
+from jobbus.store.jobs import raise_group_refusal
 from jobbus.store.statements import Operation
 from jobbus.waiting import SyncFinishedJobs, timeout_message, vanished_message
 
@@ -71,7 +72,7 @@ class SyncProducer(ABC):
             try:
                 return run_sync(connection, statement)
             except psycopg.Error as exc:
-                plan.refused(exc)
+                raise_group_refusal(exc)
                 raise
         waiting = plan.DatabaseWait(self._app.settings.database_wait_seconds)
         while True:
@@ -130,7 +131,7 @@ class SyncProducer(ABC):
         """
         if not specs:
             return []
-        self._check_follow_up_groups(specs, connection)
+        self._check_follow_up_groups(plan.follow_up_groups(specs), connection)
         with tracing.producing(specs) as specs:
             found = self._insert(specs, connection)
             for _ in range(plan.DEDUPE_ROUNDS):
@@ -161,7 +162,7 @@ class SyncProducer(ABC):
         """
         app = self._app
         group, specs, order, callback = plan.group_specs(app, requests, group_id, then)
-        self._check_follow_up_groups(specs, connection)
+        self._check_follow_up_groups(plan.follow_up_groups(specs, callback[1]), connection)
         found = self._run(app.store.insert_jobs(specs, callback=callback), connection)
         if plan.missing(specs, found):
             found.update(self._insert(plan.missing(specs, found), connection))
@@ -171,10 +172,9 @@ class SyncProducer(ABC):
                 events.emit_sync(JobScheduled(spec.id, spec.type, spec.queue))
         return group, plan.resolve_ids(specs, order, found)
 
-    def _check_follow_up_groups(self, specs: Sequence[JobSpec], connection: psycopg.Connection[Any] | None) -> None:
-        """`then=` naming a group that has a callback is refused before anything is written (one more
-        round trip, only for follow-ups that name a group)."""
-        groups = plan.follow_up_groups(specs)
+    def _check_follow_up_groups(self, groups: Sequence[uuid.UUID], connection: psycopg.Connection[Any] | None) -> None:
+        """`then=` (a group's callback's too) naming a group that has a callback is refused before
+        anything is written (one more round trip, only for follow-ups that name a group)."""
         if groups:
             plan.refuse_follow_up_groups(self._run(self._app.store.groups_with_callbacks(groups), connection))
 

@@ -22,7 +22,7 @@ from jobbus.requests import MAX_TYPE_BYTES, JobRequest, new_job_id, spec_json, s
 from jobbus.resilience import Backoff, first_line, is_transient
 from jobbus.settings import Settings
 from jobbus.store import CancelResult, JobStore, Statement
-from jobbus.store.jobs import GROUP_REFUSED
+from jobbus.store.jobs import raise_group_refusal
 from jobbus.store.periodic import PeriodicStore
 from jobbus.store.queues import QueueStore
 
@@ -61,7 +61,7 @@ class DatabaseWait:
 
     def after(self, exc: Exception, repeatable: bool) -> float:
         """Re-raise what cannot be waited out; otherwise how long to sleep before the next try."""
-        refused(exc)
+        raise_group_refusal(exc)
         if not is_transient(exc):
             raise exc
         left = self.deadline - time.monotonic()
@@ -82,12 +82,6 @@ def deadline_after(seconds: float | None) -> float | None:
 
 def seconds_until(deadline: float | None) -> float | None:
     return None if deadline is None else deadline - time.monotonic()
-
-
-def refused(exc: Exception) -> None:
-    """Raise the schema's refusal of a group (SQLSTATE `GROUP_REFUSED`) as `InvalidStateError`."""
-    if isinstance(exc, psycopg.Error) and exc.sqlstate == GROUP_REFUSED:
-        raise InvalidStateError(exc.diag.message_primary or str(exc)) from None
 
 
 # -- specs -----------------------------------------------------------------------------------------
@@ -144,6 +138,8 @@ def group_specs(
         if any(spec.unique_key is not None for spec in specs):
             raise InvalidJobError("schedule_group with then=: members cannot have a unique_key")
         callback = spec_json(app.registry.build_job_spec(then))
+        if group in follow_up_groups(specs, callback):
+            refuse_follow_up_groups([group])
     return group, specs, order, (group, callback)
 
 
@@ -188,11 +184,12 @@ def _request(values: Mapping[str, Any]) -> JobRequest:
 # -- follow-ups and deduplication ------------------------------------------------------------------
 
 
-def follow_up_groups(specs: Sequence[JobSpec]) -> list[uuid.UUID]:
-    """The group ids the follow-ups (`then=`, at any depth) of `specs` name."""
+def follow_up_groups(specs: Sequence[JobSpec], callback: str | None = None) -> list[uuid.UUID]:
+    """The group ids the follow-ups (`then=`, at any depth) of `specs` name, and those of a group's
+    `callback` (its spec as JSON) and its own follow-ups."""
     groups: set[uuid.UUID] = set()
-    for spec in specs:
-        then = json.loads(spec.then) if spec.then is not None else None
+    for then_json in [*(spec.then for spec in specs), callback]:
+        then = json.loads(then_json) if then_json is not None else None
         while isinstance(then, dict):
             if then.get("group_id") is not None:
                 groups.add(uuid.UUID(then["group_id"]))

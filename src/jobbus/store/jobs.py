@@ -9,8 +9,10 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
+import psycopg
 from psycopg.types.json import Jsonb
 
+from jobbus.errors import InvalidStateError
 from jobbus.models import JOB_COLUMNS, TRACE_KEY, ClaimedJob, GroupProgress, Job, JobSpec, JobStatus
 from jobbus.schema import VERSION_QUERY, render
 from jobbus.store.statements import Chain, Copy, Row, Statement, channel_name, queries
@@ -18,6 +20,13 @@ from jobbus.store.statements import Chain, Copy, Row, Statement, channel_name, q
 #: SQLSTATE of the schema's refusal of a group (migration 0013): `schedule_group` on an id that has jobs,
 #: or a job added to a group that has a callback.
 GROUP_REFUSED = "JB409"
+
+
+def raise_group_refusal(exc: BaseException) -> None:
+    """Raise the schema's refusal of a group (SQLSTATE `GROUP_REFUSED`) as `InvalidStateError`; any other
+    error is left to the caller."""
+    if isinstance(exc, psycopg.Error) and exc.sqlstate == GROUP_REFUSED:
+        raise InvalidStateError(exc.diag.message_primary or str(exc)) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,8 +230,9 @@ class JobStore:
 
     def heartbeat_leases(
         self, leases: Mapping[uuid.UUID, uuid.UUID], lease_seconds: float
-    ) -> Statement[dict[uuid.UUID, bool]]:
-        """Renew many leases at once; the result maps each live job id to its cancellation flag."""
+    ) -> Statement[dict[uuid.UUID, float | None]]:
+        """Renew many leases at once; the result maps each live job id to the seconds since its
+        cancellation was asked for (None: it was not)."""
         ordered = sorted(leases.items())
         params = {
             "ids": [job_id for job_id, _ in ordered],
@@ -306,8 +316,9 @@ class JobStore:
         params = {"id": job_id, "token": token, "attempt": attempt, "waiting_for": waiting_for}
         return Statement(self._q["parked_at"], params, lambda rows, _: bool(rows and rows[0][0]))
 
-    def record_outcomes(self, outcomes: Sequence[Outcome]) -> Statement[set[uuid.UUID]]:
-        """Fenced outcome writes for many jobs; returns the ids whose write applied.
+    def record_outcomes(self, outcomes: Sequence[Outcome]) -> Statement[dict[uuid.UUID, JobStatus]]:
+        """Fenced outcome writes for many jobs; returns the status written for each id whose write applied
+        (not the one asked for when the job was cancelled meanwhile, or a retry had no attempt left).
 
         Rows are sent in id order, like `heartbeat_leases`, so that two multi-row updates of one worker
         lock their rows in the same order and cannot deadlock each other.
@@ -326,7 +337,10 @@ class JobStore:
             "channel": self.channel,
         }
         return Statement(
-            self._q["record_outcomes"], params, lambda rows, _: {r[0] for r in rows if r[0] is not None}, prepare=False
+            self._q["record_outcomes"],
+            params,
+            lambda rows, _: {r[0]: JobStatus(r[1]) for r in rows if r[0] is not None},
+            prepare=False,
         )
 
     # -- admin -------------------------------------------------------------------------------------

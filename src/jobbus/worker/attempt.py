@@ -67,15 +67,17 @@ class Attempt:
         else:
             self._cancel_task(reason)
 
-    def cancel_requested(self, grace: float | None) -> None:
-        """`cancel()` was called: the handler sees `cancellation_requested` and may return on its own
-        (cooperative first); an async handler still running `grace` seconds later has its task
-        cancelled (None: never). A thread cannot be cancelled: a sync handler runs until it returns.
-        Either way the attempt ends as `cancelled`. Seen again later, nothing new happens."""
+    def cancel_requested(self, grace: float | None, requested_ago: float = 0.0) -> None:
+        """`cancel()` was called `requested_ago` seconds ago: the handler sees `cancellation_requested`
+        and may return on its own (cooperative first); an async handler still running `grace` seconds
+        after the request has its task cancelled (at once when the worker learnt of it later than
+        that; None: never). A thread cannot be cancelled: a sync handler runs until it returns. Either
+        way the attempt ends as `cancelled`. Seen again later, nothing new happens."""
         self.signals.request(StopReason.CANCELLED)
         if grace is None or self.cancel_timer is not None or not self.handler.is_async:
             return
-        self.cancel_timer = asyncio.get_running_loop().call_later(grace, self._cancel_task, StopReason.CANCELLED)
+        delay = max(0.0, grace - requested_ago)
+        self.cancel_timer = asyncio.get_running_loop().call_later(delay, self._cancel_task, StopReason.CANCELLED)
 
     def stop_timers(self) -> None:
         """The handler is done: nothing is cancelled or timed out any more."""

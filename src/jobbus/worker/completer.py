@@ -31,9 +31,9 @@ from jobbus.worker.service import Service
 logger = logging.getLogger("jobbus.worker")
 
 
-#: What became of each outcome of a round: job id → None (written as handed in) or the message of the
-#: non-retryable failure written instead (the database refused the outcome). Missing: the lease was lost.
-Written = dict[uuid.UUID, str | None]
+#: What became of each outcome of a round: job id → (the status written, None or the message of the
+#: non-retryable failure written instead: the database refused the outcome). Missing: the lease was lost.
+Written = dict[uuid.UUID, tuple[JobStatus, str | None]]
 
 
 @dataclass(slots=True)
@@ -49,7 +49,7 @@ class Completer(Service):
     def __init__(
         self,
         store: JobStore,
-        run: Callable[[Statement[set[uuid.UUID]]], Awaitable[set[uuid.UUID]]],
+        run: Callable[[Statement[dict[uuid.UUID, JobStatus]]], Awaitable[dict[uuid.UUID, JobStatus]]],
         *,
         write_lock: asyncio.Lock,
         on_fatal: Callable[[str, BaseException], None],
@@ -66,16 +66,17 @@ class Completer(Service):
     def loops(self) -> dict[str, Coroutine[Any, Any, None]]:
         return {"completer": self._loop()}
 
-    async def write(self, outcome: Outcome, lease_deadline: float) -> tuple[bool, str | None]:
-        """Wait until the outcome is durable. Returns (written, refusal): written False means the lease
-        was lost (or the completer stopped first); a refusal is the message of the non-retryable
-        failure written instead of an outcome the database refused.
+    async def write(self, outcome: Outcome, lease_deadline: float) -> tuple[JobStatus | None, str | None]:
+        """Wait until the outcome is durable. Returns (status, refusal): the status written, which is
+        `cancelled` whatever the outcome when the job's cancellation was asked for, or None when the lease
+        was lost (or the completer stopped first); a refusal is the message of the non-retryable failure
+        written instead of an outcome the database refused.
 
         Every outcome of a round waits on one shared future (one allocation per round, not per job);
         it is shielded, so a cancelled waiter never cancels the others' result.
         """
         if self._closing and all(task.done() for task in self._tasks):
-            return False, None
+            return None, None
         current = self._round
         if current.done is None:
             current.done = asyncio.get_running_loop().create_future()
@@ -83,9 +84,7 @@ class Completer(Service):
         current.deadlines.append(lease_deadline)
         self._wakeup.set()
         written = await asyncio.shield(current.done)
-        if outcome.job_id not in written:
-            return False, None
-        return True, written[outcome.job_id]
+        return written.get(outcome.job_id, (None, None))
 
     async def close(self, timeout: float) -> None:
         """Flush what is pending (at most `timeout` seconds), then stop."""
@@ -144,7 +143,7 @@ class Completer(Service):
                 self._on_fatal("completer", exc)
                 return {}
             self._outage.recovered()
-            return dict.fromkeys(applied)
+            return {job_id: (status, None) for job_id, status in applied.items()}
 
     async def _one_by_one(self, outcomes: list[Outcome]) -> Written:
         """The database refused the batch for its data: find the row, write every other one."""
@@ -161,4 +160,6 @@ class Completer(Service):
         message = error_text(exc, f"its {outcome.status.value} outcome could not be stored: ")
         logger.error("job %s: %s", outcome.job_id, message, extra={"job_id": str(outcome.job_id)})
         failure = Outcome(outcome.job_id, outcome.lease_token, JobStatus.FAILED, error=message)
-        return {job_id: message for job_id in await self._flush([failure], [float("inf")])}
+        return {
+            job_id: (status, message) for job_id, (status, _) in (await self._flush([failure], [float("inf")])).items()
+        }

@@ -88,11 +88,8 @@ class Executor:
             if decision.kind == "waiting":
                 kind = "waiting"
             if status is not None:
-                kind = (
-                    "failed"
-                    if decision.outcome is not None and status is not decision.outcome.status
-                    else decision.kind
-                )
+                asked = decision.outcome.status if decision.outcome is not None else None
+                kind = decision.kind if status is asked else status.value
             attempt.signals.close()
             if scope is not None:
                 await self._exit_scope(attempt, scope, error)
@@ -224,11 +221,11 @@ class Executor:
         if outcome is None:
             return None, None
         try:
-            written, refusal = await self.completer.write(outcome, attempt.lease_deadline)
+            status, refusal = await self.completer.write(outcome, attempt.lease_deadline)
         except Exception:
             logger.exception("job %s: writing its outcome failed", attempt.id, extra=self._extra(attempt))
             return None, None
-        if not written:
+        if status is None:
             logger.warning(
                 "job %s: lease lost before its outcome (%s) could be written; another attempt owns the job now",
                 attempt.id,
@@ -236,8 +233,18 @@ class Executor:
                 extra=self._extra(attempt),
             )
             return None, None
+        claimed = attempt.claimed
+        if status is JobStatus.CANCELLED and outcome.status is not JobStatus.CANCELLED:
+            # Its cancellation was asked for before the outcome was written, after the worker last read
+            # the flag: the job is cancelled, whatever the handler did.
+            logger.info(
+                "job %s: cancelled (asked for before its %s outcome was written)",
+                attempt.id,
+                outcome.kind or outcome.status.value,
+                extra=self._extra(attempt),
+            )
+            return status, self.policy.cancelled(attempt).event
         if refusal is not None:
-            claimed = attempt.claimed
             return JobStatus.FAILED, JobFailed(claimed.id, claimed.type, claimed.queue, claimed.attempts, refusal)
         return outcome.status, decision.event
 

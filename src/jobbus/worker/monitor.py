@@ -3,7 +3,7 @@
 Three loops:
 - `leases` (every heartbeat interval): renews the leases of every running handler in one statement
   and refreshes their cancellation flags: a cancelled handler is told, and an async one still
-  running `cancel_grace_seconds` later has its task cancelled.
+  running `cancel_grace_seconds` after the request has its task cancelled.
 - `registry` (every heartbeat interval): refreshes the worker's registry row. Separate from the
   leases, so a job row someone holds locked delays that job's renewal, not the worker's liveness.
 - `watch` (several times a second, no database): a handler whose lease has surely expired is told so
@@ -132,8 +132,9 @@ class Monitor(Service):
         for job_id, attempt in attempts.items():
             if job_id in live:
                 attempt.lease_deadline = sent + self.settings.lease_seconds
-                if live[job_id]:
-                    attempt.cancel_requested(self.settings.cancel_grace_seconds)
+                requested_ago = live[job_id]
+                if requested_ago is not None:
+                    attempt.cancel_requested(self.settings.cancel_grace_seconds, requested_ago)
             elif attempt.phase is Phase.RUNNING:
                 # Once the handler returned, a missing lease means its outcome was written meanwhile.
                 self._lose(attempt, "expired or taken over")

@@ -90,11 +90,17 @@ def same_database(first: str, second: str) -> bool:
 def _target(dsn: str) -> tuple[str, ...]:
     params = conninfo_to_dict(dsn)
     host = str(params.get("host") or params.get("hostaddr") or os.environ.get("PGHOST") or "")
-    port = str(params.get("port") or os.environ.get("PGPORT") or "5432")
+    port = ",".join(_port(p) for p in str(params.get("port") or os.environ.get("PGPORT") or "5432").split(","))
     user = str(params.get("user") or os.environ.get("PGUSER") or getpass.getuser())
     dbname = str(params.get("dbname") or os.environ.get("PGDATABASE") or user)
     service = str(params.get("service") or os.environ.get("PGSERVICE") or "")
     return (service, ",".join(_host(name) for name in host.split(",")), port, dbname, user)
+
+
+def _port(text: str) -> str:
+    """A port as libpq reads it: a number, leading zeros and blanks aside."""
+    text = text.strip()
+    return str(int(text)) if text.isdigit() else text
 
 
 def _host(name: str) -> str:

@@ -236,13 +236,13 @@ WHERE j.id = expired.id
 RETURNING j.id;
 
 -- name: heartbeat_leases
--- Renews every lease a worker holds in one statement and returns the live ones with their
--- cancellation flag; a lease missing from the result is lost.
+-- Renews every lease a worker holds in one statement and returns the live ones with the seconds since
+-- their cancellation was asked for (NULL: it was not); a lease missing from the result is lost.
 UPDATE {schema}.job AS j
 SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)b)
 FROM unnest(%(ids)b::uuid[], %(tokens)b::uuid[]) AS l(id, token)
 WHERE j.id = l.id AND j.lease_token = l.token AND j.status = 'running' AND j.lease_expires_at > now()
-RETURNING j.id, j.cancellation_requested_at IS NOT NULL;
+RETURNING j.id, extract(epoch FROM now() - j.cancellation_requested_at)::float8;
 
 -- name: checkpoint_job
 -- The producer's trace context (the reserved key `_trace`, see jobbus/tracing.py) outlives checkpoints.
@@ -270,6 +270,11 @@ RETURNING cancellation_requested_at IS NOT NULL;
 -- completed / failed / cancelled (terminal), queued with a delay (retry, snooze) or queued at once with
 -- the attempt given back (released at shutdown). Rows whose token is stale or expired are not returned.
 -- A retry asked for on the last attempt is recorded as failed: the store never exceeds max_attempts.
+-- Any outcome of an attempt whose cancellation was asked for is recorded as cancelled, also when the
+-- handler returned (or raised, or snoozed) before its worker read the request: `cancel()` said the job
+-- would stop, so it never ends completed (no result kept, no follow-up scheduled). The request is read
+-- from the row being updated (`j`), never from the statement's snapshot: a `cancel()` that commits
+-- while this statement waits for the row is seen when the row is read again.
 -- Each outcome is appended to the job's history (the last 50 are kept), with the traceback of an
 -- attempt that raised (NULL, and so no key, for every other outcome). A job that fails gets its
 -- failure group (fold_error of migration 0015, for the dashboard's failures page); the CASE spares every
@@ -277,25 +282,30 @@ RETURNING cancellation_requested_at IS NOT NULL;
 -- available at once are announced like new ones, one notification per (queue, type).
 WITH written AS (
 UPDATE {schema}.job AS j
-SET status = o.final_status,
-    result = CASE WHEN o.final_status = 'completed' THEN o.result::jsonb ELSE j.result END,
+SET status = CASE WHEN j.cancellation_requested_at IS NOT NULL THEN 'cancelled' ELSE o.final_status END,
+    result = CASE WHEN o.final_status = 'completed' AND j.cancellation_requested_at IS NULL
+                  THEN o.result::jsonb ELSE j.result END,
     last_error = coalesce(o.error, j.last_error),
-    error_group = CASE WHEN o.final_status = 'failed' THEN {schema}.fold_error(coalesce(o.error, j.last_error)) END,
-    available_at = CASE WHEN o.final_status = 'queued' THEN now() + make_interval(secs => o.delay)
-                        ELSE j.available_at END,
-    finished_at = CASE WHEN o.final_status = 'queued' THEN NULL ELSE now() END,
+    error_group = CASE WHEN o.final_status = 'failed' AND j.cancellation_requested_at IS NULL
+                       THEN {schema}.fold_error(coalesce(o.error, j.last_error)) END,
+    available_at = CASE WHEN o.final_status = 'queued' AND j.cancellation_requested_at IS NULL
+                        THEN now() + make_interval(secs => o.delay) ELSE j.available_at END,
+    finished_at = CASE WHEN o.final_status = 'queued' AND j.cancellation_requested_at IS NULL
+                       THEN NULL ELSE now() END,
     attempts = CASE WHEN o.released THEN j.attempts - 1 ELSE j.attempts END,
     lease_token = NULL,
     lease_expires_at = NULL,
     history = (CASE WHEN jsonb_array_length(j.history) >= 50 THEN j.history - 0 ELSE j.history END)
               || jsonb_build_array(jsonb_strip_nulls(jsonb_build_object(
                      'attempt', j.attempts,
-                     'outcome', CASE WHEN o.final_status <> o.status THEN 'failed' ELSE o.kind END,
+                     'outcome', CASE WHEN j.cancellation_requested_at IS NOT NULL THEN 'cancelled'
+                                     WHEN o.final_status <> o.status THEN o.final_status ELSE o.kind END,
                      'at', now(),
                      'worker_id', j.worker_id,
                      'error', o.error,
                      'traceback', o.traceback,
-                     'delay_seconds', CASE WHEN o.final_status = 'queued' THEN o.delay END)))
+                     'delay_seconds', CASE WHEN o.final_status = 'queued' AND j.cancellation_requested_at IS NULL
+                                           THEN o.delay END)))
 FROM (
     SELECT i.*, CASE WHEN i.status = 'queued' AND NOT i.released AND cur.attempts >= cur.max_attempts
                      THEN 'failed' ELSE i.status END AS final_status
@@ -502,14 +512,21 @@ LIMIT %(limit)s;
 -- Deletes in bounded batches so a large prune never holds locks for long; the caller loops until
 -- fewer than %(limit)s rows come back. The batch is an array, so the delete stays on the primary key
 -- whatever plan the statement gets (`id IN (subquery)` could become a hash join over a sequential scan
--- of the whole table in a generic plan: docs/capacity.md, retention).
+-- of the whole table in a generic plan: docs/capacity.md, retention). A finished child whose parent
+-- is queued or running is kept, as retention keeps it (migration 0017): its parent's
+-- `wait_for_children()` has yet to answer with it. `OFFSET 0` keeps that check a probe by primary key
+-- per row (as an anti-join it scanned the table for running parents).
 DELETE FROM {schema}.job
 WHERE id = ANY (ARRAY(
-    SELECT id FROM {schema}.job
-    WHERE finished_at < now() - make_interval(secs => %(older_than_seconds)s)
-      AND status = ANY(%(statuses)s::text[])
+    SELECT j.id FROM {schema}.job AS j
+    WHERE j.finished_at < now() - make_interval(secs => %(older_than_seconds)s)
+      AND j.status = ANY(%(statuses)s::text[])
+      AND NOT EXISTS (SELECT 1 FROM {schema}.job_child AS c
+                      JOIN {schema}.job AS parent ON parent.id = c.parent_id
+                      WHERE c.child_id = j.id AND parent.status IN ('queued', 'running')
+                      OFFSET 0)
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF j SKIP LOCKED
 ));
 
 -- name: job_steps
