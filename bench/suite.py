@@ -4,6 +4,7 @@ jobbus's alone, are in `bench/capacity.py`)."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import math
@@ -248,6 +249,22 @@ class Server:
         with self.connect(dbname) as conn:
             cursor = conn.execute(query.encode(), params)
             return cursor.fetchall() if cursor.description else []
+
+
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    """The server to measure on and how quiet to wait for: the options of every script that runs a `Server`."""
+    parser.add_argument("--dsn", default=os.environ.get("BENCH_DSN", DEFAULT_DSN), help="server (default BENCH_DSN)")
+    parser.add_argument(
+        "--quiet-threshold",
+        type=float,
+        default=0.35,
+        help="before each measurement wait (up to 20 s) until the CPUs are less busy than this (0 to 1; 1 = never)",
+    )
+
+
+def server_from(args: argparse.Namespace) -> Server:
+    """The `Server` that `add_server_arguments`' options name."""
+    return Server(args.dsn, quiet_threshold=args.quiet_threshold if args.quiet_threshold < 1 else None)
 
 
 def cpu_busy(seconds: float = 0.5) -> float:

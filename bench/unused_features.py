@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import functools
 import math
-import os
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -43,7 +42,7 @@ if str(ROOT) not in sys.path:  # `python bench/unused_features.py` puts bench/ f
     sys.path.insert(0, str(ROOT))
 
 from bench import capacity, jobbus_driver, run  # noqa: E402
-from bench.suite import DEFAULT_DSN, Server, Setting, Sizes, Suite, System, log  # noqa: E402
+from bench.suite import Setting, Sizes, Suite, System, add_server_arguments, log, server_from  # noqa: E402
 from jobbus import schema, tracing  # noqa: E402
 from jobbus.store import jobs as job_store  # noqa: E402
 from jobbus.store.statements import queries  # noqa: E402
@@ -287,8 +286,9 @@ FEATURES = {
         ),
         Feature(
             "observers",
-            "in the worker process, Observers() without observers is an empty tuple: the per-job check "
-            "`if self.observers` is then no Python call (the attribute check itself remains)",
+            "in the worker process, Observers() without observers is an empty tuple: the worker's two checks "
+            "per job, `if self.observers` (as shipped, each a call of Observers.__bool__), then make no Python "
+            "call (the attribute checks themselves remain)",
             process=strip_observers,
         ),
         Feature(
@@ -474,16 +474,10 @@ def report(suite: Suite, jobs: int, setting: Setting) -> str:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dsn", default=os.environ.get("BENCH_DSN", DEFAULT_DSN), help="server (default BENCH_DSN)")
+    add_server_arguments(parser)
     parser.add_argument("--jobs", type=int, default=100_000, help="jobs per drain (default 100,000)")
     parser.add_argument("--rounds", type=int, default=5, help="drains of each variant (default 5)")
     parser.add_argument("--concurrency", type=int, default=200, help="the worker's concurrency (default 200)")
-    parser.add_argument(
-        "--quiet-threshold",
-        type=float,
-        default=0.35,
-        help="before each drain wait (up to 20 s) until the CPUs are less busy than this (0 to 1; 1 = never)",
-    )
     return parser.parse_args(argv)
 
 
@@ -496,7 +490,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     stripped_claim_function()  # a changed statement stops the benchmark before any drain
     statements_without_history()
     setting = Setting(f"c{args.concurrency}", args.concurrency)
-    server = Server(args.dsn, quiet_threshold=args.quiet_threshold if args.quiet_threshold < 1 else None)
+    server = server_from(args)
     suite = Suite(server, systems(setting), Sizes(), args.rounds)
     try:
         measure(suite, args.jobs)
