@@ -3,7 +3,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 PYTEST_ARGS ?= -n 2
 
-.PHONY: venv sync test test-server test-smoke test-django6 faults verify browser lint docs dist-check demo bench gate bench-capacity bench-steady bench-dashboard dashboard clean
+.PHONY: venv sync test test-server test-smoke test-django6 faults verify browser lint docs dist-check demo bench gate bench-capacity bench-steady bench-dashboard bench-unused dashboard clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -120,6 +120,12 @@ bench-capacity: venv
 STEADY_ARGS ?=
 bench-steady: venv
 	$(PY) bench/steady.py $(STEADY_ARGS)
+
+# What the features a drain does not use cost it: one worker as shipped against the same worker without
+# each unused feature's code, interleaved (UNUSED_ARGS="--jobs 20000 --rounds 2" for a short check).
+UNUSED_ARGS ?=
+bench-unused: venv
+	$(PY) bench/unused_features.py $(UNUSED_ARGS)
 
 # p95 of every dashboard page on a large table (BENCH_DASHBOARD_ARGS="--rows 1000000" for a smaller one).
 bench-dashboard: venv

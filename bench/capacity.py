@@ -137,10 +137,14 @@ class CpuReading:
 
 
 @contextmanager
-def cpu_meter(admin_dsn: str, dbname: str) -> Iterator[list[CpuReading]]:
-    """Measures the enclosed block; the reading is appended to the yielded list on exit."""
-    readings: list[CpuReading] = []
-    meter = DatabaseCpu(admin_dsn, dbname)
+def cpu_meter(
+    admin_dsn: str, dbname: str, readings: list[CpuReading] | None = None, *, interval: float = 0.2
+) -> Iterator[list[CpuReading]]:
+    """Measures the enclosed block; the reading is appended to the yielded list (`readings` when given) on
+    exit. The database's backends are read every `interval` seconds (what one does after its last reading
+    before it exits is lost)."""
+    readings = [] if readings is None else readings
+    meter = DatabaseCpu(admin_dsn, dbname, interval)
     meter.start()
     children0, (total0, idle0) = children_cpu_seconds(), machine_ticks()
     started = time.perf_counter()

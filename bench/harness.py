@@ -14,6 +14,7 @@ import argparse
 import json
 import math
 import os
+import resource
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -76,11 +77,13 @@ def emit(**values: Any) -> None:
     print(RESULT_PREFIX + json.dumps(values), flush=True)
 
 
-def drain_result(stamps: Sequence[float], started: float, ended: float) -> dict[str, Any]:
+def drain_result(stamps: Sequence[float], started: float, ended: float, cpu: float = math.nan) -> dict[str, Any]:
     """A drain's figures from the handler start stamps (time.time()) and the worker's run time.
 
     `steady` is the rate between the first and the last handler start: startup (schema checks,
     registration, first claim) and the final flush/shutdown are outside it. `wall` includes both.
+    `cpu` is the CPU seconds the driver's process spent from start to exit (`cpu_seconds`), NaN when
+    the driver does not read it.
     """
     count = len(stamps)
     first = min(stamps) if stamps else math.nan
@@ -94,7 +97,14 @@ def drain_result(stamps: Sequence[float], started: float, ended: float) -> dict[
         "wall": count / (ended - started) if ended > started else math.nan,
         "started": started,
         "ended": ended,
+        "cpu": cpu,
     }
+
+
+def cpu_seconds() -> float:
+    """User + system CPU of this process so far (every thread), from getrusage."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def percentile(values: Sequence[float], fraction: float) -> float:

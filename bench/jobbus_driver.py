@@ -11,6 +11,7 @@ import asyncio
 import time
 import uuid
 from argparse import Namespace
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
@@ -102,10 +103,10 @@ async def fill(args: Namespace) -> dict[str, Any]:
 async def drain(args: Namespace) -> dict[str, Any]:
     app = _app(args.dsn)
     apps.STARTS.clear()
-    started = time.time()
+    started, cpu = time.time(), harness.cpu_seconds()
     await app.run_worker(concurrency=args.concurrency, stop_when_empty=True, install_signal_handlers=False)
-    ended = time.time()
-    return harness.drain_result(apps.STARTS, started, ended)
+    ended, cpu = time.time(), harness.cpu_seconds() - cpu
+    return harness.drain_result(apps.STARTS, started, ended, cpu)
 
 
 async def latency(args: Namespace) -> dict[str, Any]:
@@ -151,8 +152,8 @@ def seed_finished(args: Namespace) -> dict[str, Any]:
     return {"jobs": args.jobs, "seconds": time.perf_counter() - started}
 
 
-def main() -> None:
-    args = harness.parse_args()
+def main(argv: Sequence[str] | None = None) -> None:
+    args = harness.parse_args(argv)
     result: dict[str, Any]
     if args.op == "setup":
         result = setup(args)

@@ -46,7 +46,18 @@ if str(ROOT) not in sys.path:  # `python bench/run.py` puts bench/ first, not th
     sys.path.insert(0, str(ROOT))
 
 from bench import capacity  # noqa: E402
-from bench.suite import DEFAULT_DSN, QUICK, Measurement, Server, Setting, Sizes, Suite, System, log  # noqa: E402
+from bench.suite import (  # noqa: E402
+    QUICK,
+    Measurement,
+    Server,
+    Setting,
+    Sizes,
+    Suite,
+    System,
+    add_server_arguments,
+    log,
+    server_from,
+)
 
 BENCH = ROOT / "bench"
 PEERS_VENV = BENCH / ".venv-peers"
@@ -691,18 +702,12 @@ def save_raw(suite: Suite, env: dict[str, Any], command: str, started: float, en
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dsn", default=os.environ.get("BENCH_DSN", DEFAULT_DSN), help="server (default BENCH_DSN)")
+    add_server_arguments(parser)
     parser.add_argument("--quick", action="store_true", help="smaller sizes and sweeps")
     parser.add_argument("--scenario", action="append", choices=SCENARIOS, help="run only this scenario (repeatable)")
     parser.add_argument("--systems", default="jobbus,pgqueuer,procrastinate,oban,graphile", help="comma-separated")
     parser.add_argument("--runs", type=int, default=3, help="runs per figure (default 3)")
     parser.add_argument("--output", type=Path, help=f"doc to update (default {DOC.relative_to(ROOT)} for a full run)")
-    parser.add_argument(
-        "--quiet-threshold",
-        type=float,
-        default=0.35,
-        help="before each measurement wait (up to 20 s) until the CPUs are less busy than this (0 to 1; 1 = never)",
-    )
     parser.add_argument("--reinstall-peers", action="store_true", help="retry installing peers that failed before")
     parser.add_argument(
         "--scale",
@@ -751,7 +756,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sizes = replace(sizes, scale=args.scale)
     if args.retention_budget is not None:
         sizes = replace(sizes, retention_budget=args.retention_budget)
-    server = Server(args.dsn, quiet_threshold=args.quiet_threshold if args.quiet_threshold < 1 else None)
+    server = server_from(args)
     started = time.time()
     peer_notes: dict[str, str] = {}
     peers = [name for name in wanted if name in PEERS]

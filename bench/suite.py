@@ -4,6 +4,7 @@ jobbus's alone, are in `bench/capacity.py`)."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import math
@@ -13,7 +14,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -249,6 +251,22 @@ class Server:
             return cursor.fetchall() if cursor.description else []
 
 
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    """The server to measure on and how quiet to wait for: the options of every script that runs a `Server`."""
+    parser.add_argument("--dsn", default=os.environ.get("BENCH_DSN", DEFAULT_DSN), help="server (default BENCH_DSN)")
+    parser.add_argument(
+        "--quiet-threshold",
+        type=float,
+        default=0.35,
+        help="before each measurement wait (up to 20 s) until the CPUs are less busy than this (0 to 1; 1 = never)",
+    )
+
+
+def server_from(args: argparse.Namespace) -> Server:
+    """The `Server` that `add_server_arguments`' options name."""
+    return Server(args.dsn, quiet_threshold=args.quiet_threshold if args.quiet_threshold < 1 else None)
+
+
 def cpu_busy(seconds: float = 0.5) -> float:
     """Fraction of all CPUs busy (not idle, not iowait) over the next `seconds`, from /proc/stat."""
 
@@ -409,10 +427,13 @@ class Suite:
         processes: int = 1,
         reset: bool = True,
         limit: str = "",
+        around: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext,
     ) -> dict[str, float]:
         """Fill `jobs`, drain them with `processes` workers; returns the figures of this run.
 
         `limit` (`queue=N` or `keys=N`) is handed to the drivers' fill and drain: see bench/harness.py.
+        `around` encloses the drain alone (not the fill), for a meter of what it costs. `worker_cpu` is
+        the driver's CPU seconds per job, NaN when it does not read it (and for several processes).
         """
         if reset:
             self.reset(system, dbname)
@@ -421,11 +442,12 @@ class Suite:
         run_driver(system.argv("fill", dsn, jobs=jobs, **limited))
         self.server.sample_noise()
         commits0, wal0 = self.server.counters(dbname)
-        if processes == 1:
-            argv = system.argv("drain", dsn, concurrency=setting.concurrency, batch=setting.batch, **limited)
-            result = run_driver(argv)
-        else:
-            result = self.drain_processes(system, dsn, setting, processes)
+        with around():
+            if processes == 1:
+                argv = system.argv("drain", dsn, concurrency=setting.concurrency, batch=setting.batch, **limited)
+                result = run_driver(argv)
+            else:
+                result = self.drain_processes(system, dsn, setting, processes)
         time.sleep(0.5)  # backends flush their statistics when they exit
         commits1, wal1 = self.server.counters(dbname)
         count = int(result["count"])
@@ -439,6 +461,7 @@ class Suite:
             "wall": float(result["wall"]),
             "commits": (commits1 - commits0) / max(count, 1),
             "wal": (wal1 - wal0) / max(count, 1),
+            "worker_cpu": float(result.get("cpu", math.nan)) / max(count, 1),
         }
 
     def drain_processes(self, system: System, dsn: str, setting: Setting, processes: int) -> dict[str, Any]:

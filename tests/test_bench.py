@@ -1,12 +1,22 @@
-"""The benchmark suite's own bookkeeping (bench/): merging an earlier run, CPU readings. No database."""
+"""The benchmark suite's own bookkeeping (bench/): merging an earlier run, CPU readings, the edits of the
+shipped SQL that bench/unused_features.py measures without. No database."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
-from bench import capacity, harness, run, suite
+import pytest
+from bench import capacity, harness, run, suite, unused_features
+
+from jobbus import schema
+from jobbus.store.statements import queries
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _suite() -> suite.Suite:
@@ -100,3 +110,81 @@ def test_a_peer_is_installed_once_per_pin_and_a_failure_is_remembered(tmp_path: 
     assert notes == {"graphile": "not run: no"}
     run.install_once(tmp_path, "graphile", "graphile-worker@0.19.0", True, notes, lambda: install(None))
     assert calls == ["ok", "not run: no", "ok"]
+
+
+def _code(sql_text: str) -> str:
+    return re.sub(r"--[^\n]*", "", sql_text)
+
+
+def test_the_claim_edits_take_flow_control_and_expiry_out_of_the_latest_shipped_claim_function() -> None:
+    shipped, where = unused_features.claim_function_template()
+    version = int(where.split()[1][:4])
+    assert not [
+        m.name
+        for m in schema.migrations()
+        if m.version > version and re.search(r"FUNCTION\s+\{schema\}\.claim_jobs\b", m.template)
+    ]
+
+    stripped = unused_features.stripped_claim_function()
+
+    for word in ("take_limited", "queue_start", "expires_at"):
+        assert re.search(rf"\b{word}\b", _code(shipped))
+        assert not re.search(rf"\b{word}\b", _code(stripped))
+    assert stripped.startswith('CREATE OR REPLACE FUNCTION "jobbus".claim_jobs(')
+    assert 'v_ids := v_ids || "jobbus".take_from_queue(v_queue, v_types, v_want, v_ids);' in stripped
+    assert "SET status = 'running',\n                attempts = j.attempts + 1," in stripped
+
+
+def test_a_claim_function_the_edits_no_longer_fit_stops_the_benchmark() -> None:
+    shipped, where = unused_features.claim_function_template()
+    renamed = shipped.replace("take_from_queue", "take_queued")
+    expiry_elsewhere = shipped.replace("WHERE j.id = ANY(v_ids)", "WHERE j.id = ANY(v_ids) AND j.expires_at IS NULL")
+    assert shipped not in (renamed, expiry_elsewhere)
+
+    with pytest.raises(unused_features.SqlChanged, match="the limited branch"):
+        unused_features.strip_claim_function(renamed, where)
+    with pytest.raises(unused_features.SqlChanged, match="still names expires_at"):
+        unused_features.strip_claim_function(expiry_elsewhere, where)
+
+
+def test_the_history_edit_cuts_only_the_history_entry_of_each_shipped_outcome_statement() -> None:
+    shipped = queries("jobbus")
+
+    edited = unused_features.statements_without_history()
+
+    assert "record_outcomes" in edited
+    for name, text in edited.items():
+        before, after = " ".join(shipped[name].split()), " ".join(text.split())
+        head = before.index(", history =")
+        assert after.startswith(before[:head])
+        assert before.endswith(after[head:])
+        assert "history" not in _code(text)
+        with pytest.raises(unused_features.SqlChanged, match=f"query {name}: the history assignment"):
+            unused_features.strip_history_entry(text, name)
+
+
+def test_the_worker_process_strips_apply_to_the_shipped_worker() -> None:
+    check = (
+        "from bench import unused_features as u\n"
+        "for feature in u.FEATURES.values():\n"
+        "    if feature.process is not None:\n"
+        "        feature.process()\n"
+        "import jobbus\n"
+        "from bench import apps\n"
+        "worker = jobbus.Worker(apps.make_app('postgresql://unused.invalid/bench'))\n"
+        "print(type(worker.observers).__name__, bool(worker.observers), jobbus.tracing.current_tracer())\n"
+    )
+    strips = ",".join(unused_features.FEATURES)
+
+    probe = subprocess.run([sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True, check=False)
+    driver = subprocess.run(
+        [sys.executable, "-m", "bench.unused_features", "driver", "--strip", strips, "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+    assert (probe.returncode, probe.stdout) == (0, "NoObservers False None\n"), probe.stderr
+    assert driver.returncode == 0, driver.stderr
+    assert driver.stdout.startswith("usage: ")
