@@ -1,4 +1,5 @@
-"""The per-job cost gate: what one worker process does per job on a fixed drain, against a committed baseline.
+"""The per-job cost gate: what one worker process does per job on a fixed drain, and what a producer does per
+job it enqueues, against a committed baseline.
 
     JOBBUS_TEST_DSN=postgresql://postgres@127.0.0.1:5432/test .venv/bin/python -m bench.gate
     .venv/bin/python -m bench.gate --update      # write the figures measured now as the new baseline
@@ -10,9 +11,13 @@ A fresh database gets `--jobs` no-op jobs; a real `Worker` (concurrency `--concu
   (`calls_per_job`): a count, not a time, so the machine's load does not move it;
 * without a profiler, timing the process's own CPU (`resource.getrusage(RUSAGE_SELF)`, user + system)
   during the drain (`cpu_us_per_job`): a time, so the machine's load does move it (cache and frequency
-  effects of the other processes), which is why only the count fails the gate by default.
+  effects of the other processes), which is why only the counts fail the gate by default.
 
-The gate fails (exit status 1) when `calls_per_job` is more than `--tolerance` (15 %) above
+Before the drain, the producer's side is counted the same way, on an open App: `enqueue_bulk_calls_per_job`
+while `--jobs` jobs are scheduled by `schedule_many(type, configurations)` (5,000 a call), and
+`enqueue_single_calls_per_job` over `SINGLES` `schedule` calls of one job each.
+
+The gate fails (exit status 1) when a count (`COUNTS`) is more than `--tolerance` (15 %) above
 bench/gate-baseline.json, with a message naming the figure; `--cpu` makes `cpu_us_per_job` fail
 the same way (for a quiet machine). Exit status 0 when within; the figures go to stdout as JSON.
 """
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import cProfile
 import json
 import os
@@ -43,7 +49,13 @@ ROOT = Path(__file__).resolve().parent.parent
 BASELINE = ROOT / "bench" / "gate-baseline.json"
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 NOOP = "gate.noop"
-FIGURES = ("calls_per_job", "cpu_us_per_job")
+FIGURES = ("calls_per_job", "enqueue_bulk_calls_per_job", "enqueue_single_calls_per_job", "cpu_us_per_job")
+#: The figures that fail the gate by default: counts, which the machine's load does not move.
+COUNTS = FIGURES[:3]
+#: One-job `schedule` calls counted for `enqueue_single_calls_per_job` (after `WARM_UP` that are not:
+#: psycopg prepares a statement on its fifth execution).
+SINGLES = 200
+WARM_UP = 10
 
 
 async def _noop(job: jobbus.JobExecution) -> None:
@@ -75,10 +87,29 @@ def _app(dsn: str) -> jobbus.App:
     return app
 
 
-async def _fill(dsn: str, jobs: int) -> None:
+async def _fill(dsn: str, jobs: int, profile: cProfile.Profile | None = None) -> None:
+    """`jobs` no-op jobs, 5,000 a `schedule_many`; the profiler (if any) runs only while they are scheduled."""
     async with _app(dsn) as app:
-        for start in range(0, jobs, 5_000):
-            await app.schedule_many(NOOP, [{}] * min(5_000, jobs - start))
+        with profile or contextlib.nullcontext():
+            for start in range(0, jobs, 5_000):
+                await app.schedule_many(NOOP, [{}] * min(5_000, jobs - start))
+
+
+async def _schedule_singly(dsn: str, profile: cProfile.Profile) -> None:
+    """`SINGLES` jobs of another type, one `schedule` each, profiled after `WARM_UP` calls; then deleted."""
+    async with _app(dsn) as app:
+        for _ in range(WARM_UP):
+            await app.schedule("gate.single", {})
+        with profile:
+            for _ in range(SINGLES):
+                await app.schedule("gate.single", {})
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DELETE FROM jobbus.job")
+
+
+def _calls_per_job(profile: cProfile.Profile, jobs: int) -> float:
+    calls: int = pstats.Stats(profile).total_calls  # type: ignore[attr-defined]
+    return round(calls / jobs, 1)
 
 
 async def _drain(dsn: str, concurrency: int) -> int:
@@ -113,16 +144,22 @@ def measure(base: str, jobs: int, concurrency: int, show: int = 0, dump: str | N
     name = f"jobbus_gate_{os.getpid()}"
     figures: dict[str, Any] = {}
     try:
-        # The count: a drain under cProfile, every Python-level call of the process.
+        # The producer's counts: one job per `schedule`, then the fill by `schedule_many`.
         dsn = _recreate(base, name)
-        asyncio.run(_fill(dsn, jobs))
+        profile = cProfile.Profile()
+        asyncio.run(_schedule_singly(dsn, profile))
+        figures["enqueue_single_calls_per_job"] = _calls_per_job(profile, SINGLES)
+        profile = cProfile.Profile()
+        asyncio.run(_fill(dsn, jobs, profile))
+        figures["enqueue_bulk_calls_per_job"] = _calls_per_job(profile, jobs)
+        # The count: a drain under cProfile, every Python-level call of the process.
         profile = cProfile.Profile()
         code = _run(lambda: _drain(dsn, concurrency), profile)
         done = _completed(dsn)
         if code != 0 or done != jobs:
             raise SystemExit(f"gate: the profiled drain ended with code {code}, {done} of {jobs} jobs completed")
         stats = pstats.Stats(profile)
-        figures["calls_per_job"] = round(stats.total_calls / jobs, 1)  # type: ignore[attr-defined]
+        figures["calls_per_job"] = _calls_per_job(profile, jobs)
         if show:
             _show(stats, jobs, show)
         if dump:
@@ -207,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    failures = compare(figures, baseline, args.tolerance, FIGURES if args.cpu else ("calls_per_job",))
+    failures = compare(figures, baseline, args.tolerance, FIGURES if args.cpu else COUNTS)
     for failure in failures:
         print(failure, file=sys.stderr)
     return 1 if failures else 0

@@ -109,6 +109,27 @@ async def test_a_caller_cancelled_while_waiting_for_a_statement_writes_nothing(d
     assert sorted(_rows(dsn).values()) == [0, 1, 100]
 
 
+async def test_a_lone_caller_cancelled_in_its_statement_leaves_the_app_sharing_as_before(
+    app: jobbus.App, dsn: str
+) -> None:
+    """A lone caller's statement runs in the caller's own task: cancelling the caller cancels it, and the
+    statements in flight are counted down, so later callers are sent at once and still share."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(TRIGGER)
+    sizes = _count_statements(app)
+    lone = asyncio.create_task(app.schedule("report", {"n": 0, "slow": 5.0}))
+    await asyncio.sleep(0.5)
+    lone.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await lone
+    assert sizes == [1]
+    job_id = await app.schedule("report", {"n": 1})
+    assert sizes == [1, 1] and _rows(dsn)[job_id] == 1
+    ids = await asyncio.gather(*(app.schedule("report", {"n": n}) for n in range(2, 42)))
+    assert {n: _rows(dsn)[job_id] for n, job_id in zip(range(2, 42), ids, strict=True)} == {n: n for n in range(2, 42)}
+    assert max(sizes) > 1
+
+
 async def test_an_unreachable_database_fails_every_caller_of_a_shared_statement(dsn: str) -> None:
     app = jobbus.App(dsn=dsn, database_wait_seconds=0.5)
     async with app:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import psycopg
@@ -18,8 +19,10 @@ import jobbus.store as jobbus_store
 import jobbus.store.jobs as jobbus_jobs
 from jobbus import JobRequest, JobStatus
 from jobbus.durations import EARLIEST_AVAILABLE_AT, LATEST_AVAILABLE_AT
+from jobbus.models import SharedSpecs
 from jobbus.producer import plan
-from jobbus.requests import MAX_JSON_DEPTH, JobOptions, json_text
+from jobbus.requests import MAX_JSON_DEPTH, JobDefaults, JobOptions, build_spec, json_text, specs_sharing
+from tests.conftest import FAST
 from tests.mypy_run import mypy_output
 
 
@@ -513,6 +516,122 @@ def test_a_copied_batch_sync_twin(sync_app: jobbus.App, dsn: str) -> None:
     sync_app.sync._run(operation)
     sync_app.sync._run(operation)
     assert _count(dsn) == 2 * size
+
+
+#: Text that COPY's text format must escape, and text that looks like its escapes.
+AWKWARD = "tab\there, line\nbreak, return\r, back\\slash, \\N, \\t"
+
+
+@pytest.mark.parametrize("size", [2, jobbus_jobs.COPY_MIN_ROWS])
+async def test_jobs_of_one_type_share_every_option_and_keep_input_order(app: jobbus.App, dsn: str, size: int) -> None:
+    """`schedule_many(type, configurations, **options)` validates the options once: each job is its id and its
+    configuration (`SharedSpecs`), written by one statement or, from COPY_MIN_ROWS, by COPY, with every
+    option and any text as given; ids in input order, one `JobScheduled` per job."""
+    seen: list[jobbus.JobScheduled] = []
+    app.on(jobbus.JobScheduled)(seen.append)
+    group = uuid.uuid4()
+    configurations = [{"n": n, "text": AWKWARD} for n in range(size)]
+    options: JobOptions = {
+        "queue": f"q {AWKWARD}",
+        "name": f"name {AWKWARD}",
+        "group_id": group,
+        "priority": -3,
+        "max_attempts": 7,
+        "timeout": 2.5,
+        "concurrency_key": f"key {AWKWARD}",
+    }
+    specs, _ = plan.job_specs(app, f"report {AWKWARD}", configurations, options)
+    assert isinstance(specs, SharedSpecs)
+    copied = isinstance(app.store.insert_jobs(specs), jobbus_store.Copy)
+    assert copied == (size >= jobbus_jobs.COPY_MIN_ROWS)
+    ids = await app.schedule_many(f"report {AWKWARD}", configurations, **options)
+    assert len(set(ids)) == size and ids == sorted(ids)  # UUIDv7s, made in input order
+    rows = await _rows(dsn, ids)
+    for n, job_id in enumerate(ids):
+        assert rows[job_id] == (
+            f"report {AWKWARD}",
+            f"q {AWKWARD}",
+            f"name {AWKWARD}",
+            group,
+            -3,
+            configurations[n],
+            7,
+            2.5,
+            f"key {AWKWARD}",
+            "queued",
+            True,
+        )
+    assert [(e.job_id, e.type, e.queue) for e in seen] == [(i, f"report {AWKWARD}", f"q {AWKWARD}") for i in ids]
+
+
+async def test_a_copied_batch_keeps_text_copy_escapes_in_every_job(app: jobbus.App, dsn: str) -> None:
+    """Jobs of different options are copied row by row, each text escaped for COPY."""
+    size = jobbus_jobs.COPY_MIN_ROWS
+    requests = [
+        JobRequest(f"t{n % 2} {AWKWARD}", {f"k{AWKWARD}": AWKWARD, "n": n}, name=f"{n}{AWKWARD}", queue=AWKWARD)
+        for n in range(size)
+    ]
+    specs, _ = plan.job_specs(app, requests, None, {})
+    assert isinstance(app.store.insert_jobs(specs), jobbus_store.Copy)
+    ids = await app.insert_specs(specs)
+    rows = await _rows(dsn, ids)
+    for n, job_id in enumerate(ids):
+        kind, queue, name, *_ = rows[job_id]
+        assert (kind, queue, name) == (f"t{n % 2} {AWKWARD}", AWKWARD, f"{n}{AWKWARD}")
+        assert rows[job_id][5] == {f"k{AWKWARD}": AWKWARD, "n": n}
+
+
+async def test_a_copied_batch_keeps_absolute_starts_given_in_any_offset(app: jobbus.App, dsn: str) -> None:
+    size = jobbus_jobs.COPY_MIN_ROWS
+    odd = timezone(timedelta(hours=5, minutes=30, seconds=15, microseconds=7))
+    at = datetime(2031, 5, 6, 7, 8, 9, 123456, tzinfo=odd)
+    shared = await app.schedule_many("later", [{}] * size, available_at=at)
+    starts = [at + timedelta(seconds=n) if n % 2 else (at + timedelta(seconds=n)).astimezone(UTC) for n in range(size)]
+    listed = await app.schedule_many([JobRequest("later", {"n": n}, available_at=starts[n]) for n in range(size)])
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        cur = await conn.execute("SELECT id, available_at FROM jobbus.job")
+        found: dict[uuid.UUID, datetime] = dict(await cur.fetchall())
+    assert [found[job_id] for job_id in shared] == [at] * size
+    assert [found[job_id] for job_id in listed] == starts
+
+
+async def test_a_copied_batch_wakes_a_waiting_worker(dsn: str) -> None:
+    app = jobbus.App(dsn=dsn, **FAST)
+
+    @app.job("wake")
+    async def handler(job: jobbus.JobExecution) -> None:
+        return None
+
+    async with app:
+        worker = jobbus.Worker(app, concurrency=50, poll_interval=30)  # a wake-up can only come from a notification
+        task = worker.start()
+        await worker.ready()
+        await asyncio.sleep(0.3)
+        await app.schedule_many("wake", [{}] * jobbus_jobs.COPY_MIN_ROWS)
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            for _ in range(200):
+                cur = await conn.execute("SELECT count(*) FROM jobbus.job WHERE status = 'completed'")
+                if await cur.fetchone() == (jobbus_jobs.COPY_MIN_ROWS,):
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                pytest.fail("the worker did not run the copied jobs within 20 s of their notification")
+        worker.request_stop()
+        assert await asyncio.wait_for(task, 10) == 0
+
+
+def test_jobs_sharing_their_options_read_as_the_specs_they_stand_for() -> None:
+    template = build_spec(JobRequest("t", queue="q", priority=2), JobDefaults(), 3)
+    shared = specs_sharing(template, [{"n": 0}, None, {"n": 2}], None)
+    assert len(shared) == 3
+    assert [spec.configuration for spec in shared] == ['{"n":0}', "{}", '{"n":2}']
+    assert [spec.id for spec in shared] == list(shared.ids) == sorted(shared.ids)
+    assert all((spec.type, spec.queue, spec.priority, spec.max_attempts) == ("t", "q", 2, 3) for spec in shared)
+    assert list(shared[1:]) == list(shared)[1:] and isinstance(shared[1:], SharedSpecs)
+    with pytest.raises(ValueError, match="belongs to one job"):
+        SharedSpecs(dataclasses.replace(template, unique_key="k"), [], [])
+    with pytest.raises(ValueError, match="2 ids for 1 configurations"):
+        SharedSpecs(template, shared.ids[:2], ["{}"])
 
 
 def _closed_port_dsn() -> str:

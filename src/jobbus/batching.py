@@ -44,6 +44,14 @@ class InsertBatcher:
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def insert(self, specs: Sequence[JobSpec]) -> Found:
+        if not self._waiting and self._sending < self._in_flight:
+            # Nobody to share with: sent from the caller's own task, without a task and a future of its own.
+            self._sending += 1
+            try:
+                return await self._insert(specs)
+            finally:
+                self._sending -= 1
+                self._send_more()
         caller = _Caller(specs)
         self._waiting.append(caller)
         self._send_more()

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import enum
 import uuid
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, overload
 
 #: The key of `execution_data` that carries the producer's trace context (jobbus/tracing.py).
 TRACE_KEY = "_trace"
@@ -128,6 +129,49 @@ class JobSpec:
     #: after the insert (the database clock); neither: never.
     expires_at: datetime | None = None
     expires_in: float | None = None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class SharedSpecs(Sequence[JobSpec]):
+    """Jobs that differ only in id and configuration, as `schedule_many(type, configurations, **options)`
+    makes them: the options validated once, into `template`, whose own id and configuration stand for
+    none of the jobs.
+
+    It is a sequence of `JobSpec` wherever a batch goes; what costs per job (the store's COPY and
+    arrays, the producer's deduplication and ids) reads its columns instead of building a `JobSpec`
+    per job. A unique key or a follow-up belongs to one job, so the template has neither.
+    """
+
+    template: JobSpec
+    ids: Sequence[uuid.UUID]
+    #: JSON text of each job's configuration.
+    configurations: Sequence[str]
+
+    def __post_init__(self) -> None:
+        if self.template.unique_key is not None or self.template.then is not None:
+            raise ValueError("a unique key or a follow-up belongs to one job: jobs cannot share it")
+        if len(self.ids) != len(self.configurations):
+            raise ValueError(f"{len(self.ids)} ids for {len(self.configurations)} configurations")
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @overload
+    def __getitem__(self, index: int) -> JobSpec: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> SharedSpecs: ...
+
+    def __getitem__(self, index: int | slice) -> JobSpec | SharedSpecs:
+        if isinstance(index, slice):
+            return SharedSpecs(self.template, self.ids[index], self.configurations[index])
+        return replace(self.template, id=self.ids[index], configuration=self.configurations[index])
+
+
+def options_of(specs: Sequence[JobSpec]) -> Sequence[JobSpec]:
+    """Where to read what `specs` ask for but id and configuration: each spec, or the template of
+    `SharedSpecs` (one read instead of a `JobSpec` made per job)."""
+    return (specs.template,) if isinstance(specs, SharedSpecs) else specs
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypedDict
 
-import uuid_utils.compat as uuid7_source
+from uuid_utils import uuid7
 
 from jobbus.durations import resolve_available_at, resolve_expires, seconds_or_none
 from jobbus.errors import InvalidJobError
 from jobbus.jsontext import dumps
-from jobbus.models import JobSpec
+from jobbus.models import JobSpec, SharedSpecs
 
 #: Limits in UTF-8 bytes. `type` and `queue` stay within the table's CHECK (at most 255 characters);
 #: with those, an entry of the unique index on (type, unique_key) stays far below the ~2,700 bytes
@@ -91,7 +91,27 @@ class JobDefaults:
 
 
 def new_job_id() -> uuid.UUID:
-    return uuid7_source.uuid7()
+    """A UUIDv7 (increasing within the process) as a standard `uuid.UUID`."""
+    return _standard_uuid(uuid7().int)
+
+
+def new_job_ids(count: int) -> list[uuid.UUID]:
+    """`count` UUIDv7s in increasing order, as `new_job_id` makes them."""
+    return [_standard_uuid(uuid7().int) for _ in range(count)]
+
+
+def _standard_uuid(value: int) -> uuid.UUID:
+    """The `uuid.UUID` of a 128-bit value that is a UUID already, made without `UUID(int=...)`'s checks:
+    0.5 µs a job id against 0.9 µs through `uuid_utils.compat.uuid7`, which wraps its ids the same way."""
+    made = _new_object(uuid.UUID)
+    _set_slot(made, "int", value)
+    _set_slot(made, "is_safe", _UNKNOWN_SAFETY)
+    return made
+
+
+_new_object = object.__new__
+_set_slot = object.__setattr__
+_UNKNOWN_SAFETY = uuid.SafeUUID.unknown  # read once: an enum member read from its class is a Python call
 
 
 def build_spec(
@@ -178,32 +198,14 @@ def spec_json(spec: JobSpec) -> str:
 
 def specs_sharing(
     template: JobSpec, configurations: Iterable[Mapping[str, Any] | None], limit: int | None
-) -> list[JobSpec]:
+) -> SharedSpecs:
     """Jobs that differ from `template` only in id and configuration: the options were validated once.
 
-    `schedule_many(type, configurations)` goes through here: 6 µs per job less than `build_spec`.
+    `schedule_many(type, configurations)` goes through here: per job, an id and the configuration's
+    JSON text, and no `JobSpec` (see `SharedSpecs`).
     """
-    t = template
-    return [
-        JobSpec(
-            new_job_id(),
-            t.type,
-            t.queue,
-            configuration_json(configuration, limit),
-            t.name,
-            t.group_id,
-            t.unique_key,
-            t.priority,
-            t.max_attempts,
-            t.available_at,
-            t.delay_seconds,
-            t.timeout_seconds,
-            t.concurrency_key,
-            expires_at=t.expires_at,
-            expires_in=t.expires_in,
-        )
-        for configuration in configurations
-    ]
+    texts = [configuration_json(configuration, limit) for configuration in configurations]
+    return SharedSpecs(template, new_job_ids(len(texts)), texts)
 
 
 def configuration_json(configuration: Mapping[str, Any] | None, limit: int | None = None) -> str:

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from jobbus.models import TRACE_KEY, ClaimedJob, JobSpec
+from jobbus.models import TRACE_KEY, ClaimedJob, JobSpec, SharedSpecs, options_of
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
@@ -55,18 +55,23 @@ def current_tracer() -> Tracer | None:
 
 
 @contextlib.contextmanager
-def producing(specs: Sequence[JobSpec]) -> Iterator[list[JobSpec]]:
+def producing(specs: Sequence[JobSpec]) -> Iterator[Sequence[JobSpec]]:
     """Around the insert of `specs`: one `create {queue}` span per queue of the batch, ended when the jobs
     are written; yields the specs carrying their span's context."""
     tracer = current_tracer()
     if tracer is None or not specs:
-        yield list(specs)
+        yield specs
         return
     from opentelemetry import propagate
 
-    by_queue: dict[str, list[JobSpec]] = {}
-    for spec in specs:
-        by_queue.setdefault(spec.queue, []).append(spec)
+    by_queue: Mapping[str, Sequence[JobSpec]]
+    if isinstance(specs, SharedSpecs):  # one queue and one type, no JobSpec made per job
+        by_queue = {specs.template.queue: specs}
+    else:
+        grouped: dict[str, list[JobSpec]] = {}
+        for spec in specs:
+            grouped.setdefault(spec.queue, []).append(spec)
+        by_queue = grouped
     base = otel_context.get_current()
     spans: list[Span] = []
     carriers: dict[str, str] = {}
@@ -82,7 +87,7 @@ def producing(specs: Sequence[JobSpec]) -> Iterator[list[JobSpec]]:
                 attributes["messaging.message.id"] = str(batch[0].id)
             else:
                 attributes["messaging.batch.message_count"] = len(batch)
-            types = {s.type for s in batch}
+            types = {s.type for s in options_of(batch)}
             if len(types) == 1:
                 attributes["jobbus.job.type"] = next(iter(types))
             # One span per queue, siblings under the caller's span.
@@ -92,7 +97,10 @@ def producing(specs: Sequence[JobSpec]) -> Iterator[list[JobSpec]]:
             propagate.inject(carrier, context=trace.set_span_in_context(span, base))
             if carrier:
                 carriers[queue] = json.dumps({TRACE_KEY: carrier})
-        yield [replace(s, execution=carriers.get(s.queue)) for s in specs]
+        if isinstance(specs, SharedSpecs):
+            yield replace(specs, template=replace(specs.template, execution=carriers.get(specs.template.queue)))
+        else:
+            yield [replace(s, execution=carriers.get(s.queue)) for s in specs]
     except BaseException as exc:
         for span in spans:
             span.record_exception(exc)

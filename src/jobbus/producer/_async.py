@@ -22,7 +22,7 @@ from jobbus import schema as schema_module
 from jobbus import tracing
 from jobbus.durations import resolve_available_at, seconds_or_none
 from jobbus.errors import InvalidStateError
-from jobbus.events import JobCancelled, JobScheduled
+from jobbus.events import JobCancelled
 from jobbus.execution import check_event_key
 from jobbus.limits import KEEP, Keep, QueueSettings, RateLimit
 from jobbus.models import GroupProgress, Job, JobSpec, JobStatus
@@ -105,7 +105,8 @@ class AsyncProducer(ABC):
         seconds or a timedelta from now, or an aware datetime; a job not started by then never runs
         and ends `cancelled` ("expired").
         """
-        (job_id,) = await self.schedule_many([JobRequest(type, configuration, **options)], connection=connection)
+        spec = self._app.registry.build_job_spec(JobRequest(type, configuration, **options))
+        (job_id,) = await self.insert_specs([spec], connection=connection)
         return job_id
 
     async def schedule_many(
@@ -124,7 +125,7 @@ class AsyncProducer(ABC):
         """
         specs, order = plan.job_specs(self._app, jobs, configurations, common)
         ids = await self.insert_specs(specs, connection=connection)
-        return [ids[index] for index in order]
+        return plan.in_input_order(ids, order)
 
     async def insert_specs(
         self, specs: Sequence[JobSpec], *, connection: psycopg.AsyncConnection[Any] | None = None
@@ -148,8 +149,8 @@ class AsyncProducer(ABC):
                 raise plan.dedupe_contention(specs, found)
         events = self._app.registry.events
         if events:
-            for spec in plan.inserted(specs, found):
-                await events.emit(JobScheduled(spec.id, spec.type, spec.queue))
+            for event in plan.scheduled_events(specs, found):
+                await events.emit(event)
         return plan.resolve_ids(specs, range(len(specs)), found)
 
     async def schedule_group(
@@ -173,8 +174,8 @@ class AsyncProducer(ABC):
             found.update(await self._insert(plan.missing(specs, found), connection))
         events = app.registry.events
         if events:
-            for spec in plan.inserted(specs, found):
-                await events.emit(JobScheduled(spec.id, spec.type, spec.queue))
+            for event in plan.scheduled_events(specs, found):
+                await events.emit(event)
         return group, plan.resolve_ids(specs, order, found)
 
     async def _check_follow_up_groups(

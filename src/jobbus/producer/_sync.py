@@ -17,7 +17,7 @@ from jobbus import schema as schema_module
 from jobbus import tracing
 from jobbus.durations import resolve_available_at, seconds_or_none
 from jobbus.errors import InvalidStateError
-from jobbus.events import JobCancelled, JobScheduled
+from jobbus.events import JobCancelled
 from jobbus.execution import check_event_key
 from jobbus.limits import KEEP, Keep, QueueSettings, RateLimit
 from jobbus.models import GroupProgress, Job, JobSpec, JobStatus
@@ -100,7 +100,8 @@ class SyncProducer(ABC):
         seconds or a timedelta from now, or an aware datetime; a job not started by then never runs
         and ends `cancelled` ("expired").
         """
-        (job_id,) = self.schedule_many([JobRequest(type, configuration, **options)], connection=connection)
+        spec = self._app.registry.build_job_spec(JobRequest(type, configuration, **options))
+        (job_id,) = self.insert_specs([spec], connection=connection)
         return job_id
 
     def schedule_many(
@@ -119,7 +120,7 @@ class SyncProducer(ABC):
         """
         specs, order = plan.job_specs(self._app, jobs, configurations, common)
         ids = self.insert_specs(specs, connection=connection)
-        return [ids[index] for index in order]
+        return plan.in_input_order(ids, order)
 
     def insert_specs(
         self, specs: Sequence[JobSpec], *, connection: psycopg.Connection[Any] | None = None
@@ -143,8 +144,8 @@ class SyncProducer(ABC):
                 raise plan.dedupe_contention(specs, found)
         events = self._app.registry.events
         if events:
-            for spec in plan.inserted(specs, found):
-                events.emit_sync(JobScheduled(spec.id, spec.type, spec.queue))
+            for event in plan.scheduled_events(specs, found):
+                events.emit_sync(event)
         return plan.resolve_ids(specs, range(len(specs)), found)
 
     def schedule_group(
@@ -168,8 +169,8 @@ class SyncProducer(ABC):
             found.update(self._insert(plan.missing(specs, found), connection))
         events = app.registry.events
         if events:
-            for spec in plan.inserted(specs, found):
-                events.emit_sync(JobScheduled(spec.id, spec.type, spec.queue))
+            for event in plan.scheduled_events(specs, found):
+                events.emit_sync(event)
         return group, plan.resolve_ids(specs, order, found)
 
     def _check_follow_up_groups(self, groups: Sequence[uuid.UUID], connection: psycopg.Connection[Any] | None) -> None:

@@ -15,8 +15,9 @@ from typing import Any, Protocol
 import psycopg
 
 from jobbus.errors import DatabaseUnavailableError, InvalidJobError, InvalidStateError, JobbusError
+from jobbus.events import JobScheduled
 from jobbus.limits import Keep, RateLimit, check_count, check_rate
-from jobbus.models import JOB_VIEWS, JobSpec, JobStatus
+from jobbus.models import JOB_VIEWS, JobSpec, JobStatus, SharedSpecs, options_of
 from jobbus.registry import Registry
 from jobbus.requests import MAX_TYPE_BYTES, JobRequest, new_job_id, spec_json, specs_sharing, validate_text
 from jobbus.resilience import Backoff, first_line, is_transient
@@ -92,8 +93,9 @@ def job_specs(
     jobs: Iterable[JobItem] | str,
     configurations: Iterable[Mapping[str, Any] | None] | None,
     common: Mapping[str, Any],
-) -> tuple[list[JobSpec], list[int]]:
-    """The specs to insert and, per input, the index of its spec (a repeated unique key folds onto the first)."""
+) -> tuple[Sequence[JobSpec], Sequence[int]]:
+    """The specs to insert and, per input, the index of its spec (a repeated unique key folds onto the first;
+    a range when there is none)."""
     registry = app.registry
     if (
         isinstance(jobs, str)
@@ -104,7 +106,7 @@ def job_specs(
         # One type, shared options: validate the options once, then only each configuration.
         template = registry.build_job_spec(_request({**common, "type": jobs}))
         shared = specs_sharing(template, configurations, registry.settings.max_payload_bytes)
-        return shared, list(range(len(shared)))
+        return shared, range(len(shared))
     specs: list[JobSpec] = []
     order: list[int] = []
     first_by_key: dict[tuple[str, str], int] = {}
@@ -123,7 +125,7 @@ def job_specs(
 
 def group_specs(
     app: ProducerApp, requests: Iterable[JobItem], group_id: uuid.UUID | None, then: JobRequest | None
-) -> tuple[uuid.UUID, list[JobSpec], list[int], tuple[uuid.UUID, str | None]]:
+) -> tuple[uuid.UUID, Sequence[JobSpec], Sequence[int], tuple[uuid.UUID, str | None]]:
     """(group id, specs, order, (group id, its callback's spec as JSON)) for `schedule_group`."""
     group = new_job_id() if group_id is None else as_uuid(group_id)
     specs, order = job_specs(app, requests, None, {"group_id": group})
@@ -188,7 +190,7 @@ def follow_up_groups(specs: Sequence[JobSpec], callback: str | None = None) -> l
     """The group ids the follow-ups (`then=`, at any depth) of `specs` name, and those of a group's
     `callback` (its spec as JSON) and its own follow-ups."""
     groups: set[uuid.UUID] = set()
-    for then_json in [*(spec.then for spec in specs), callback]:
+    for then_json in [*(spec.then for spec in options_of(specs)), callback]:
         then = json.loads(then_json) if then_json is not None else None
         while isinstance(then, dict):
             if then.get("group_id") is not None:
@@ -207,6 +209,8 @@ def refuse_follow_up_groups(groups: list[uuid.UUID]) -> None:
 
 def missing(specs: Sequence[JobSpec], found: Mapping[tuple[str, str], uuid.UUID]) -> list[JobSpec]:
     """Keyed specs that met an active job this statement could not see: ask again in a new one."""
+    if isinstance(specs, SharedSpecs):  # no keys
+        return []
     return [s for s in specs if s.unique_key is not None and (s.type, s.unique_key) not in found]
 
 
@@ -226,13 +230,21 @@ def _job_id(spec: JobSpec, found: Mapping[tuple[str, str], uuid.UUID]) -> uuid.U
 def resolve_ids(
     specs: Sequence[JobSpec], order: Sequence[int], found: Mapping[tuple[str, str], uuid.UUID]
 ) -> list[uuid.UUID]:
-    ids = [_job_id(spec, found) for spec in specs]
-    return [ids[index] for index in order]
+    ids = list(specs.ids) if isinstance(specs, SharedSpecs) else [_job_id(spec, found) for spec in specs]
+    return in_input_order(ids, order)
 
 
-def inserted(specs: Sequence[JobSpec], found: Mapping[tuple[str, str], uuid.UUID]) -> list[JobSpec]:
-    """The specs that became new rows (a deduplicated one maps to another job's id)."""
-    return [spec for spec in specs if _job_id(spec, found) == spec.id]
+def in_input_order(ids: list[uuid.UUID], order: Sequence[int]) -> list[uuid.UUID]:
+    """Per input, the id of its spec; `order` is `job_specs`'s, a range when each input has its own spec."""
+    return ids if order == range(len(ids)) else [ids[index] for index in order]
+
+
+def scheduled_events(specs: Sequence[JobSpec], found: Mapping[tuple[str, str], uuid.UUID]) -> list[JobScheduled]:
+    """`JobScheduled` for each spec that became a new row (a deduplicated one maps to another job's id)."""
+    if isinstance(specs, SharedSpecs):  # no keys: every job is new
+        template = specs.template
+        return [JobScheduled(job_id, template.type, template.queue) for job_id in specs.ids]
+    return [JobScheduled(spec.id, spec.type, spec.queue) for spec in specs if _job_id(spec, found) == spec.id]
 
 
 # -- admin -----------------------------------------------------------------------------------------

@@ -158,17 +158,18 @@ WHERE %(unique_key)s::text IS NOT NULL
   AND existing.status IN ('queued', 'running');
 
 -- name: copy_jobs
--- A large batch without unique keys (`JobStore.insert_jobs` decides), jobs available now: streamed in
--- binary, no arrays to build and unnest. The columns are `_COPY_TYPES` of jobbus/store/jobs.py, in order.
-COPY {schema}.job (id, type, queue, name, group_id, priority, configuration_data, max_attempts, timeout_seconds,
-                   concurrency_key)
-FROM STDIN (FORMAT BINARY);
+-- A large batch without unique keys (`JobStore.insert_jobs` decides), jobs available now, as one text in
+-- COPY's text format: the columns every job of a `schedule_many(type, configurations)` shares come first,
+-- so a row is that prefix, written once, then its id and its configuration (`JobStore._copy_jobs`).
+COPY {schema}.job (type, queue, name, group_id, priority, max_attempts, timeout_seconds, concurrency_key,
+                   id, configuration_data)
+FROM STDIN;
 
 -- name: copy_jobs_at
 -- copy_jobs for jobs that each have an absolute start.
-COPY {schema}.job (id, type, queue, name, group_id, priority, configuration_data, max_attempts, timeout_seconds,
-                   concurrency_key, available_at)
-FROM STDIN (FORMAT BINARY);
+COPY {schema}.job (type, queue, name, group_id, priority, max_attempts, timeout_seconds, concurrency_key,
+                   available_at, id, configuration_data)
+FROM STDIN;
 
 -- name: announce_jobs
 -- After a copy, in its transaction: one notification per (queue, type) of the batch, as insert_jobs sends.
