@@ -236,6 +236,8 @@ class Producer:
 
     def _slot_freed(self, attempt: Attempt) -> None:
         self._running -= 1
+        if self._check_memory is not None:  # after each job, before its slot is claimed for again
+            self._check_memory()
         self._wake.set()
 
     def _finished(self, attempt: Attempt, status: JobStatus | None, kind: str) -> None:
@@ -253,6 +255,4 @@ class Producer:
             self.completed += 1
         elif status is JobStatus.FAILED:
             self.failed += 1
-        if self._check_memory is not None:
-            self._check_memory()
         self._wake.set()
