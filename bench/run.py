@@ -103,7 +103,7 @@ SCENARIOS = [
 
 
 def jobbus_system(quick: bool) -> System:
-    sweep = [Setting(f"c{c}", c) for c in ((50, 200) if quick else (10, 50, 200, 500))]
+    sweep = [Setting(f"c{c}", c) for c in ((50, 200) if quick else (10, 50, 200, 500, 1000))]
     return System(
         name="jobbus",
         runtime=Path(sys.executable),

@@ -69,6 +69,8 @@ class EventHub:
 
     def __init__(self) -> None:
         self._listeners: dict[type[JobEvent], list[Listener]] = {}
+        #: Whether any listener is registered: until one is, the worker builds no event per job.
+        self.active = False
 
     def on(self, event_type: type[E]) -> Callable[[Callable[[E], Any]], Callable[[E], Any]]:
         if not (isinstance(event_type, type) and issubclass(event_type, JobEvent)):
@@ -76,12 +78,13 @@ class EventHub:
 
         def register(listener: Callable[[E], Any]) -> Callable[[E], Any]:
             self._listeners.setdefault(event_type, []).append(listener)
+            self.active = True
             return listener
 
         return register
 
     def __bool__(self) -> bool:
-        return bool(self._listeners)
+        return self.active
 
     def _targets(self, event: JobEvent) -> list[Listener]:
         return [

@@ -48,6 +48,8 @@ class StopReason(enum.Enum):
 
 
 _LOSING = frozenset({StopReason.FENCED, StopReason.LEASE_LOST})
+_NO_REASON: frozenset[StopReason] = frozenset()
+_CANCELLED = frozenset({StopReason.CANCELLED})
 
 
 class AttemptSignals:
@@ -59,7 +61,7 @@ class AttemptSignals:
     __slots__ = ("_closed", "_observed", "_reasons")
 
     def __init__(self, *, cancelled: bool = False) -> None:
-        self._reasons: frozenset[StopReason] = frozenset({StopReason.CANCELLED} if cancelled else ())
+        self._reasons = _CANCELLED if cancelled else _NO_REASON
         self._observed = False
         self._closed = False
 
@@ -116,6 +118,22 @@ class JobParked(BaseException):
 class JobExecution:
     """One attempt of one job, as its async handler sees it."""
 
+    __slots__ = (
+        "_build",
+        "_children_waits",
+        "_claimed",
+        "_configuration",
+        "_execution_data",
+        "_lease_seconds",
+        "_max_payload_bytes",
+        "_run",
+        "_signals",
+        "_spawned",
+        "_steps",
+        "_store",
+        "scope",
+    )
+
     def __init__(
         self,
         claimed: ClaimedJob,
@@ -132,8 +150,10 @@ class JobExecution:
         self._store = store
         self._run = run
         self._lease_seconds = lease_seconds
-        self._execution_data: dict[str, Any] = dict(claimed.execution_data)
-        self._configuration = MappingProxyType(dict(claimed.configuration_data or {}))
+        # Both are the claim's own dicts, decoded for this attempt only: the checkpoint is replaced, never
+        # changed in place, and the configuration is only ever read through the proxy.
+        self._execution_data: dict[str, Any] = claimed.execution_data
+        self._configuration = MappingProxyType(claimed.configuration_data or {})
         self._signals = signals if signals is not None else AttemptSignals(cancelled=claimed.cancellation_requested)
         self.scope: Any = None
         #: Stored step results, read at the first `step` of the attempt.

@@ -174,9 +174,13 @@ def options_of(specs: Sequence[JobSpec]) -> Sequence[JobSpec]:
     return (specs.template,) if isinstance(specs, SharedSpecs) else specs
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ClaimedJob:
-    """What a claim returns: enough to run the job without reading it again."""
+    """What a claim returns: enough to run the job without reading it again.
+
+    Not frozen, unlike the other values: one is made per claimed job, and a frozen dataclass's
+    `__init__` (an `object.__setattr__` per field) took 2.1 µs against 0.6 µs for this one's.
+    Nothing changes it after the claim."""
 
     id: uuid.UUID
     type: str

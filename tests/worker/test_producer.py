@@ -9,6 +9,7 @@ import psycopg
 
 import jobbus
 from jobbus import JobStatus
+from jobbus.worker.producer import OUTCOMES_PER_SLOT
 from tests.processes import eventually
 
 
@@ -21,40 +22,40 @@ async def _completed(app: jobbus.App, job_id: uuid.UUID) -> bool:
     return await _statuses(app, [job_id]) == [JobStatus.COMPLETED]
 
 
-async def test_an_outcome_being_written_holds_no_slot_but_concurrency_of_them_stop_the_claims(dsn: str) -> None:
-    """Concurrency 2: a job whose outcome cannot be written yet frees its slot for the next claim, and
-    once two outcomes wait, no job is claimed although a slot is free."""
+async def test_an_outcome_being_written_holds_no_slot_but_a_backlog_of_them_stops_the_claims(dsn: str) -> None:
+    """Concurrency 1: a job whose outcome cannot be written yet frees its slot for the next claim, and
+    once `OUTCOMES_PER_SLOT` outcomes wait, no job is claimed although the slot is free."""
     app = jobbus.App(dsn=dsn, poll_interval_seconds=0.05)
-    started = {n: asyncio.Event() for n in range(4)}
-    may_return = {0: asyncio.Event(), 1: asyncio.Event()}
+    backlog = OUTCOMES_PER_SLOT
+    started = {n: asyncio.Event() for n in range(backlog + 1)}
+    may_return = asyncio.Event()
 
     @app.job("t")
     async def handler(job: jobbus.JobExecution) -> None:
         n = int(job.configuration["n"])
         started[n].set()
-        if n in may_return:
-            await may_return[n].wait()
+        if n == 0:
+            await may_return.wait()
 
     async with app:
-        # Higher priority first: jobs 0 and 1 are claimed first, then 2, then 3.
-        ids = [await app.schedule("t", {"n": n}, priority=10 - n) for n in range(4)]
-        worker = jobbus.Worker(app, concurrency=2)
+        # Higher priority first: the jobs are claimed in the order of n.
+        ids = [await app.schedule("t", {"n": n}, priority=100 - n) for n in range(backlog + 1)]
+        worker = jobbus.Worker(app, concurrency=1)
         task = worker.start()
-        await asyncio.wait_for(asyncio.gather(started[0].wait(), started[1].wait()), 10)
+        await asyncio.wait_for(started[0].wait(), 10)
         async with await psycopg.AsyncConnection.connect(dsn) as locker:
             # Job 0's row locked: its outcome, written once its handler returns, waits for the lock.
             await locker.execute("SELECT 1 FROM jobbus.job WHERE id = %s FOR UPDATE", (ids[0],))
-            may_return[0].set()
-            await asyncio.wait_for(started[2].wait(), 10)  # its slot was claimed again at once
-            await asyncio.sleep(1.0)  # job 2 returned: two outcomes wait (2's behind 0's write)
-            assert not started[3].is_set()
-            assert await _statuses(app, ids) == [JobStatus.RUNNING] * 3 + [JobStatus.QUEUED]
+            may_return.set()
+            await asyncio.wait_for(started[backlog - 1].wait(), 10)  # the slot was claimed again and again
+            await asyncio.sleep(1.0)  # every one returned: their outcomes wait behind job 0's write
+            assert not started[backlog].is_set()
+            assert await _statuses(app, ids) == [JobStatus.RUNNING] * backlog + [JobStatus.QUEUED]
             await locker.rollback()
-        await asyncio.wait_for(started[3].wait(), 10)  # the outcomes are written: claims go on
-        may_return[1].set()
+        await asyncio.wait_for(started[backlog].wait(), 10)  # the outcomes are written: claims go on
         worker.request_drain()
         assert await asyncio.wait_for(task, 10) == 0
-        assert await _statuses(app, ids) == [JobStatus.COMPLETED] * 4
+        assert await _statuses(app, ids) == [JobStatus.COMPLETED] * (backlog + 1)
 
 
 async def test_a_limit_caps_the_claims_whatever_the_free_slots(app: jobbus.App) -> None:

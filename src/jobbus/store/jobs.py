@@ -40,9 +40,10 @@ def raise_group_refusal(exc: BaseException) -> None:
         raise InvalidStateError(exc.diag.message_primary or str(exc)) from None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Outcome:
-    """The fenced end of one attempt, as the worker hands it to `record_outcomes`."""
+    """The fenced end of one attempt, as the worker hands it to `record_outcomes`. One per attempt:
+    not frozen, for the same reason as `ClaimedJob`."""
 
     job_id: uuid.UUID
     lease_token: uuid.UUID
@@ -305,7 +306,14 @@ class JobStore:
         Rows are sent in id order, like `heartbeat_leases`, so that two multi-row updates of one worker
         lock their rows in the same order and cannot deadlock each other.
         """
-        outcomes = sorted(outcomes, key=lambda o: o.job_id)
+        outcomes = sorted(outcomes, key=_job_id)
+        if all(o.status is JobStatus.COMPLETED for o in outcomes):
+            plain = {
+                "ids": [o.job_id for o in outcomes],
+                "tokens": [o.lease_token for o in outcomes],
+                "results": [o.result_json for o in outcomes],
+            }
+            return Statement(self._q["complete_jobs"], plain, _statuses_written, prepare=False)
         params = {
             "ids": [o.job_id for o in outcomes],
             "tokens": [o.lease_token for o in outcomes],
@@ -318,12 +326,7 @@ class JobStore:
             "tracebacks": [o.traceback for o in outcomes],
             "channel": self.channel,
         }
-        return Statement(
-            self._q["record_outcomes"],
-            params,
-            lambda rows, _: {r[0]: JobStatus(r[1]) for r in rows if r[0] is not None},
-            prepare=False,
-        )
+        return Statement(self._q["record_outcomes"], params, _statuses_written, prepare=False)
 
     # -- admin -------------------------------------------------------------------------------------
 
@@ -577,6 +580,18 @@ def job_from_json(data: Mapping[str, Any]) -> Job:
     values["history"] = values["history"] or []
     values["steps"] = values["steps"] or {}
     return Job(**values)
+
+
+def _job_id(outcome: Outcome) -> uuid.UUID:
+    return outcome.job_id
+
+
+_STATUSES = {status.value: status for status in JobStatus}
+
+
+def _statuses_written(rows: list[Row], _: int) -> dict[uuid.UUID, JobStatus]:
+    """Each job whose outcome applied, with the status written (a notification row has no id)."""
+    return {row[0]: _STATUSES[row[1]] for row in rows if row[0] is not None}
 
 
 def _take_trace_context(job: ClaimedJob) -> ClaimedJob:

@@ -3,7 +3,7 @@
 Job tasks hand in their outcome and wait for it to be durable. While one write is in flight, the
 outcomes of other jobs accumulate and go out together in the next statement, so under load there
 is one commit for many jobs and when idle a single outcome is written at once (no timer to wait
-for). The backlog is bounded: the worker stops claiming while `concurrency` outcomes are waiting.
+for). The backlog is bounded: the worker stops claiming while four outcomes per slot are waiting.
 Each outcome is fenced by its own lease token; a stale token is reported back as a lost lease.
 
 One bad row never takes the batch down: when the database refuses the batch for its data, the
@@ -42,7 +42,21 @@ class _Round:
 
     outcomes: list[Outcome] = field(default_factory=list)
     deadlines: list[float] = field(default_factory=list)  # monotonic: after this the lease is surely gone
+    #: What `write` callers wait on (made for the first of them).
     done: asyncio.Future[Written] | None = None
+    #: What `submit` callers are called with, once the round's result is known.
+    callbacks: list[Callable[[Written], None]] = field(default_factory=list)
+
+    def settle(self, written: Written) -> None:
+        """Tell every writer of the round what became of its outcome."""
+        if self.done is not None and not self.done.done():
+            self.done.set_result(written)
+        for callback in self.callbacks:
+            try:
+                callback(written)
+            except Exception:
+                logger.exception("the bookkeeping after an outcome was written failed")
+        self.callbacks = []
 
 
 class Completer(Service):
@@ -86,6 +100,19 @@ class Completer(Service):
         written = await asyncio.shield(current.done)
         return written.get(outcome.job_id, (None, None))
 
+    def submit(self, outcome: Outcome, lease_deadline: float, on_written: Callable[[Written], None]) -> None:
+        """Hand in an outcome without waiting for it: `on_written` is called with the round's result (as
+        `write` reads it) once it is known. For the attempts that have nothing left to do after their
+        outcome but the worker's bookkeeping, which then costs no wake-up of their task."""
+        if self._closing and all(task.done() for task in self._tasks):
+            on_written({})
+            return
+        current = self._round
+        current.outcomes.append(outcome)
+        current.deadlines.append(lease_deadline)
+        current.callbacks.append(on_written)
+        self._wakeup.set()
+
     async def close(self, timeout: float) -> None:
         """Flush what is pending (at most `timeout` seconds), then stop."""
         self._closing = True
@@ -94,9 +121,7 @@ class Completer(Service):
             return
         await asyncio.wait(self._tasks, timeout=timeout)
         await super().close(1.0)
-        pending = self._round.done
-        if pending is not None and not pending.done():
-            pending.set_result({})
+        self._round.settle({})
 
     async def _loop(self) -> None:
         while True:
@@ -104,16 +129,12 @@ class Completer(Service):
             self._wakeup.clear()
             while self._round.outcomes:
                 current, self._round = self._round, _Round()
-                done = current.done
-                assert done is not None
                 try:
                     written = await self._flush(current.outcomes, current.deadlines)
                 except BaseException:
-                    if not done.done():
-                        done.set_result({})  # cancelled at close: nothing is known to be written
+                    current.settle({})  # cancelled at close: nothing is known to be written
                     raise
-                if not done.done():
-                    done.set_result(written)
+                current.settle(written)
             if self._closing:
                 return
 

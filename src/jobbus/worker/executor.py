@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from jobbus import tracing
@@ -27,7 +28,7 @@ from jobbus.jsontext import UndecodableJson
 from jobbus.models import JobStatus
 from jobbus.registry import Registry
 from jobbus.worker.attempt import Attempt, Phase
-from jobbus.worker.completer import Completer
+from jobbus.worker.completer import Completer, Written
 from jobbus.worker.outcomes import Decision, OutcomePolicy
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ class Executor:
     def start(self, attempt: Attempt, tracer: Tracer | None = None) -> None:
         """Run the attempt in its own task; with a `tracer`, inside its `process {queue}` span."""
         run = self._run_attempt(attempt, None) if tracer is None else self._run_traced(attempt, tracer)
-        attempt.task = asyncio.create_task(run, name=f"jobbus-job-{attempt.id}")
+        attempt.task = asyncio.create_task(run)  # unnamed: a name costs a formatted id per job
 
     async def _run_traced(self, attempt: Attempt, tracer: Tracer) -> None:
         with tracing.processing(attempt.claimed, tracer) as span:
@@ -71,10 +72,11 @@ class Executor:
         status: JobStatus | None = None
         kind = "lost"
         error: BaseException | None = None
+        handed_over = False
         try:
             scope: AbstractAsyncContextManager[Any] | None = None
             events = self.registry.events
-            if events:
+            if events.active:
                 claimed = attempt.claimed
                 await events.emit(JobStarted(claimed.id, claimed.type, claimed.queue, claimed.attempts))
             decision = self._undecodable(attempt)
@@ -84,24 +86,39 @@ class Executor:
                 decision, error = await self._call_handler(attempt)
             attempt.phase = Phase.WRITING
             self._on_slot_free(attempt)  # the next claim may use the slot while the outcome is written
+            if decision.outcome is not None and scope is None and span is None and not events.active:
+                # Nothing of this attempt waits for its write (no scope to exit, no event, no span): the
+                # completer ends it, and this task ends now instead of being woken for the bookkeeping.
+                written = partial(self._written, attempt, decision)
+                self.completer.submit(decision.outcome, attempt.lease_deadline, written)
+                handed_over = True
+                return
             status, event = await self._write(attempt, decision)
-            if decision.kind == "waiting":
-                kind = "waiting"
-            if status is not None:
-                asked = decision.outcome.status if decision.outcome is not None else None
-                kind = decision.kind if status is asked else status.value
+            kind = _kind(decision, status)
             attempt.signals.close()
             if scope is not None:
                 await self._exit_scope(attempt, scope, error)
-            if event is not None and events:
+            if event is not None and events.active:
                 await events.emit(event)
         except Exception:
             logger.exception("job %s: internal error in the worker", attempt.id, extra=self._extra(attempt))
         finally:
-            attempt.stop_timers()
-            attempt.signals.close()
-            tracing.attempt_ended(span, kind, error)
-            self._on_finished(attempt, status, kind)
+            if not handed_over:
+                self._end(attempt, status, kind, span, error)
+
+    def _written(self, attempt: Attempt, decision: Decision, written: Written) -> None:
+        """The end of an attempt handed to the completer by `submit`, once its round is written."""
+        status, refusal = written.get(attempt.id, (None, None))
+        status, _ = self._recorded(attempt, decision, status, refusal)
+        self._end(attempt, status, _kind(decision, status), None, None)
+
+    def _end(
+        self, attempt: Attempt, status: JobStatus | None, kind: str, span: Span | None, error: BaseException | None
+    ) -> None:
+        attempt.stop_timers()
+        attempt.signals.close()
+        tracing.attempt_ended(span, kind, error)
+        self._on_finished(attempt, status, kind)
 
     # -- steps --------------------------------------------------------------------------------------
 
@@ -167,7 +184,7 @@ class Executor:
         self._on_handler_done(attempt)
 
     async def _call_async(self, attempt: Attempt) -> tuple[Decision, BaseException | None]:
-        task = asyncio.current_task()
+        task = attempt.task
         attempt.in_handler = True
         token = enter_job(attempt.execution)  # this job's own task: no other job sees it
         try:
@@ -225,6 +242,15 @@ class Executor:
         except Exception:
             logger.exception("job %s: writing its outcome failed", attempt.id, extra=self._extra(attempt))
             return None, None
+        return self._recorded(attempt, decision, status, refusal)
+
+    def _recorded(
+        self, attempt: Attempt, decision: Decision, status: JobStatus | None, refusal: str | None
+    ) -> tuple[JobStatus | None, JobEvent | None]:
+        """What the write of the decision's outcome recorded (the status, None when the lease was lost
+        first) and the event to announce."""
+        outcome = decision.outcome
+        assert outcome is not None
         if status is None:
             logger.warning(
                 "job %s: lease lost before its outcome (%s) could be written; another attempt owns the job now",
@@ -260,6 +286,14 @@ class Executor:
 
     def _extra(self, attempt: Attempt) -> dict[str, Any]:
         return attempt.log_extra(self.worker_id)
+
+
+def _kind(decision: Decision, status: JobStatus | None) -> str:
+    """Which of `OUTCOME_KINDS` the attempt ended as, once its write is known (`lost`: nothing written)."""
+    if status is None:
+        return "waiting" if decision.kind == "waiting" else "lost"
+    asked = decision.outcome.status if decision.outcome is not None else None
+    return decision.kind if status is asked else status.value
 
 
 class _Raised(Exception):

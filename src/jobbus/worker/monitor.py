@@ -55,6 +55,7 @@ class Monitor(Service):
         on_registration_lost: Callable[[], Awaitable[None]],
     ) -> None:
         self.settings = settings
+        self._fence_after = settings.fence_after_seconds  # read per attempt: a property computes it
         self.store = store
         self._run = run
         self._attempts = attempts
@@ -188,7 +189,7 @@ class Monitor(Service):
         now = time.monotonic()
         if now > attempt.lease_deadline:
             self._lose(attempt, "its lease expired before the handler returned")
-        elif now - self.last_contact >= self.settings.fence_after_seconds:
+        elif now - self.last_contact >= self._fence_after:
             attempt.signals.request(StopReason.FENCED)
 
     def check_deadlines(self, grace: float | None = None) -> None:

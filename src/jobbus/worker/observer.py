@@ -37,9 +37,11 @@ class Observers:
     def __init__(self, observers: Sequence[WorkerObserver]) -> None:
         self._observers = list(observers)
         self._failed: set[int] = set()
+        #: Whether there is any observer (a metrics port, a drain's counts): without one, nothing per job.
+        self.active = bool(self._observers)
 
     def __bool__(self) -> bool:
-        return bool(self._observers)
+        return self.active
 
     def claimed(self, job: ClaimedJob, waited_seconds: float) -> None:
         for observer in self._observers:

@@ -22,7 +22,7 @@ from typing import Any
 
 from jobbus.durations import seconds_or_none
 from jobbus.errors import InvalidJobError, LeaseLostError, NonRetryableError, Snooze
-from jobbus.events import JobCancelled, JobCompleted, JobEvent, JobFailed, JobRetried
+from jobbus.events import EventHub, JobCancelled, JobCompleted, JobEvent, JobFailed, JobRetried
 from jobbus.execution import JobParked, StopReason
 from jobbus.models import JobStatus
 from jobbus.redaction import redact_text
@@ -44,10 +44,11 @@ MAX_TRACEBACK_BYTES = 16 * 1024
 OUTCOME_KINDS = ("completed", "retried", "failed", "cancelled", "released", "snoozed", "timed_out", "waiting")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Decision:
     """What to write for one attempt (None: nothing, the lease is gone), what to announce after, and
-    which of `OUTCOME_KINDS` it is."""
+    which of `OUTCOME_KINDS` it is. Made once per attempt: not frozen, whose `__init__` costs three times
+    a plain one's."""
 
     outcome: Outcome | None
     event: JobEvent | None = None
@@ -95,9 +96,11 @@ def traceback_text(exc: BaseException) -> str:
 
 
 class OutcomePolicy:
-    def __init__(self, settings: Settings, worker_id: str) -> None:
+    def __init__(self, settings: Settings, worker_id: str, events: EventHub | None = None) -> None:
         self.settings = settings
         self.worker_id = worker_id
+        #: A completion builds its `JobCompleted` only while someone listens (the others are rare).
+        self._events = events
 
     # -- the two ways a handler ends ----------------------------------------------------------------
 
@@ -216,6 +219,8 @@ class OutcomePolicy:
         outcome = Outcome(
             claimed.id, claimed.lease_token, JobStatus.COMPLETED, result_json=result_json, kind="completed"
         )
+        if self._events is not None and not self._events.active:
+            return Decision(outcome, None, "completed")
         return Decision(
             outcome, JobCompleted(claimed.id, claimed.type, claimed.queue, claimed.attempts, result), "completed"
         )

@@ -2,11 +2,12 @@
 attempt for each, until it is stopped, has drained, or has taken what `--limit` allows.
 
 A slot is held by a running handler: an outcome waiting for the completer holds none, so the next
-claim overlaps the outcome writes, but more waiting outcomes than `concurrency` stop the claims
-(backpressure). A full claim is followed by another as soon as a slot frees; otherwise the loop
-sleeps until a notification (a job it can take, a control command), the end of an attempt, or the
-poll interval. Draining ends when nothing is in flight and a claim that started with nothing in
-flight found nothing, in the table itself rather than in the claimer's list of non-empty queues.
+claim overlaps the outcome writes, but more waiting outcomes than `OUTCOMES_PER_SLOT` times the
+concurrency stop the claims (backpressure). A full claim is followed by another as soon as a slot
+frees; otherwise the loop sleeps until a notification (a job it can take, a control command), the
+end of an attempt, or the poll interval. Draining ends when nothing is in flight and a claim that
+started with nothing in flight found nothing, in the table itself rather than in the claimer's list
+of non-empty queues.
 """
 
 from __future__ import annotations
@@ -38,6 +39,12 @@ from jobbus.worker.options import WorkerOptions
 from jobbus.worker.outcomes import OutcomePolicy
 
 logger = logging.getLogger("jobbus.worker")
+
+#: Outcomes waiting for the completer, per slot, beyond which the claims stop. At 1 a claim waited for
+#: the previous batch's outcomes to be written, so claims and outcome writes never overlapped; a drain
+#: of 50,000 no-op jobs (concurrency 200) had a statement in flight 79 % of the time, and at 4 the two
+#: overlap: 10.5k → 12.7k jobs/s (2 at 9.8-13.7k; one loaded machine, interleaved runs).
+OUTCOMES_PER_SLOT = 4
 
 
 class Producer:
@@ -125,9 +132,9 @@ class Producer:
 
     def _free_slots(self) -> int:
         """Slots are held by running handlers; outcomes waiting for the completer do not hold one, but
-        more of them than `concurrency` stops claiming (backpressure)."""
+        `OUTCOMES_PER_SLOT` times `concurrency` of them stop the claims (backpressure)."""
         concurrency = self.options.concurrency
-        if len(self.in_flight) - self._running >= concurrency:
+        if len(self.in_flight) - self._running >= OUTCOMES_PER_SLOT * concurrency:
             return 0
         free = concurrency - self._running
         limit = self.options.job_limit
@@ -222,19 +229,21 @@ class Producer:
             self.in_flight[claimed.id] = attempt
             self._running += 1
             self.executor.start(attempt, tracer)
-            if self.observers:
+            if self.observers.active:
                 self.observers.claimed(claimed, max(0.0, time.time() - claimed.available_at.timestamp()))
         self._claimed_total += len(jobs)
         return len(jobs)
 
     def _slot_freed(self, attempt: Attempt) -> None:
         self._running -= 1
+        if self._check_memory is not None:  # after each job, before its slot is claimed for again
+            self._check_memory()
         self._wake.set()
 
     def _finished(self, attempt: Attempt, status: JobStatus | None, kind: str) -> None:
         if kind == "released":  # written: only now is it true
             logger.info("job %s: released at shutdown, available again at once", attempt.id)
-        if self.observers:
+        if self.observers.active:
             self.observers.finished(attempt.claimed, kind, attempt.ran_seconds)
         if attempt.phase is Phase.RUNNING:  # ended before reaching its outcome (internal error)
             attempt.phase = Phase.WRITING
@@ -246,6 +255,4 @@ class Producer:
             self.completed += 1
         elif status is JobStatus.FAILED:
             self.failed += 1
-        if self._check_memory is not None:
-            self._check_memory()
         self._wake.set()

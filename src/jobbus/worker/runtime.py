@@ -114,7 +114,7 @@ class Worker:
         self.pools = Pools(self.settings, stopping=lambda: self.producer.stopping)
         self.workers = WorkerStore(self.settings.schema, self.store.channel, self.store.control_channel)
         self.maintenance = MaintenanceStore(self.settings.schema)
-        self.policy = OutcomePolicy(self.settings, self.worker_id)
+        self.policy = OutcomePolicy(self.settings, self.worker_id, self.registry.events)
         self.completer = Completer(self.store, self.pools.run, write_lock=self._write_lock, on_fatal=self._fatal)
         self.claimer = Claimer(
             store=self.store,

@@ -324,6 +324,27 @@ UNION ALL
 SELECT NULL, NULL, pg_notify(%(channel)b, json_build_array(queue, type)::text)
 FROM (SELECT DISTINCT queue, type FROM written WHERE status = 'queued' AND available_at <= now()) AS requeued;
 
+-- name: complete_jobs
+-- record_outcomes for a round of completions, the common case under load: three arrays instead of nine
+-- (each element of a binary array is dumped by Python, so the other six cost the worker ~5 µs per job),
+-- the same fenced write, history entry and statuses returned; a job whose cancellation was asked for
+-- meanwhile ends cancelled, as there. Nothing is queued again, so nothing is announced.
+UPDATE {schema}.job AS j
+SET status = CASE WHEN j.cancellation_requested_at IS NULL THEN 'completed' ELSE 'cancelled' END,
+    result = CASE WHEN j.cancellation_requested_at IS NULL THEN i.result::jsonb ELSE j.result END,
+    finished_at = now(),
+    lease_token = NULL,
+    lease_expires_at = NULL,
+    history = (CASE WHEN jsonb_array_length(j.history) >= 50 THEN j.history - 0 ELSE j.history END)
+              || jsonb_build_array(jsonb_build_object(
+                     'attempt', j.attempts,
+                     'outcome', CASE WHEN j.cancellation_requested_at IS NULL THEN 'completed' ELSE 'cancelled' END,
+                     'at', now(),
+                     'worker_id', j.worker_id))
+FROM unnest(%(ids)b::uuid[], %(tokens)b::uuid[], %(results)b::text[]) AS i(id, token, result)
+WHERE j.id = i.id AND j.lease_token = i.token AND j.status = 'running' AND j.lease_expires_at > now()
+RETURNING j.id, j.status;
+
 -- name: cancel_job
 -- The FOR UPDATE sub-select waits for a concurrent writer and reads the row's latest version, so the
 -- status returned is exactly the status after this call.
