@@ -112,3 +112,23 @@ def test_a_prune_batch_deletes_by_primary_key_in_its_generic_plan_read_by_explai
         left = _left(conn)
     assert left == FINISHED - 100
     _assert_deletes_by_primary_key(plan)
+
+
+@pytest.mark.server(NEEDS_AUTO_EXPLAIN)
+def test_the_cleaner_is_never_compiled_by_jit(dsn: str) -> None:
+    """Its generic estimate over many finished rows passes the JIT thresholds; compiling a batch took
+    75 times the batch's own work (migration 0018). Here every threshold is 0: a statement the session
+    runs would be compiled, the cleaner's must not be."""
+    with _loaded(dsn) as conn:
+        available = conn.execute("SELECT pg_jit_available()").fetchone()
+        if not (available and available[0]):
+            pytest.skip("this server has no JIT provider")
+        for setting in ("jit = on", "jit_above_cost = 0", "jit_inline_above_cost = 0", "jit_optimize_above_cost = 0"):
+            conn.execute(f"SET {setting}")
+        deleted, plans = auto_explained(
+            conn, lambda: run_sync(conn, MaintenanceStore("jobbus").delete_finished_jobs("completed", 86_400, 100))
+        )
+    assert deleted == 100
+    # Its own statement (the job_deleted trigger's, on small tables, are the session's to compile).
+    (cleaner,) = [plan for plan in plans.split("duration:") if "Delete on job " in plan]
+    assert "JIT:" not in cleaner, cleaner

@@ -23,7 +23,14 @@ from typing import Any, TypeVar, Unpack
 
 from jobbus.errors import LeaseLostError
 from jobbus.models import ClaimedJob, Job, JobSpec
-from jobbus.requests import JobOptions, JobRequest, json_text, spec_json
+from jobbus.requests import (
+    JobOptions,
+    JobRequest,
+    follow_up_groups,
+    json_text,
+    refuse_follow_up_groups,
+    spec_json,
+)
 from jobbus.store import JobStore, Statement
 from jobbus.store.jobs import raise_group_refusal
 
@@ -342,13 +349,17 @@ class JobExecution:
     ) -> uuid.UUID:
         """Schedule a child job (its `parent_id` is this job's id) once; returns its id. The k-th spawn
         of one (type, configuration) in a run of the handler is the same child in every run. A `group_id`
-        of a group that has a callback raises `InvalidStateError` (nothing is written)."""
+        of a group that has a callback, for the child or a `then=` follow-up of it, raises
+        `InvalidStateError` (nothing is written)."""
         if self._build is None:
             raise RuntimeError("spawn needs the App's handlers: run the job in a jobbus worker")
         if options.get("unique_key") is not None:
             raise ValueError("spawn: a child cannot have a unique_key (it would not be scheduled if taken)")
         spec = self._build(JobRequest(type, configuration, **options))
         self.check_open("spawn")
+        then_groups = follow_up_groups([spec])
+        if then_groups:  # a follow-up cannot join a group that has a callback, as with `schedule`
+            refuse_follow_up_groups(await self._run(self._store.groups_with_callbacks(then_groups)))
         # Keyed by what is spawned, not by position: a deploy that adds or removes other spawns does not
         # hand this call another call's child. The k-th identical spawn of a run is the k-th child.
         what = hashlib.sha256(f"{spec.type}\x00{spec.configuration}".encode()).hexdigest()[:16]

@@ -6,7 +6,7 @@ import json
 import math
 import re
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypedDict
@@ -14,9 +14,9 @@ from typing import Any, TypedDict
 from uuid_utils import uuid7
 
 from jobbus.durations import resolve_available_at, resolve_expires, seconds_or_none
-from jobbus.errors import InvalidJobError
+from jobbus.errors import InvalidJobError, InvalidStateError
 from jobbus.jsontext import dumps
-from jobbus.models import JobSpec, SharedSpecs
+from jobbus.models import JobSpec, SharedSpecs, options_of
 
 #: Limits in UTF-8 bytes. `type` and `queue` stay within the table's CHECK (at most 255 characters);
 #: with those, an entry of the unique index on (type, unique_key) stays far below the ~2,700 bytes
@@ -358,3 +358,24 @@ def _int(what: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidJobError(f"{what} must be an integer, got {value!r}")
     return value
+
+
+def follow_up_groups(specs: Sequence[JobSpec], callback: str | None = None) -> list[uuid.UUID]:
+    """The group ids the follow-ups (`then=`, at any depth) of `specs` name, and those of a group's
+    `callback` (its spec as JSON) and its own follow-ups."""
+    groups: set[uuid.UUID] = set()
+    for then_json in [*(spec.then for spec in options_of(specs)), callback]:
+        then = json.loads(then_json) if then_json is not None else None
+        while isinstance(then, dict):
+            if then.get("group_id") is not None:
+                groups.add(uuid.UUID(then["group_id"]))
+            then = then.get("then")
+    return sorted(groups)
+
+
+def refuse_follow_up_groups(groups: list[uuid.UUID]) -> None:
+    if groups:
+        raise InvalidStateError(
+            f"group {groups[0]} has a callback: its members are the jobs schedule_group scheduled with it "
+            "(a then= follow-up cannot join it)"
+        )

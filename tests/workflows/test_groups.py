@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 import jobbus
-from jobbus import JobRequest, JobStatus
+from jobbus import JobOptions, JobRequest, JobStatus
 from jobbus.models import ClaimedJob
 from jobbus.store import Outcome, run_sync
 from tests.processes import query, wait_until, workers
@@ -361,18 +361,23 @@ async def test_a_groups_callback_cannot_join_its_own_group_nor_another_that_has_
 
 
 @pytest.mark.parametrize("flavour", ["async", "sync"])
+@pytest.mark.parametrize("joins", ["child", "follow-up"])
 async def test_a_child_cannot_be_spawned_into_a_group_that_has_a_callback(
-    app: jobbus.App, dsn: str, flavour: str
+    app: jobbus.App, dsn: str, flavour: str, joins: str
 ) -> None:
+    """Neither the child nor its `then=` follow-up may name a group that has a callback."""
     group_id, _ = await app.schedule_group([JobRequest("t")], then=JobRequest("merge", {"group": "g"}))
     raised: list[BaseException] = []
+    options: JobOptions = (
+        {"group_id": group_id} if joins == "child" else {"then": JobRequest("t", {"late": True}, group_id=group_id)}
+    )
 
     if flavour == "async":
 
         @app.job("parent", max_attempts=1)
         async def parent(job: jobbus.JobExecution) -> None:
             try:
-                await job.spawn("t", {"child": True}, group_id=group_id)
+                await job.spawn("t", {"child": True}, **options)
             except Exception as exc:
                 raised.append(exc)
                 raise
@@ -382,7 +387,7 @@ async def test_a_child_cannot_be_spawned_into_a_group_that_has_a_callback(
         @app.job("parent", max_attempts=1)
         def parent_sync(job: jobbus.SyncJobExecution) -> None:
             try:
-                job.spawn("t", {"child": True}, group_id=group_id)
+                job.spawn("t", {"child": True}, **options)
             except Exception as exc:
                 raised.append(exc)
                 raise

@@ -29,7 +29,16 @@ from jobbus.models import GroupProgress, Job, JobSpec, JobStatus
 from jobbus.periodic import Periodic, PeriodicOptions
 from jobbus.producer import plan
 from jobbus.producer.plan import Found, JobItem, ProducerApp
-from jobbus.requests import MAX_TYPE_BYTES, JobOptions, JobRequest, json_text, new_job_id, validate_text
+from jobbus.requests import (
+    MAX_TYPE_BYTES,
+    JobOptions,
+    JobRequest,
+    follow_up_groups,
+    json_text,
+    new_job_id,
+    refuse_follow_up_groups,
+    validate_text,
+)
 from jobbus.store import run_async
 from jobbus.store.jobs import raise_group_refusal
 from jobbus.store.statements import Operation
@@ -137,7 +146,7 @@ class AsyncProducer(ABC):
         """
         if not specs:
             return []
-        await self._check_follow_up_groups(plan.follow_up_groups(specs), connection)
+        await self._check_follow_up_groups(follow_up_groups(specs), connection)
         with tracing.producing(specs) as specs:
             found = await self._insert(specs, connection)
             for _ in range(plan.DEDUPE_ROUNDS):
@@ -168,7 +177,7 @@ class AsyncProducer(ABC):
         """
         app = self._app
         group, specs, order, callback = plan.group_specs(app, requests, group_id, then)
-        await self._check_follow_up_groups(plan.follow_up_groups(specs, callback[1]), connection)
+        await self._check_follow_up_groups(follow_up_groups(specs, callback[1]), connection)
         found = await self._run(app.store.insert_jobs(specs, callback=callback), connection)
         if plan.missing(specs, found):
             found.update(await self._insert(plan.missing(specs, found), connection))
@@ -184,7 +193,7 @@ class AsyncProducer(ABC):
         """`then=` (a group's callback's too) naming a group that has a callback is refused before
         anything is written (one more round trip, only for follow-ups that name a group)."""
         if groups:
-            plan.refuse_follow_up_groups(await self._run(self._app.store.groups_with_callbacks(groups), connection))
+            refuse_follow_up_groups(await self._run(self._app.store.groups_with_callbacks(groups), connection))
 
     # -- reads and admin ---------------------------------------------------------------------------
 

@@ -24,7 +24,16 @@ from jobbus.models import GroupProgress, Job, JobSpec, JobStatus
 from jobbus.periodic import Periodic, PeriodicOptions
 from jobbus.producer import plan
 from jobbus.producer.plan import Found, JobItem, ProducerApp
-from jobbus.requests import MAX_TYPE_BYTES, JobOptions, JobRequest, json_text, new_job_id, validate_text
+from jobbus.requests import (
+    MAX_TYPE_BYTES,
+    JobOptions,
+    JobRequest,
+    follow_up_groups,
+    json_text,
+    new_job_id,
+    refuse_follow_up_groups,
+    validate_text,
+)
 from jobbus.store import run_sync
 from jobbus.store.jobs import raise_group_refusal
 from jobbus.store.statements import Operation
@@ -132,7 +141,7 @@ class SyncProducer(ABC):
         """
         if not specs:
             return []
-        self._check_follow_up_groups(plan.follow_up_groups(specs), connection)
+        self._check_follow_up_groups(follow_up_groups(specs), connection)
         with tracing.producing(specs) as specs:
             found = self._insert(specs, connection)
             for _ in range(plan.DEDUPE_ROUNDS):
@@ -163,7 +172,7 @@ class SyncProducer(ABC):
         """
         app = self._app
         group, specs, order, callback = plan.group_specs(app, requests, group_id, then)
-        self._check_follow_up_groups(plan.follow_up_groups(specs, callback[1]), connection)
+        self._check_follow_up_groups(follow_up_groups(specs, callback[1]), connection)
         found = self._run(app.store.insert_jobs(specs, callback=callback), connection)
         if plan.missing(specs, found):
             found.update(self._insert(plan.missing(specs, found), connection))
@@ -177,7 +186,7 @@ class SyncProducer(ABC):
         """`then=` (a group's callback's too) naming a group that has a callback is refused before
         anything is written (one more round trip, only for follow-ups that name a group)."""
         if groups:
-            plan.refuse_follow_up_groups(self._run(self._app.store.groups_with_callbacks(groups), connection))
+            refuse_follow_up_groups(self._run(self._app.store.groups_with_callbacks(groups), connection))
 
     # -- reads and admin ---------------------------------------------------------------------------
 

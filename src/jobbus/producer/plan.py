@@ -5,7 +5,6 @@ Pure rules and values shared by `App` and its blocking twin; nothing here does I
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -17,9 +16,18 @@ import psycopg
 from jobbus.errors import DatabaseUnavailableError, InvalidJobError, InvalidStateError, JobbusError
 from jobbus.events import JobScheduled
 from jobbus.limits import Keep, RateLimit, check_count, check_rate
-from jobbus.models import JOB_VIEWS, JobSpec, JobStatus, SharedSpecs, options_of
+from jobbus.models import JOB_VIEWS, JobSpec, JobStatus, SharedSpecs
 from jobbus.registry import Registry
-from jobbus.requests import MAX_TYPE_BYTES, JobRequest, new_job_id, spec_json, specs_sharing, validate_text
+from jobbus.requests import (
+    MAX_TYPE_BYTES,
+    JobRequest,
+    follow_up_groups,
+    new_job_id,
+    refuse_follow_up_groups,
+    spec_json,
+    specs_sharing,
+    validate_text,
+)
 from jobbus.resilience import Backoff, first_line, is_transient
 from jobbus.settings import Settings
 from jobbus.store import CancelResult, JobStore, Statement
@@ -184,27 +192,6 @@ def _request(values: Mapping[str, Any]) -> JobRequest:
 
 
 # -- follow-ups and deduplication ------------------------------------------------------------------
-
-
-def follow_up_groups(specs: Sequence[JobSpec], callback: str | None = None) -> list[uuid.UUID]:
-    """The group ids the follow-ups (`then=`, at any depth) of `specs` name, and those of a group's
-    `callback` (its spec as JSON) and its own follow-ups."""
-    groups: set[uuid.UUID] = set()
-    for then_json in [*(spec.then for spec in options_of(specs)), callback]:
-        then = json.loads(then_json) if then_json is not None else None
-        while isinstance(then, dict):
-            if then.get("group_id") is not None:
-                groups.add(uuid.UUID(then["group_id"]))
-            then = then.get("then")
-    return sorted(groups)
-
-
-def refuse_follow_up_groups(groups: list[uuid.UUID]) -> None:
-    if groups:
-        raise InvalidStateError(
-            f"group {groups[0]} has a callback: its members are the jobs schedule_group scheduled with it "
-            "(a then= follow-up cannot join it)"
-        )
 
 
 def missing(specs: Sequence[JobSpec], found: Mapping[tuple[str, str], uuid.UUID]) -> list[JobSpec]:
