@@ -30,7 +30,8 @@ def _leader(dsn: str) -> str | None:
 
 
 def test_eight_workers_and_a_killed_leader_enqueue_every_tick_exactly_once(db: str) -> None:
-    procs = {f"w{n}": start_worker(db, "--worker-id", f"w{n}", env=QUICK, app=APP) for n in range(8)}
+    serve_default = ("--queue", "default")
+    procs = {f"w{n}": start_worker(db, "--worker-id", f"w{n}", *serve_default, env=QUICK, app=APP) for n in range(8)}
     try:
         wait_until(lambda: len(query(db, "SELECT 1 FROM jobbus.job WHERE name = 'every-second'")) >= 3, 30)
         leader = wait_until(lambda: _leader(db), what="a leader")
