@@ -80,14 +80,16 @@ async def enqueue_bulk(args: Namespace) -> dict[str, Any]:
 
 
 async def fill(args: Namespace) -> dict[str, Any]:
-    """`jobs` no-op jobs in queue `default`; with `--limit`, the queue's limit is stored first."""
+    """`jobs` no-op jobs in queue `default`. Its limits are stored first, and cleared without `--limit`:
+    the schema outlives a variant, and a limit left by the previous one would throttle this one."""
     limit = harness.parse_limit(args.limit)
     app = _app(args.dsn)
     async with app:
-        if limit is not None and limit[0] == "queue":
-            await app.set_queue("default", concurrency=limit[1])
-        if limit is not None and limit[0] == "keys":
-            await app.set_queue("default", concurrency_per_key=1)
+        await app.set_queue(
+            "default",
+            concurrency=limit[1] if limit is not None and limit[0] == "queue" else None,
+            concurrency_per_key=1 if limit is not None and limit[0] == "keys" else None,
+        )
         for start in range(0, args.jobs, FILL_CHUNK):
             count = min(FILL_CHUNK, args.jobs - start)
             if limit is not None and limit[0] == "keys":
