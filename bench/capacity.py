@@ -468,27 +468,12 @@ def measure_retention(suite: Suite, db: str, rows: int, budget: float) -> None:
         log(f"{scenario}: VACUUM after deleting {deleted:,} rows: {t1 - t0:.1f} s")
 
 
-#: The cleaner's statement, and the same delete joined by `id = ANY(ARRAY(...))`. The function is a SQL
-#: function, so its statement is planned with its parameters unknown: the planner then expects the
-#: `LIMIT p_limit` subquery to return 66,666 rows and joins it by hashing a sequential scan of the whole
-#: job table, once per batch of 1,000 (EXPLAIN with plan_cache_mode = force_generic_plan shows it); the
-#: array join keeps the primary key's index scan whatever the estimate.
+#: The leader's cleaner: `delete_finished_jobs` deletes `WHERE id = ANY(ARRAY(...))` (migration 0011),
+#: which keeps the primary key's index scan whatever the planner estimates, and runs without JIT
+#: (migration 0018).
 RETENTION_STATEMENTS = [
     (f"DELETE, batches of {RETENTION_BATCH:,} (delete_finished_jobs)",
      "SELECT jobbus.delete_finished_jobs('completed', 0, %(limit)s)"),
-    (f"DELETE, batches of {RETENTION_BATCH:,} (id = ANY(ARRAY(...)))", """
-WITH deleted AS (
-    DELETE FROM jobbus.job AS j
-    WHERE j.id = ANY (ARRAY(
-        SELECT id FROM jobbus.job
-        WHERE status = 'completed' AND finished_at < now()
-        ORDER BY finished_at
-        LIMIT %(limit)s
-        FOR UPDATE SKIP LOCKED))
-    RETURNING 1
-)
-SELECT count(*)::integer FROM deleted
-"""),
 ]  # fmt: skip
 
 
