@@ -625,7 +625,7 @@ def render_doc_block(
         f"checkpoint_timeout={pg['checkpoint_timeout']}; every table logged (durable).",
         "- Versions: " + ", ".join(f"{name} {version}" for name, version in env["versions"].items()),
         f"- jobbus source: commit {env['commit']}",
-        f"- Noise: machine and server are shared with other developers' test suites. Before each measurement the "
+        f"- Noise: before each measurement the "
         f"suite waits up to {server.quiet_wait:.0f} s for the CPUs to be less than "
         f"{(server.quiet_threshold or 1):.0%} busy; the busy fraction then was {min(busy):.0%}–{max(busy):.0%} "
         f"(median {statistics.median(busy):.0%}), the 1-minute load average {min(load):.2f}–{max(load):.2f}, "
