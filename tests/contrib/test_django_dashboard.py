@@ -3,9 +3,11 @@ over real HTTP against uvicorn and a real database."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import httpx
+import psycopg
 import pytest
 
 from tests.contrib import test_django
@@ -77,6 +79,26 @@ def test_staff_users_get_the_pages_and_the_event_stream(site: tuple[str, dict[st
         # Everything else is the project's own.
         assert http.get("/admin/").status_code == 200  # the same session in the admin
         assert http.get("/orders").status_code == 405  # its view takes POST only
+
+
+def test_a_stale_connection_left_in_djangos_thread_is_not_used_for_the_staff_check(
+    site: tuple[str, dict[str, dict[str, str]]], django_db: str
+) -> None:
+    """Django closes a thread's connections past CONN_MAX_AGE (0: after each request) when a request
+    starts; the staff check does the same before it reads the session, so a connection left in that
+    thread and terminated since (a restart, a failover) is not the one it uses."""
+    base, sessions = site
+
+    def open_and_terminate() -> None:  # in asgiref's one thread for sync code, which the check uses too
+        connection = connections["default"]
+        connection.ensure_connection()
+        pid = connection.connection.info.backend_pid
+        with psycopg.connect(django_db, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+
+    asyncio.run(sync_to_async(open_and_terminate)())
+    with httpx.Client(base_url=base, cookies=sessions["staff"]) as http:
+        assert http.get("/ops/jobs/jobs?status=queued", headers=HTML).status_code == 200
 
 
 def test_the_projects_asgi_module_mounts_the_dashboard() -> None:

@@ -79,8 +79,10 @@ def staff_only(asgi: ASGIApp, *, login_url: str | None = None) -> ASGIApp:
 
 
 async def _user(request: Any) -> Any:
-    """The user of the request's Django session (AnonymousUser without one). The database connections
-    it used are then closed, or kept, as at the end of Django's own requests (`CONN_MAX_AGE`)."""
+    """The user of the request's Django session (AnonymousUser without one). As Django does when a
+    request starts and ends, the thread's connections past `CONN_MAX_AGE` or in error are closed before
+    it reads and after (and a persistent one is health-checked first with `CONN_HEALTH_CHECKS`): a
+    connection left from before a restart or a failover is not the one it reads with."""
     from asgiref.sync import sync_to_async
     from django.conf import settings
     from django.contrib.auth import aget_user
@@ -88,6 +90,7 @@ async def _user(request: Any) -> Any:
 
     engine = import_module(settings.SESSION_ENGINE)
     request.session = engine.SessionStore(request.COOKIES.get(settings.SESSION_COOKIE_NAME))
+    await sync_to_async(close_old_connections)()
     try:
         return await aget_user(request)
     finally:
