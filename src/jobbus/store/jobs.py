@@ -306,7 +306,7 @@ class JobStore:
         Rows are sent in id order, like `heartbeat_leases`, so that two multi-row updates of one worker
         lock their rows in the same order and cannot deadlock each other.
         """
-        outcomes = sorted(outcomes, key=_job_id)
+        outcomes = sorted(outcomes, key=attrgetter("job_id"))
         if all(o.status is JobStatus.COMPLETED for o in outcomes):
             plain = {
                 "ids": [o.job_id for o in outcomes],
@@ -580,10 +580,6 @@ def job_from_json(data: Mapping[str, Any]) -> Job:
     values["history"] = values["history"] or []
     values["steps"] = values["steps"] or {}
     return Job(**values)
-
-
-def _job_id(outcome: Outcome) -> uuid.UUID:
-    return outcome.job_id
 
 
 _STATUSES = {status.value: status for status in JobStatus}
