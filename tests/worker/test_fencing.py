@@ -4,9 +4,11 @@ deadlock; a producer's open transaction never blocks it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator
 
 import psycopg
 import pytest
@@ -88,6 +90,73 @@ async def test_a_handler_past_its_lease_deadline_is_told_and_nothing_of_it_is_wr
     assert seen and seen[0] == (1, True, True)
     assert job is not None and job.result == "finished" and job.attempts == 2
     assert "lease expired" in (job.last_error or "")
+
+
+async def test_a_handler_is_not_started_once_its_claim_waited_past_the_renewal_it_needs(
+    dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The event loop blocked (as by a frozen process) between a claim and its handler's start: the
+    lease might expire before its first renewal, so the job is given back unstarted, and run at once by
+    the next claim, its attempt not counted."""
+    app = jobbus.App(dsn=dsn, lease_seconds=1.5, worker_dead_after_seconds=10, **FAST)
+    entered: list[int] = []
+    started: list[int] = []
+
+    @contextlib.asynccontextmanager
+    async def scope(job: jobbus.JobExecution) -> AsyncIterator[None]:
+        entered.append(job.attempt)
+        if len(entered) == 1:
+            time.sleep(0.8)  # noqa: ASYNC251 - the loop is blocked on purpose: no renewal can run
+        yield
+
+    app.job_scope = scope
+
+    @app.job("t")
+    async def handler(job: jobbus.JobExecution) -> str:
+        started.append(len(entered))
+        return "done"
+
+    caplog.set_level(logging.WARNING, logger="jobbus.worker")
+    async with app:
+        job_id = await app.schedule("t")
+        assert await asyncio.wait_for(jobbus.Worker(app, stop_when_empty=True).run(), 20) == 0
+        job = await app.find(job_id)
+    assert started == [2]  # not in the claim that waited; in the next one
+    assert job is not None and (job.status, job.attempts, job.result) == (JobStatus.COMPLETED, 1, "done")
+    assert any(f"job {job_id}: its handler was not started" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_claim_answered_after_its_lease_ended_runs_nothing_of_it(dsn: str) -> None:
+    """A claim the database answers later than the lease (an overloaded server; here a trigger sleeps in
+    the first claim's update) returns a lease already over, since leases date from the claim's start:
+    nothing of it runs; the job is recovered and run once."""
+    app = jobbus.App(dsn=dsn, lease_seconds=1, worker_dead_after_seconds=10, **FAST)
+    started: list[int] = []
+
+    @app.job("t")
+    async def handler(job: jobbus.JobExecution) -> str:
+        started.append(job.attempt)
+        return "done"
+
+    async with app, await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(
+            "CREATE FUNCTION jobbus.slow_first_claim() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN PERFORM pg_sleep(2); RETURN NEW; END $$"
+        )
+        await conn.execute(
+            "CREATE TRIGGER slow_first_claim BEFORE UPDATE ON jobbus.job FOR EACH ROW "
+            "WHEN (OLD.status = 'queued' AND NEW.status = 'running' AND NEW.attempts = 1) "
+            "EXECUTE FUNCTION jobbus.slow_first_claim()"
+        )
+        job_id = await app.schedule("t")
+        worker = jobbus.Worker(app)
+        task = worker.start()
+        await _until(app, job_id, JobStatus.COMPLETED)
+        worker.request_stop()
+        assert await asyncio.wait_for(task, 20) == 0
+        job = await app.find(job_id)
+    assert started == [2]  # the late claim ran nothing; the job's recovery ran it once
+    assert job is not None and (job.status, job.result) == (JobStatus.COMPLETED, "done")
 
 
 async def test_renewals_and_outcome_batches_never_deadlock_on_shared_rows(

@@ -58,6 +58,10 @@ class Executor:
         self._on_handler_done = on_handler_done
         self._on_slot_free = on_slot_free
         self._on_finished = on_finished
+        settings = policy.settings
+        #: A handler starts only while its lease has this long to run, half-way between the whole lease
+        #: and one heartbeat: the monitor's first renewal comes at most a heartbeat after the start.
+        self._start_margin = (settings.lease_seconds + settings.heartbeat_seconds) / 2
 
     def start(self, attempt: Attempt, tracer: Tracer | None = None) -> None:
         """Run the attempt in its own task; with a `tracer`, inside its `process {queue}` span."""
@@ -82,6 +86,10 @@ class Executor:
             decision = self._undecodable(attempt)
             if decision is None:
                 scope, decision = await self._enter_scope(attempt)
+            if decision is None and (
+                time.monotonic() > attempt.lease_deadline - self._start_margin or attempt.lost or attempt.fenced
+            ):
+                decision = self._not_started(attempt)
             if decision is None:
                 decision, error = await self._call_handler(attempt)
             attempt.phase = Phase.WRITING
@@ -139,6 +147,19 @@ class Executor:
             if isinstance(value, UndecodableJson):
                 return self.policy.failed_for_good(attempt, f"the job's {what} cannot be decoded: {value.reason}")
         return None
+
+    def _not_started(self, attempt: Attempt) -> Decision:
+        """A claim that waited too long for its handler (the process frozen, the loop blocked, the claim
+        answered late) is given back unstarted: its lease may be over and the job running elsewhere."""
+        logger.warning(
+            "job %s: its handler was not started, %.1f s before its lease ends (the worker was frozen, its event "
+            "loop blocked, or its claim answered late); given back for another attempt, which this one does "
+            "not count",
+            attempt.id,
+            attempt.lease_deadline - time.monotonic(),
+            extra=self._extra(attempt),
+        )
+        return self.policy.release(attempt)
 
     async def _enter_scope(self, attempt: Attempt) -> tuple[AbstractAsyncContextManager[Any] | None, Decision | None]:
         factory = self.registry.job_scope

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from jobbus import tracing
-from jobbus.execution import AttemptSignals, JobExecution
+from jobbus.execution import AttemptSignals, JobExecution, StopReason
 from jobbus.models import ClaimedJob, JobStatus
 from jobbus.resilience import Backoff, Outage, is_transient
 from jobbus.store import Statement
@@ -241,7 +241,7 @@ class Producer:
         self._wake.set()
 
     def _finished(self, attempt: Attempt, status: JobStatus | None, kind: str) -> None:
-        if kind == "released":  # written: only now is it true
+        if kind == "released" and StopReason.SHUTDOWN in attempt.signals:  # written: only now is it true
             logger.info("job %s: released at shutdown, available again at once", attempt.id)
         if self.observers.active:
             self.observers.finished(attempt.claimed, kind, attempt.ran_seconds)
