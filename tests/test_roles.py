@@ -179,3 +179,72 @@ def test_a_dashboard_role_granted_before_failure_groups_still_retries_after_thei
         with psycopg.connect(empty_dsn) as conn:
             row = conn.execute("SELECT status, error_group FROM jobbus.job WHERE id = %s", (job_id,)).fetchone()
         assert row == ("queued", None)
+
+
+#: The functions that run as the schema's owner and may be called directly, with arguments that make a
+#: call harmless when it is allowed.
+OWNER_FUNCTIONS = {
+    "delete_finished_jobs": "SELECT jobbus.delete_finished_jobs('completed', 86400, 1)",
+    "delete_old_events": "SELECT jobbus.delete_old_events(86400, 1)",
+    "delete_finished_groups": "SELECT jobbus.delete_finished_groups(86400, 1)",
+    "sample_queues": "SELECT jobbus.sample_queues(10, 1, 60)",
+    "emit_event": "SELECT jobbus.emit_event('k', 'null', NULL)",
+    "group_scheduled": "SELECT jobbus.group_scheduled(gen_random_uuid(), '{}', 0, NULL)",
+    "refuse_callback_group": "SELECT jobbus.refuse_callback_group(gen_random_uuid(), '')",
+}
+LEADER_FUNCTIONS = {"delete_finished_jobs", "delete_old_events", "delete_finished_groups", "sample_queues"}
+
+
+def _may_call(conninfo: str) -> set[str]:
+    allowed = set()
+    with psycopg.connect(conninfo) as conn:
+        for name, query in OWNER_FUNCTIONS.items():
+            try:
+                conn.execute(query.encode())
+            except psycopg.errors.InsufficientPrivilege:
+                conn.rollback()
+            else:
+                conn.rollback()
+                allowed.add(name)
+    return allowed
+
+
+def test_functions_that_run_as_the_owner_are_executable_only_by_the_roles_granted_them(dsn: str) -> None:
+    """An observer could delete finished jobs and emit events through the owner's functions (PUBLIC kept
+    EXECUTE on them until migration 19)."""
+    with granted_roles(dsn, ("worker", "operator", "observer", "producer", "dashboard")) as roles:
+        may = {kind: _may_call(conninfo) for kind, conninfo in roles.items()}
+    assert may["observer"] == set()
+    assert may["dashboard"] == set()
+    assert may["producer"] == set(OWNER_FUNCTIONS) - LEADER_FUNCTIONS
+    assert may["worker"] == may["operator"] == set(OWNER_FUNCTIONS)
+
+
+def test_roles_granted_before_migration_19_keep_what_they_used_and_an_observer_loses_the_rest(
+    empty_dsn: str,
+) -> None:
+    """Before migration 19 the grants named none of the event and group functions (PUBLIC could run
+    them): the migration grants them by each role's rights on the job table."""
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute(schema.script("jobbus").split("\n-- 0019_")[0].encode())
+
+    def grants_before_migration_19(grants: str) -> str:
+        kept, skipping = [], False
+        for line in grants.splitlines():
+            skipping = skipping or line.startswith("GRANT EXECUTE ON FUNCTION jobbus.emit_event")
+            if not skipping:
+                kept.append(line)
+            skipping = skipping and not line.rstrip().endswith(";")
+        return "\n".join(kept)
+
+    kinds = ("worker", "operator", "observer", "producer", "dashboard")
+    with granted_roles(empty_dsn, kinds, edit=grants_before_migration_19) as roles:
+        assert _may_call(roles["observer"]) == set(OWNER_FUNCTIONS)  # the hole
+        assert "emit_event" in _may_call(roles["producer"])  # through PUBLIC only
+        with psycopg.connect(empty_dsn, autocommit=True) as conn:
+            assert [m.version for m in schema.migrate(conn, "jobbus")] == [19]
+        may = {kind: _may_call(conninfo) for kind, conninfo in roles.items()}
+    assert may["observer"] == set()
+    assert may["producer"] == set(OWNER_FUNCTIONS) - LEADER_FUNCTIONS
+    assert may["dashboard"] == set(OWNER_FUNCTIONS) - LEADER_FUNCTIONS  # it inserts jobs (a periodic's run now)
+    assert may["worker"] == may["operator"] == set(OWNER_FUNCTIONS)

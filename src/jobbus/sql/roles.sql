@@ -45,6 +45,9 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.periodic TO {worker}, {operator
 GRANT SELECT, INSERT ON {schema}.job_follow_up, {schema}.job_child TO {worker}, {operator};
 GRANT SELECT, INSERT, UPDATE ON {schema}.job_group, {schema}.job_step, {schema}.job_parent TO {worker}, {operator};
 GRANT SELECT ON {schema}.event TO {worker}, {operator};
+GRANT EXECUTE ON FUNCTION {schema}.emit_event(text, jsonb, text),
+    {schema}.group_scheduled(uuid, uuid[], integer, jsonb), {schema}.refuse_callback_group(uuid, text)
+    TO {worker}, {operator};
 GRANT SELECT, INSERT, DELETE ON {schema}.event_wait TO {worker}, {operator};
 
 -- Operators (the CLI): in addition, control commands, pruning, and forgetting old registry rows.

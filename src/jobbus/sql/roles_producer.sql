@@ -7,5 +7,10 @@ GRANT SELECT, INSERT ON {schema}.job TO {producer};
 GRANT INSERT ON {schema}.job_follow_up TO {producer};
 GRANT SELECT, INSERT ON {schema}.job_group TO {producer};
 GRANT SELECT ON {schema}.job_step, {schema}.job_child TO {producer};
+-- Events (`emit_event`) and groups (`schedule_group`, and the check that a follow-up's group has no
+-- callback) go through functions that run as the schema's owner.
+GRANT EXECUTE ON FUNCTION {schema}.emit_event(text, jsonb, text),
+    {schema}.group_scheduled(uuid, uuid[], integer, jsonb), {schema}.refuse_callback_group(uuid, text)
+    TO {producer};
 -- The SQL API (docs/sql.md): the same rights, through two functions.
 GRANT EXECUTE ON FUNCTION {schema}.schedule(text, jsonb, jsonb), {schema}.schedule_many(jsonb) TO {producer};
