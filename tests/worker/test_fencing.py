@@ -119,10 +119,12 @@ async def test_a_handler_is_not_started_once_its_claim_waited_past_the_renewal_i
     caplog.set_level(logging.WARNING, logger="jobbus.worker")
     async with app:
         job_id = await app.schedule("t")
+        due = (await app.find(job_id)).available_at  # type: ignore[union-attr]
         assert await asyncio.wait_for(jobbus.Worker(app, stop_when_empty=True).run(), 20) == 0
         job = await app.find(job_id)
     assert started == [2]  # not in the claim that waited; in the next one
     assert job is not None and (job.status, job.attempts, job.result) == (JobStatus.COMPLETED, 1, "done")
+    assert job.available_at == due  # given back in its place (a periodic job's tick stays its tick)
     assert any(f"job {job_id}: its handler was not started" in r.getMessage() for r in caplog.records)
 
 

@@ -269,7 +269,9 @@ RETURNING cancellation_requested_at IS NOT NULL;
 -- name: record_outcomes
 -- Writes the outcome of many attempts in one statement, each fenced by its own lease token:
 -- completed / failed / cancelled (terminal), queued with a delay (retry, snooze) or queued at once with
--- the attempt given back (released at shutdown). Rows whose token is stale or expired are not returned.
+-- the attempt given back (released: at shutdown, or not started in time), keeping its `available_at` and
+-- so its place among the jobs due and, for a periodic job, its tick. Rows whose token is stale or expired
+-- are not returned.
 -- A retry asked for on the last attempt is recorded as failed: the store never exceeds max_attempts.
 -- Any outcome of an attempt whose cancellation was asked for is recorded as cancelled, also when the
 -- handler returned (or raised, or snoozed) before its worker read the request: `cancel()` said the job
@@ -289,8 +291,9 @@ SET status = CASE WHEN j.cancellation_requested_at IS NOT NULL THEN 'cancelled' 
     last_error = coalesce(o.error, j.last_error),
     error_group = CASE WHEN o.final_status = 'failed' AND j.cancellation_requested_at IS NULL
                        THEN {schema}.fold_error(coalesce(o.error, j.last_error)) END,
-    available_at = CASE WHEN o.final_status = 'queued' AND j.cancellation_requested_at IS NULL
-                        THEN now() + make_interval(secs => o.delay) ELSE j.available_at END,
+    available_at = CASE WHEN o.final_status <> 'queued' OR j.cancellation_requested_at IS NOT NULL THEN j.available_at
+                        WHEN o.kind = 'released' THEN least(j.available_at, now())
+                        ELSE now() + make_interval(secs => o.delay) END,
     finished_at = CASE WHEN o.final_status = 'queued' AND j.cancellation_requested_at IS NULL
                        THEN NULL ELSE now() END,
     attempts = CASE WHEN o.released THEN j.attempts - 1 ELSE j.attempts END,
