@@ -14,6 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from jobbus import schema
 from jobbus.store import MaintenanceStore, QueueSample, run_sync
 from jobbus.worker.services.queue_stats import LATE_SECONDS, TALLY_SECONDS
 from tests.plans import NEEDS_AUTO_EXPLAIN, auto_explained
@@ -260,20 +261,23 @@ def test_the_first_sample_after_the_upgrade_counts_nothing_again(dsn: str) -> No
         assert _counted(conn) == {"a": (4, 0, 0)}
 
 
-def test_a_worker_role_granted_before_this_release_samples_without_new_grants(dsn: str) -> None:
-    """A rolling deploy that does not grant again: the worker role has none of this release's grants, yet
-    its leader samples (the function keeps the tallies with the schema owner's rights)."""
+def test_a_worker_role_granted_before_this_release_samples_without_new_grants(empty_dsn: str) -> None:
+    """A rolling deploy that does not grant again: the worker role was granted before the queue tallies
+    (migration 16) and the schema migrated since, yet its leader samples (the function keeps the tallies
+    with the schema owner's rights; migration 19 grants it to the roles that may lead)."""
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute(schema.script("jobbus").split("\n-- 0016_")[0].encode())
 
     def earlier(script: str) -> str:
         return "\n".join(line for line in script.splitlines() if "sample_queues" not in line)
 
-    with (
-        granted_roles(dsn, ("worker", "operator", "observer"), edit=earlier) as roles,
-        psycopg.connect(roles["worker"], autocommit=True) as conn,
-    ):
-        _start_sampling(conn)
-        _finish(conn, "a", "failed", 2)
-        _sample(conn)
-        assert _counted(conn) == {"a": (0, 2, 0)}
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            conn.execute("SELECT * FROM jobbus.queue_tally")
+    with granted_roles(empty_dsn, ("worker", "operator", "observer"), edit=earlier) as roles:
+        with psycopg.connect(empty_dsn, autocommit=True) as conn:
+            schema.migrate(conn, "jobbus")
+        with psycopg.connect(roles["worker"], autocommit=True) as conn:
+            _start_sampling(conn)
+            _finish(conn, "a", "failed", 2)
+            _sample(conn)
+            assert _counted(conn) == {"a": (0, 2, 0)}
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("SELECT * FROM jobbus.queue_tally")
