@@ -152,11 +152,12 @@ class Executor:
         """A claim that waited too long for its handler (the process frozen, the loop blocked, the claim
         answered late) is given back unstarted: its lease may be over and the job running elsewhere."""
         logger.warning(
-            "job %s: its handler was not started, %.1f s before its lease ends (the worker was frozen, its event "
-            "loop blocked, or its claim answered late); given back for another attempt, which this one does "
-            "not count",
+            "job %s: its handler was not started, with %.1f s of its lease left where its first renewal needs "
+            "%.1f s (the worker was frozen, its event loop blocked, or its claim answered late); given back for "
+            "another attempt, which this one does not count",
             attempt.id,
-            attempt.lease_deadline - time.monotonic(),
+            max(0.0, attempt.lease_deadline - time.monotonic()),
+            self._start_margin,
             extra=self._extra(attempt),
         )
         return self.policy.release(attempt)
