@@ -103,8 +103,9 @@ bench: venv
 
 # The per-job cost gate (bench/gate.py): Python function calls per job on a fixed in-process drain of
 # 5,000 no-op jobs, and per job enqueued in bulk and one per call, against bench/gate-baseline.json;
-# fails on a regression of more than 15 %. A count,
-# not a time: the machine's load does not move it. Needs JOBBUS_TEST_DSN (or the local server);
+# fails on a regression of more than 15 %, or when the drain leaves more than one object per job to
+# the cyclic garbage collector (a reference cycle per attempt). Counts,
+# not times: the machine's load does not move them. Needs JOBBUS_TEST_DSN (or the local server);
 # GATE_ARGS=--update records a new baseline, GATE_ARGS=--show=40 prints where the calls come from.
 GATE_ARGS ?=
 gate: venv

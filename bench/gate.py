@@ -11,7 +11,12 @@ A fresh database gets `--jobs` no-op jobs; a real `Worker` (concurrency `--concu
   (`calls_per_job`): a count, not a time, so the machine's load does not move it;
 * without a profiler, timing the process's own CPU (`resource.getrusage(RUSAGE_SELF)`, user + system)
   during the drain (`cpu_us_per_job`): a time, so the machine's load does move it (cache and frequency
-  effects of the other processes), which is why only the counts fail the gate by default.
+  effects of the other processes), which is why only the counts fail the gate by default. The same
+  drain counts the objects Python's cyclic garbage collector found unreachable
+  (`cycle_objects_per_job`): what reference counting could not free. An attempt that is a reference
+  cycle leaves a dozen objects per job to the collector, which walked every live attempt to find them
+  (a third of a drain's CPU); this figure fails the gate above `CYCLE_OBJECTS_CEILING`, whatever the
+  baseline.
 
 Before the drain, the producer's side is counted the same way, on an open App: `enqueue_bulk_calls_per_job`
 while `--jobs` jobs are scheduled by `schedule_many(type, configurations)` (5,000 a call), and
@@ -28,6 +33,7 @@ import argparse
 import asyncio
 import contextlib
 import cProfile
+import gc
 import json
 import os
 import pstats
@@ -35,7 +41,7 @@ import resource
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +55,18 @@ ROOT = Path(__file__).resolve().parent.parent
 BASELINE = ROOT / "bench" / "gate-baseline.json"
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 NOOP = "gate.noop"
-FIGURES = ("calls_per_job", "enqueue_bulk_calls_per_job", "enqueue_single_calls_per_job", "cpu_us_per_job")
-#: The figures that fail the gate by default: counts, which the machine's load does not move.
+FIGURES = (
+    "calls_per_job",
+    "enqueue_bulk_calls_per_job",
+    "enqueue_single_calls_per_job",
+    "cpu_us_per_job",
+    "cycle_objects_per_job",
+)
+#: The figures that fail the gate by default against the baseline: counts, which the machine's load does not move.
 COUNTS = FIGURES[:3]
+#: Objects per job the cyclic collector may free during the drain (the worker's own start and stop leave
+#: a few hundred in all, well under 0.1 per job of 5,000).
+CYCLE_OBJECTS_CEILING = 1.0
 #: One-job `schedule` calls counted for `enqueue_single_calls_per_job` (after `WARM_UP` that are not:
 #: psycopg prepares a statement on its fifth execution).
 SINGLES = 200
@@ -167,16 +182,37 @@ def measure(base: str, jobs: int, concurrency: int, show: int = 0, dump: str | N
         # The time: the same drain without a profiler, the process's own CPU.
         dsn = _recreate(base, name)
         asyncio.run(_fill(dsn, jobs))
-        before = _cpu()
-        code = _run(lambda: _drain(dsn, concurrency), None)
-        cpu = _cpu() - before
+        with _collected() as collected:
+            before = _cpu()
+            code = _run(lambda: _drain(dsn, concurrency), None)
+            cpu = _cpu() - before
         done = _completed(dsn)
         if code != 0 or done != jobs:
             raise SystemExit(f"gate: the timed drain ended with code {code}, {done} of {jobs} jobs completed")
         figures["cpu_us_per_job"] = round(cpu * 1e6 / jobs, 1)
+        figures["cycle_objects_per_job"] = round(collected[0] / jobs, 2)
     finally:
         _drop(base, name)
     return figures
+
+
+@contextlib.contextmanager
+def _collected() -> Iterator[list[int]]:
+    """Counts, in its one item, the objects the cyclic collector finds unreachable in the block and in
+    a full collection at its end (what the block left for a later collection)."""
+    found = [0]
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        if phase == "stop":
+            found[0] += info["collected"]
+
+    gc.collect()
+    gc.callbacks.append(count)
+    try:
+        yield found
+        gc.collect()
+    finally:
+        gc.callbacks.remove(count)
 
 
 def _show(stats: pstats.Stats, jobs: int, top: int) -> None:
@@ -205,6 +241,18 @@ def compare(figures: dict[str, Any], baseline: dict[str, Any], tolerance: float,
                 f"baseline from commit {baseline.get('commit', '?')} in {BASELINE.relative_to(ROOT)})"
             )
     return failures
+
+
+def cycles(figures: dict[str, Any]) -> list[str]:
+    """A message when the drain left more than `CYCLE_OBJECTS_CEILING` objects per job to the collector."""
+    found = float(figures["cycle_objects_per_job"])
+    if found <= CYCLE_OBJECTS_CEILING:
+        return []
+    return [
+        f"gate: cycle_objects_per_job is {found}: the drain left {found} objects per job that only the cyclic "
+        f"garbage collector could free (at most {CYCLE_OBJECTS_CEILING} allowed); something of each attempt is "
+        "a reference cycle (run the drain with gc.set_debug(gc.DEBUG_SAVEALL) and count the types in gc.garbage)"
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -244,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    failures = compare(figures, baseline, args.tolerance, FIGURES if args.cpu else COUNTS)
+    failures = compare(figures, baseline, args.tolerance, (*COUNTS, "cpu_us_per_job") if args.cpu else COUNTS)
+    failures += cycles(figures)
     for failure in failures:
         print(failure, file=sys.stderr)
     return 1 if failures else 0

@@ -22,9 +22,15 @@ def test_within_the_tolerance_passes() -> None:
 
 def test_a_regression_names_the_figure() -> None:
     figures = {"calls_per_job": 231.0, "cpu_us_per_job": 90.0, **PRODUCER}
-    [failure] = gate.compare(figures, BASELINE, 0.15, gate.FIGURES)
+    [failure] = gate.compare(figures, BASELINE, 0.15, (*gate.COUNTS, "cpu_us_per_job"))
     assert failure.startswith("gate: calls_per_job regressed: 231.0 per job against a baseline of 200.0")
     assert "+15.5 %" in failure and "abc1234" in failure
+
+
+def test_objects_left_to_the_cyclic_collector_fail_past_the_ceiling_whatever_the_baseline() -> None:
+    assert gate.cycles({"cycle_objects_per_job": 0.03}) == []
+    [failure] = gate.cycles({"cycle_objects_per_job": 12.7})
+    assert failure.startswith("gate: cycle_objects_per_job is 12.7: the drain left 12.7 objects per job")
 
 
 @pytest.mark.timeout(300)
@@ -33,5 +39,7 @@ def test_a_measured_drain_counts_calls_per_job(admin_dsn: str) -> None:
     # Every job costs the worker at least its claim, its handler call and its outcome: far more than 50 calls.
     assert figures["calls_per_job"] > 50
     assert figures["cpu_us_per_job"] > 0
+    # Reference counting frees every attempt: next to nothing is left to the cyclic collector.
+    assert 0 <= figures["cycle_objects_per_job"] <= gate.CYCLE_OBJECTS_CEILING
     # A job scheduled alone pays for a whole statement; one of a batch shares it.
     assert figures["enqueue_single_calls_per_job"] > 5 * figures["enqueue_bulk_calls_per_job"] > 0

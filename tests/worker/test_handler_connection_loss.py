@@ -278,3 +278,25 @@ async def test_a_call_that_cannot_get_through_before_the_lease_ends_raises_lease
     assert seen == ["LeaseLostError"]
     assert (status, result, attempts) == ("completed", 2, 2), outcomes
     assert query(dsn, "SELECT execution_data FROM jobbus.job WHERE id = %s", (job_id,)) == [({"done": 1},)]
+
+
+async def test_a_call_through_an_execution_kept_past_its_attempt_is_not_retried(dsn: str) -> None:
+    """A handler that keeps its `JobExecution` and uses it once the attempt is over, on a dropped
+    connection: the call fails at once with `LeaseLostError` (no retry for an attempt that ended)."""
+    kept: list[jobbus.JobExecution] = []
+    async with jobbus.App(dsn=dsn, **FAST) as app:
+
+        @app.job("keeper")
+        async def keeper(job: jobbus.JobExecution) -> None:
+            await job.heartbeat()  # a connection in the handlers' pool, which the drop breaks
+            kept.append(job)
+
+        job_id = await app.schedule("keeper")
+        async with running(app):
+            assert (await finished(dsn, job_id))[0] == "completed"
+            await asyncio.sleep(0.1)  # the attempt's end, after its outcome's write
+            drop_connections(dsn)
+            started = time.monotonic()
+            with pytest.raises(jobbus.LeaseLostError, match="after its attempt ended"):
+                await kept[0].stored_step("late")
+            assert time.monotonic() - started < 1

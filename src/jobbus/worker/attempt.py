@@ -20,7 +20,7 @@ class Phase(enum.Enum):
     WRITING = "writing"
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False, slots=True, weakref_slot=True)
 class Attempt:
     claimed: ClaimedJob
     handler: Handler

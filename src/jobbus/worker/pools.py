@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -91,9 +92,9 @@ class Pools:
                 if self._stopping() or time.monotonic() >= deadline:
                     raise
 
-    async def run_for_handler(self, attempt: Attempt, statement: Statement[T]) -> T:
-        """A call a handler makes, on the handlers' pool. A dropped connection does not fail it: see
-        `_retry_for_handler`."""
+    async def run_for_handler(self, attempt_ref: weakref.ref[Attempt], statement: Statement[T]) -> T:
+        """A call a handler makes for the attempt, on the handlers' pool. A dropped connection does not fail
+        it: see `_retry_for_handler`."""
         assert self._handler_pool is not None
         try:
             async with self._handler_pool.connection() as conn:
@@ -101,9 +102,9 @@ class Pools:
         except Exception as exc:
             if not is_transient(exc):
                 raise
-            return await self._retry_for_handler(attempt, statement, exc)
+            return await self._retry_for_handler(attempt_ref, statement, exc)
 
-    async def _retry_for_handler(self, attempt: Attempt, statement: Statement[T], exc: Exception) -> T:
+    async def _retry_for_handler(self, attempt_ref: weakref.ref[Attempt], statement: Statement[T], exc: Exception) -> T:
         """Run a handler's call again, with backoff, on connections checked first, while the attempt's
         lease holds: every such call is safe to run twice (one that committed before its connection
         dropped answers the same again; a durable wait tells that it parked, see `JobExecution`).
@@ -111,6 +112,9 @@ class Pools:
         as a fenced write would say (its outcome is then not written; the job is recovered)."""
         pool = self._handler_pool
         assert pool is not None
+        attempt = attempt_ref()
+        if attempt is None:  # a call made through an execution kept past its attempt's end
+            raise LeaseLostError("a handler's call lost its database connection after its attempt ended") from exc
         backoff = Backoff()
         while True:
             self._handler_outage.failed(exc)

@@ -18,6 +18,7 @@ import functools
 import logging
 import time
 import uuid
+import weakref
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -66,7 +67,7 @@ class Producer:
         observers: Observers,
         worker_id: str,
         poll_interval: float,
-        run_for_handler: Callable[[Attempt, Statement[Any]], Awaitable[Any]],
+        run_for_handler: Callable[[weakref.ref[Attempt], Statement[Any]], Awaitable[Any]],
         on_fatal: Callable[[str, BaseException], None],
         check_memory: Callable[[], None] | None,
     ) -> None:
@@ -219,7 +220,9 @@ class Producer:
             attempt.execution = JobExecution(
                 claimed,
                 self.store,
-                functools.partial(self._run_for_handler, attempt),
+                # The attempt by a weak reference: a strong one would make attempt → execution → attempt a
+                # cycle that only the cyclic garbage collector frees, a dozen objects per job.
+                functools.partial(self._run_for_handler, weakref.ref(attempt)),
                 self.settings.lease_seconds,
                 self.settings.max_payload_bytes,
                 signals,

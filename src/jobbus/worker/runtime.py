@@ -38,6 +38,7 @@ from jobbus.store import MaintenanceStore, Registration, WorkerStore
 from jobbus.worker.app_view import AppView
 from jobbus.worker.attempt import Attempt
 from jobbus.worker.claimer import Claimer
+from jobbus.worker.collector import worker_pace
 from jobbus.worker.completer import Completer
 from jobbus.worker.control import ControlReader
 from jobbus.worker.leader import Leadership
@@ -297,7 +298,8 @@ class Worker:
             await self.pools.open(self.app.dsn)
             await self._starting(self.app.check_schema)
             await self._register()
-            return await self._serve()
+            with worker_pace():
+                return await self._serve()
         finally:
             self._threads.shutdown(wait=False, cancel_futures=True)
             await self.pools.close(self._housekeeping_left)
