@@ -13,7 +13,11 @@ its own on BENCH_DSN, and the drains are interleaved: one of each variant per ro
 Per drain, as bench/run.py defines them: the steady rate (first to last handler start) and the start-to-
 exit rate; the worker process's CPU per job (getrusage in that process, from its call into the worker
 to the return); the CPU per job of the database's backends (their /proc/<pid>/stat while they live,
-bench/capacity.py's meter). The table gives medians (min–max) and, per variant, the shipped worker's
+bench/capacity.py's meter); and the database's time per job inside jobbus's PL/pgSQL functions, the
+claim's and the triggers' (the self time of pg_stat_user_functions, each variant's database set to
+`track_functions = 'pl'`): a narrower figure than the backends' CPU, which every statement's parsing,
+locking, index and WAL work also moves, and the one where the database's share of workflows and limits
+lives. The table gives medians (min–max) and, per variant, the shipped worker's
 cost as a multiple of the variant's: how much more the shipped drain pays for what that variant lacks
 (1.00: nothing; a rate's multiple is the variant's rate over the shipped one).
 
@@ -25,11 +29,12 @@ so a changed statement stops the benchmark instead of being measured unedited.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import math
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -357,7 +362,16 @@ METRICS = [
     Metric("wall", "start to exit", "jobs/s", rate=True),
     Metric("worker cpu", "worker CPU", "µs/job", rate=False),
     Metric("db cpu", "database CPU", "µs/job", rate=False),
+    Metric("db functions", "database functions", "µs/job", rate=False),
 ]
+
+#: The jobbus functions' counters, zeroed before a drain (the fill's calls are not the drain's).
+RESET_FUNCTIONS = (
+    "SELECT count(pg_stat_reset_single_function_counters(p.oid)) FROM pg_proc AS p "
+    "JOIN pg_namespace AS n ON n.oid = p.pronamespace WHERE n.nspname = %s"
+)
+#: Milliseconds spent inside the jobbus functions themselves (self time: not in the functions they call).
+FUNCTION_TIME = "SELECT coalesce(sum(self_time), 0) FROM pg_stat_user_functions WHERE schemaname = %s"
 
 
 def systems(setting: Setting) -> list[System]:
@@ -380,6 +394,7 @@ def measure(suite: Suite, jobs: int) -> None:
     with suite.databases(SCENARIO) as dbs:
         for name, db in dbs.items():
             with suite.server.connect(db) as conn:
+                conn.execute(sql.SQL("ALTER DATABASE {} SET track_functions = 'pl'").format(sql.Identifier(db)))
                 for feature in variants[name].removed:
                     strip = FEATURES[feature].database
                     if strip is not None:
@@ -394,7 +409,15 @@ def measure(suite: Suite, jobs: int) -> None:
 def drain(suite: Suite, system: System, db: str, variant: Variant, jobs: int, round_: int) -> None:
     readings: list[capacity.CpuReading] = []
     meter = functools.partial(capacity.cpu_meter, suite.server.admin_dsn, db, readings, interval=BACKEND_READ_INTERVAL)
-    figures = suite.drain_once(SCENARIO, system, db, system.best_setting, jobs, around=meter)
+
+    @contextlib.contextmanager
+    def metered() -> Iterator[None]:
+        suite.server.execute(db, RESET_FUNCTIONS, (SCHEMA,))
+        with meter():
+            yield
+
+    figures = suite.drain_once(SCENARIO, system, db, system.best_setting, jobs, around=metered)
+    function_ms = float(suite.server.execute(db, FUNCTION_TIME, (SCHEMA,))[0][0])  # after the backends' exit
     for feature in variant.removed:
         check = FEATURES[feature].check
         if check and not suite.server.execute(db, check)[0][0]:
@@ -404,6 +427,7 @@ def drain(suite: Suite, system: System, db: str, variant: Variant, jobs: int, ro
         "wall": figures["wall"],
         "worker cpu": figures["worker_cpu"] * 1e6,
         "db cpu": readings[0].db * 1e6 / jobs,
+        "db functions": function_ms * 1e3 / jobs,
     }
     label = system.best_setting.label
     for metric in METRICS:
@@ -411,7 +435,8 @@ def drain(suite: Suite, system: System, db: str, variant: Variant, jobs: int, ro
     suite.record(SCENARIO, system.name, label, jobs, "busy", "fraction", readings[0].machine_busy)
     log(
         f"round {round_ + 1} {variant.label}: {values['steady']:,.0f} jobs/s steady, {values['wall']:,.0f} start "
-        f"to exit, worker {values['worker cpu']:.0f} µs/job, database {values['db cpu']:.0f} µs/job, "
+        f"to exit, worker {values['worker cpu']:.0f} µs/job, database {values['db cpu']:.0f} µs/job "
+        f"({values['db functions']:.1f} in functions), "
         f"machine {readings[0].machine_busy:.0%} busy"
     )
 
