@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sys
+import threading
 from collections.abc import Iterator
 
 import pytest
 
 import jobbus
+from jobbus.worker import collector
 from jobbus.worker.attempt import Attempt
 from jobbus.worker.collector import YOUNG_THRESHOLD, worker_pace
 from tests.conftest import FAST
@@ -83,4 +86,33 @@ def test_the_pace_lasts_while_any_worker_runs_and_the_hosts_setting_comes_back()
             assert gc.get_threshold() == (200_000, 10, 10)
         assert gc.get_threshold() == (200_000, 10, 10)
     finally:
+        gc.set_threshold(*before)
+
+
+def test_workers_starting_and_stopping_in_many_threads_leave_the_hosts_setting() -> None:
+    """Workers of one process in threads of their own (one event loop each) enter and leave the pace at
+    once: the count of running workers stays exact, and the last to leave restores the host's setting."""
+    before, interval = gc.get_threshold(), sys.getswitchinterval()
+    gc.set_threshold(700, 10, 10)
+    sys.setswitchinterval(1e-6)  # a thread switch between any two bytecodes, as often as it can
+    barrier = threading.Barrier(8)
+    seen: list[tuple[int, int, int]] = []
+
+    def worker() -> None:
+        barrier.wait()
+        for _ in range(2_000):
+            with worker_pace():
+                seen.append(gc.get_threshold())
+
+    try:
+        threads = [threading.Thread(target=worker) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert collector._workers == 0
+        assert gc.get_threshold() == (700, 10, 10)
+        assert {threshold[0] for threshold in seen} == {YOUNG_THRESHOLD}
+    finally:
+        sys.setswitchinterval(interval)
         gc.set_threshold(*before)

@@ -12,6 +12,7 @@ process stops (unless the host changed it meanwhile).
 from __future__ import annotations
 
 import gc
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -21,23 +22,27 @@ YOUNG_THRESHOLD = 50_000
 
 _workers = 0
 _restore: tuple[int, ...] | None = None
+#: Workers of one process may start and stop in threads of their own (one event loop each).
+_lock = threading.Lock()
 
 
 @contextmanager
 def worker_pace() -> Iterator[None]:
     """Raise the young generation's threshold for the time a worker runs."""
     global _workers, _restore
-    if _workers == 0:
-        before = gc.get_threshold()
-        if before[0] < YOUNG_THRESHOLD:
-            gc.set_threshold(YOUNG_THRESHOLD, *before[1:])
-            _restore = before
-    _workers += 1
+    with _lock:
+        if _workers == 0:
+            before = gc.get_threshold()
+            if before[0] < YOUNG_THRESHOLD:
+                gc.set_threshold(YOUNG_THRESHOLD, *before[1:])
+                _restore = before
+        _workers += 1
     try:
         yield
     finally:
-        _workers -= 1
-        if _workers == 0 and _restore is not None:
-            if gc.get_threshold()[0] == YOUNG_THRESHOLD:  # the host did not set its own meanwhile
-                gc.set_threshold(*_restore)
-            _restore = None
+        with _lock:
+            _workers -= 1
+            if _workers == 0 and _restore is not None:
+                if gc.get_threshold()[0] == YOUNG_THRESHOLD:  # the host did not set its own meanwhile
+                    gc.set_threshold(*_restore)
+                _restore = None
