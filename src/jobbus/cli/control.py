@@ -10,7 +10,8 @@ import click
 from jobbus import control
 from jobbus.cli import exit_codes
 from jobbus.cli.errors import UsageProblem, fail, run
-from jobbus.cli.output import admin_app, dsn_option, json_option, print_json
+from jobbus.cli.options import dsn_option, json_option
+from jobbus.cli.output import admin_app, print_json
 
 _SHORT: dict[control.Action, str] = {
     "pause": "Stop claiming on a target; durable until resume.",

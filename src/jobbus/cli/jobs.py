@@ -14,23 +14,21 @@ from rich.text import Text
 
 from jobbus.cli import exit_codes
 from jobbus.cli.errors import UsageProblem, fail, run
+from jobbus.cli.options import check_names, dsn_option, json_option
 from jobbus.cli.output import (
     Column,
     admin_app,
-    check_names,
     console,
-    dsn_option,
     fitted_table,
     human_time,
     job_dict,
     job_status_text,
-    json_option,
     one_line,
     print_json,
     progress_text,
+    shown,
 )
 from jobbus.cli.schedule import parse_when
-from jobbus.cli.text import shown
 from jobbus.models import JOB_VIEWS, Job, JobStatus
 
 STATUSES = [s.value for s in JobStatus]

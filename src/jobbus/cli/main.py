@@ -2,30 +2,56 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import click
 
 from jobbus.cli import exit_codes
-from jobbus.cli.bench import bench_command
-from jobbus.cli.control import drain_command, pause_command, restart_command, resume_command, stop_command
-from jobbus.cli.dashboard import dashboard_command
-from jobbus.cli.demo import demo_command
 from jobbus.cli.errors import fail, internal_error, usage_error
-from jobbus.cli.jobs import jobs_group
-from jobbus.cli.periodic import periodic_group
-from jobbus.cli.prune import prune_command
-from jobbus.cli.queues import queue_group
-from jobbus.cli.schedule import schedule_command
-from jobbus.cli.schema import migrate_command, schema_command
-from jobbus.cli.status import status_command
-from jobbus.cli.worker import worker_command
-from jobbus.cli.workers import workers_command
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
 
+#: Each command and where it lives: a command's module is imported only when that command runs (or the
+#: help lists them all), so `jobbus worker` starts without the tables, the dashboard or the demo.
+COMMANDS = {
+    "worker": "jobbus.cli.worker:worker_command",
+    "schema": "jobbus.cli.schema:schema_command",
+    "migrate": "jobbus.cli.schema:migrate_command",
+    "status": "jobbus.cli.status:status_command",
+    "workers": "jobbus.cli.workers:workers_command",
+    "pause": "jobbus.cli.control:pause_command",
+    "resume": "jobbus.cli.control:resume_command",
+    "drain": "jobbus.cli.control:drain_command",
+    "stop": "jobbus.cli.control:stop_command",
+    "restart": "jobbus.cli.control:restart_command",
+    "jobs": "jobbus.cli.jobs:jobs_group",
+    "periodic": "jobbus.cli.periodic:periodic_group",
+    "queue": "jobbus.cli.queues:queue_group",
+    "schedule": "jobbus.cli.schedule:schedule_command",
+    "prune": "jobbus.cli.prune:prune_command",
+    "demo": "jobbus.cli.demo:demo_command",
+    "bench": "jobbus.cli.bench:bench_command",
+    "dashboard": "jobbus.cli.dashboard:dashboard_command",
+}
 
-@click.group(context_settings=CONTEXT)
+
+class LazyGroup(click.Group):
+    """A group whose commands are imported when asked for by name (click's lazy-loading pattern)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        where = COMMANDS.get(cmd_name)
+        if where is None:
+            return None
+        module, attribute = where.split(":")
+        command: click.Command = getattr(importlib.import_module(module), attribute)
+        return command
+
+
+@click.group(cls=LazyGroup, context_settings=CONTEXT)
 @click.version_option(package_name="jobbus")
 def cli() -> None:
     """jobbus: durable background jobs on PostgreSQL.
@@ -33,29 +59,6 @@ def cli() -> None:
     Every command takes --dsn or reads JOBBUS_DSN. Exit codes: 0 ok, 1 refused, 64 bad usage,
     69 database unreachable, 70 internal error, 75 restart requested, 78 configuration error.
     """
-
-
-for command in (
-    worker_command,
-    schema_command,
-    migrate_command,
-    status_command,
-    workers_command,
-    pause_command,
-    resume_command,
-    drain_command,
-    stop_command,
-    restart_command,
-    jobs_group,
-    periodic_group,
-    queue_group,
-    schedule_command,
-    prune_command,
-    demo_command,
-    bench_command,
-    dashboard_command,
-):
-    cli.add_command(command)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,4 +1,4 @@
-"""What the operator commands share: the --dsn/--json options, opening the App, and rendering.
+"""What the operator commands share: opening the App, and rendering.
 
 Human output is rich (tables, colours when stdout is a terminal); ``--json`` output is one JSON
 document on stdout with stable keys, ids as strings and timestamps in ISO 8601 (UTC). Messages for
@@ -12,10 +12,9 @@ import dataclasses
 import enum
 import functools
 import json
-import math
 import os
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -28,11 +27,9 @@ from rich.text import Text
 
 from jobbus.app import App
 from jobbus.cli.errors import UsageProblem, probe_database
+from jobbus.cli.text import visible
 from jobbus.control import StatusReport, WorkerInfo
-from jobbus.errors import InvalidJobError
 from jobbus.models import Job, JobStatus
-from jobbus.requests import MAX_TYPE_BYTES, validate_text
-from jobbus.settings import Bounds
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -48,44 +45,6 @@ STATUS_STYLES = {
     "stopped": "dim",
     "gone": "red",
 }
-
-
-# -- options ----------------------------------------------------------------------------------------
-
-
-def dsn_option(func: F) -> F:
-    """--dsn; when absent the App reads JOBBUS_DSN (read there, not by click, so that with --app the
-    precedence is the flag, then the App's own `dsn`, then the environment)."""
-    return click.option("--dsn", metavar="DSN", help="PostgreSQL DSN (default: JOBBUS_DSN).")(func)
-
-
-def json_option(func: F) -> F:
-    return click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")(func)
-
-
-class FiniteFloatRange(click.FloatRange):
-    """A float option within a range; NaN and infinities are refused (click's FloatRange lets NaN pass)."""
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        number = super().convert(value, param, ctx)
-        if not math.isfinite(number):
-            self.fail(f"{value!r} is not a finite number", param, ctx)
-        return number
-
-
-def check_names(option: str, values: Iterable[str], limit: int = MAX_TYPE_BYTES) -> None:
-    """Option values that name things stored in the database (queues, types, worker ids): non-empty,
-    encodable, within `limit` bytes; anything else is bad usage (exit 64) before the database is reached."""
-    try:
-        for value in values:
-            validate_text(option, value, limit)
-    except InvalidJobError as exc:
-        raise UsageProblem(str(exc)) from None
-
-
-def seconds_range(bounds: Bounds) -> FiniteFloatRange:
-    """The option type of a duration in seconds that feeds the setting with these bounds."""
-    return FiniteFloatRange(min=bounds.low, max=bounds.high, min_open=bounds.low_open, max_open=bounds.high_open)
 
 
 # -- the App of an operator command ------------------------------------------------------------------
@@ -177,6 +136,11 @@ def fitted_table(
             table.add_section()
         table.add_row(*(row[i] for i in kept))
     return table
+
+
+def shown(text: str, style: str = "") -> Text:
+    """A table cell or line that holds data: never parsed as markup, control characters escaped."""
+    return Text(visible(text), style=style)
 
 
 def styled(value: str) -> Text:

@@ -11,8 +11,8 @@ import click
 from jobbus import control
 from jobbus.cli import exit_codes
 from jobbus.cli.errors import UsageProblem, run
-from jobbus.cli.output import admin_app, console, dsn_option, json_option, print_json
-from jobbus.cli.text import shown
+from jobbus.cli.options import dsn_option, json_option
+from jobbus.cli.output import admin_app, console, print_json, shown
 
 _PART = re.compile(r"(\d+)([smhdw])")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}

@@ -11,8 +11,8 @@ from rich.text import Text
 
 from jobbus.cli import exit_codes
 from jobbus.cli.errors import UsageProblem, run
-from jobbus.cli.output import admin_app, check_names, console, dsn_option, json_option, print_json
-from jobbus.cli.text import shown
+from jobbus.cli.options import check_names, dsn_option, json_option
+from jobbus.cli.output import admin_app, console, print_json, shown
 from jobbus.errors import InvalidJobError
 from jobbus.limits import KEEP, Keep, QueueSettings, RateLimit
 

@@ -15,7 +15,8 @@ from jobbus.app import App
 from jobbus.cli import exit_codes
 from jobbus.cli.errors import UsageProblem, probe_database, run
 from jobbus.cli.loading import open_app
-from jobbus.cli.output import admin_app, dsn_option
+from jobbus.cli.options import dsn_option
+from jobbus.cli.output import admin_app
 from jobbus.cli.text import visible
 from jobbus.durations import resolve_available_at
 from jobbus.errors import InvalidJobError

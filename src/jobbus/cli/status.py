@@ -16,21 +16,10 @@ from rich.text import Text
 from jobbus import control
 from jobbus.cli import exit_codes
 from jobbus.cli.errors import run
-from jobbus.cli.output import (
-    Column,
-    FiniteFloatRange,
-    admin_app,
-    console,
-    dsn_option,
-    fitted_table,
-    human_seconds,
-    json_option,
-    print_json,
-    status_dict,
-)
+from jobbus.cli.options import FiniteFloatRange, dsn_option, json_option
+from jobbus.cli.output import Column, admin_app, console, fitted_table, human_seconds, print_json, shown, status_dict
 from jobbus.cli.periodic import periodic_table
 from jobbus.cli.queues import limits_table
-from jobbus.cli.text import shown
 
 
 @click.command("status")

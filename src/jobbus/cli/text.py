@@ -1,13 +1,12 @@
 """Showing text that comes from users (job types, queues, worker ids, configurations, errors) on a terminal.
 
-Such text is never read as rich markup (a queue named ``[/]`` or a configuration holding ``[INST]`` is
-shown as written), and control characters are shown as escapes (``\\x1b``) instead of being sent to the
-terminal, where they could recolour, rewrite or hide what an operator reads.
+Such text, drawn with `output.shown`, is never read as rich markup (a queue named ``[/]`` or a
+configuration holding ``[INST]`` is shown as written), and control characters are shown as escapes
+(``\\x1b``) instead of being sent to the terminal, where they could recolour, rewrite or hide what an
+operator reads.
 """
 
 from __future__ import annotations
-
-from rich.text import Text
 
 #: C0 controls except tab and newline, DEL, C1 controls, and the bidirectional overrides and isolates
 #: that can make text read differently from what it holds.
@@ -18,8 +17,3 @@ _ESCAPES = str.maketrans({code: f"\\x{code:02x}" if code <= 0xFF else f"\\u{code
 def visible(text: str) -> str:
     """`text` with every control character written as an escape; tabs and newlines are kept."""
     return text if text.isprintable() else text.translate(_ESCAPES)
-
-
-def shown(text: str, style: str = "") -> Text:
-    """A table cell or line that holds data: never parsed as markup, control characters escaped."""
-    return Text(visible(text), style=style)

@@ -12,7 +12,7 @@ import click
 
 from jobbus.cli.errors import UsageProblem, probe_database, run
 from jobbus.cli.loading import open_app
-from jobbus.cli.output import FiniteFloatRange, check_names, seconds_range
+from jobbus.cli.options import FiniteFloatRange, check_names, seconds_range
 from jobbus.requests import INT32_MAX
 from jobbus.settings import BOUNDS, DAY, redact
 from jobbus.worker import Worker, WorkerOptions

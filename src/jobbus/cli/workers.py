@@ -11,19 +11,18 @@ from rich.text import Text
 from jobbus import control
 from jobbus.cli import exit_codes
 from jobbus.cli.errors import run
+from jobbus.cli.options import dsn_option, json_option
 from jobbus.cli.output import (
     Column,
     admin_app,
     console,
-    dsn_option,
     fitted_table,
     human_seconds,
-    json_option,
     print_json,
+    shown,
     styled,
     worker_dict,
 )
-from jobbus.cli.text import shown
 
 
 @click.command("workers")
