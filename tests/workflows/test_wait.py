@@ -180,3 +180,28 @@ def test_the_sync_waiter_names_a_job_finished_and_deleted_too(sync_app: jobbus.A
     thread.join(60)
     assert len(raised) == 1 and isinstance(raised[0], jobbus.InvalidStateError)
     assert "finished and was deleted" in str(raised[0])
+
+
+@pytest.mark.parametrize("finished", [1, 199, 200, 201, 450])
+@pytest.mark.parametrize("with_follow_up", [False, True], ids=["plain", "a-follow-up-exists"])
+async def test_one_statement_notifies_every_id_it_finished_at_most_200_a_notification(
+    app: jobbus.App, dsn: str, finished: int, with_follow_up: bool
+) -> None:
+    """The `_done` payloads of one statement that finishes `finished` jobs: together every id once, each
+    within 200 ids (PostgreSQL refuses a payload of 8,000 bytes or more), with and without follow-ups
+    (the trigger builds the ids two ways)."""
+    ids = await app.schedule_many("t", [{}] * finished)
+    if with_follow_up:
+        await app.schedule("t", then=jobbus.JobRequest("t"))
+    with psycopg.connect(dsn, autocommit=True) as listener, psycopg.connect(dsn, autocommit=True) as conn:
+        listener.execute(f'LISTEN "{channel_name("jobbus", "_done")}"')
+        conn.execute(
+            "UPDATE jobbus.job SET status = 'cancelled', finished_at = now(), last_error = 'cancelled'"
+            " WHERE id = ANY(%s)",
+            (ids,),
+        )
+        payloads = [n.payload for n in listener.notifies(timeout=2.0)]
+    notified = [uuid.UUID(text) for payload in payloads for text in payload.split(",")]
+    assert sorted(notified) == sorted(ids)
+    assert len(payloads) == -(-finished // 200)
+    assert all(len(payload.encode()) < 8000 for payload in payloads)
