@@ -113,7 +113,7 @@ async def drain(args: Namespace) -> dict[str, Any]:
 
 async def latency(args: Namespace) -> dict[str, Any]:
     """An idle worker; jobs scheduled one at a time, `interval` apart; schedule call → handler start."""
-    app = _app(args.dsn)
+    app = apps.make_app(args.dsn, by_id=True)
     apps.STARTED_AT.clear()
     sent: dict[uuid.UUID, float] = {}
     async with app:
