@@ -233,3 +233,15 @@ def test_a_schema_newer_than_the_code_is_not_migrated(dsn: str) -> None:
     app = jobbus.App(dsn=dsn)
     with app.sync:
         assert app.sync.check_schema() == newer  # running against it stays allowed (rolling upgrades)
+
+
+def test_the_claim_keeps_its_planner_settings(empty_dsn: str) -> None:
+    """The claim walks its indexes (no bitmap or sequential scan, whatever the statistics) and plans
+    its statements once per connection: a later `CREATE OR REPLACE` of claim_jobs must restate both."""
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        schema.migrate(conn, "jobbus")
+        (settings,) = conn.execute(
+            "SELECT proconfig FROM pg_proc WHERE oid = 'jobbus.claim_jobs(text, integer, text[], text[],"
+            " double precision, integer, text[])'::regprocedure"
+        ).fetchone()  # type: ignore[misc]
+    assert {"enable_bitmapscan=off", "enable_seqscan=off", "plan_cache_mode=force_generic_plan"} <= set(settings)
