@@ -86,13 +86,15 @@ def test_the_groups_bar_shows_failures_in_light_dark_and_at_390_pixels(
         tab.goto(f"{url}/groups")
         bar = tab.locator(f'tr[data-group="{nine}"] .stack')
         assert bar.get_attribute("title") == "51 completed, 9 failed of 60"
-        # Measured in one turn of the page's script: a live refresh may replace the row between two calls,
-        # and a replaced element has no box and an empty computed style.
-        failed_width, bar_width, red = bar.evaluate(
-            """e => { const f = e.querySelector('.failed');
-                      return [f.getBoundingClientRect().width, e.getBoundingClientRect().width,
-                              getComputedStyle(f).backgroundColor]; }"""
-        )
+        # Found and measured in one turn of the page's script, retried until laid out: a live refresh may
+        # replace the row between two calls, and a replaced element has no box and an empty style.
+        failed_width, bar_width, red = tab.wait_for_function(
+            """selector => { const e = document.querySelector(selector); const f = e && e.querySelector('.failed');
+                 if (!f || !e.isConnected) return null;
+                 const w = e.getBoundingClientRect().width, fw = f.getBoundingClientRect().width;
+                 return w > 0 && fw > 0 ? [fw, w, getComputedStyle(f).backgroundColor] : null; }""",
+            arg=f'tr[data-group="{nine}"] .stack',
+        ).json_value()
         share = failed_width / bar_width
         assert 0.13 < share < 0.17, (name, share)
         r, g, b = map(int, re.findall(r"\d+", red)[:3])
