@@ -227,6 +227,7 @@ def drain_processes(suite: Suite) -> None:
                     suite.reset(system, db)
                     run_driver(system.argv("fill", dsn, jobs=jobs))
                     suite.server.execute(db, "VACUUM ANALYZE jobbus.job")
+                    suite.server.checkpoint()
                     suite.server.sample_noise()
                     load = os.getloadavg()[0]
                     commits0, wal0 = suite.server.counters(db)
@@ -380,6 +381,7 @@ def backlog(suite: Suite) -> None:
                     suite.record(scenario, "jobbus", case.label, case.rows, "claim buffers", "blocks", probe.buffers)
                     dsn = suite.dsn(db)
                     run_driver(system.argv("fill", dsn, jobs=jobs))
+                    suite.server.checkpoint()
                     suite.server.sample_noise()
                     result = run_driver(system.argv("drain", dsn, concurrency=setting.concurrency, batch=0))
                     with suite.server.connect(db) as conn:
