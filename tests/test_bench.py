@@ -1,5 +1,6 @@
 """The benchmark suite's own bookkeeping (bench/): merging an earlier run, CPU readings, the edits of the
-shipped SQL that bench/unused_features.py measures without. No database."""
+shipped SQL that bench/unused_features.py measures without (no database), and the statement
+bench/round_trips.py sends (a test database)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psycopg
 import pytest
-from bench import capacity, harness, run, suite, unused_features
+from bench import apps, capacity, harness, round_trips, run, suite, unused_features
 
 from jobbus import schema
+from jobbus.requests import JobRequest
+from jobbus.store import Statement
 from jobbus.store.statements import queries
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -188,3 +192,32 @@ def test_the_worker_process_strips_apply_to_the_shipped_worker() -> None:
     assert (probe.returncode, probe.stdout) == (0, "NoObservers False None\n"), probe.stderr
     assert driver.returncode == 0, driver.stderr
     assert driver.stdout.startswith("usage: ")
+
+
+def test_the_pgbench_text_of_the_one_job_insert_runs_and_inserts_one_queued_job(dsn: str) -> None:
+    app = apps.make_app(dsn)
+    spec = app.registry.build_job_spec(JobRequest(harness.NOOP, {}))
+    statement = app.store.insert_jobs([spec])
+    assert isinstance(statement, Statement)
+
+    text = round_trips.libpq_statement(statement.query, statement.params)
+
+    assert "%(" not in text and "--" not in text and text.endswith(";\n")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        inserted = conn.execute(text.encode()).fetchall()
+        rows = conn.execute("SELECT type, queue, status FROM jobbus.job").fetchall()
+    assert len(inserted) == 1 and inserted[0][3] is True  # one row, newly inserted
+    assert rows == [(harness.NOOP, "default", "queued")]
+
+
+async def test_round_trips_measures_every_call_it_names(dsn: str) -> None:
+    figures = await round_trips.measure(dsn, calls=5, rounds=2, gap=0.0)
+
+    names = {"SELECT 1, psycopg", "jobbus's insert, bare psycopg", "app.schedule"}
+    assert names <= set(figures)
+    assert all(len(figures[name]) == 2 and all(wall > 0 for wall, _ in figures[name]) for name in names)
+    with psycopg.connect(dsn) as conn:
+        (jobs,) = conn.execute("SELECT count(*) FROM jobbus.job").fetchone() or (0,)
+    # warm-up 20 + 2 rounds of 5, for each of the two inserting calls; pgbench's inserts on top
+    pgbench = "jobbus's insert, pgbench (libpq)" in figures
+    assert jobs == 60 if not pgbench else jobs > 60
