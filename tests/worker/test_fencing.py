@@ -277,5 +277,7 @@ async def test_lease_renewals_and_checkpoints_are_hot_updates(dsn: str) -> None:
     assert row is not None
     updates, hot = row
     status_changes = 2 * 20  # each job's claim and outcome
+    others = updates - status_changes
+    print(f"HOT: {hot} of the {others} renewals and checkpoints ({hot / others:.1%})")  # docs/capacity.md quotes it
     assert updates > 400  # 20 jobs × 10 checkpoints, plus about 20 renewals each
     assert hot >= 0.5 * (updates - status_changes), (updates, hot)
