@@ -21,7 +21,6 @@ import asyncio
 import math
 import os
 import re
-import resource
 import shutil
 import statistics
 import subprocess
@@ -29,7 +28,6 @@ import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -43,27 +41,25 @@ from jobbus.store import Statement
 Call = Callable[[], Awaitable[object]]
 
 
-def cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 async def timed(call: Call, calls: int, gap: float) -> tuple[float, float]:
     """(wall µs, CPU µs) per call; a gap's sleep is outside both."""
     wall = cpu = 0.0
     for _ in range(calls):
         if gap:
             await asyncio.sleep(gap)
-        started, cpu_started = time.perf_counter(), cpu_seconds()
+        started, cpu_started = time.perf_counter(), harness.cpu_seconds()
         await call()
         wall += time.perf_counter() - started
-        cpu += cpu_seconds() - cpu_started
+        cpu += harness.cpu_seconds() - cpu_started
     return wall / calls * 1e6, cpu / calls * 1e6
 
 
 def libpq_statement(query: str, params: Mapping[str, Any]) -> str:
     """The insert with its parameters written in, for pgbench; the id is the server's."""
-    literals = {name: "NULL" if value is None else f"'{value}'" for name, value in params.items()}
+    literals = {
+        name: "NULL" if value is None else "'{}'".format(str(value).replace("'", "''"))
+        for name, value in params.items()
+    }
     literals["id"] = "gen_random_uuid()"
     text = "\n".join(line for line in query.splitlines() if not line.lstrip().startswith("--"))
     text = re.sub(r"%\((\w+)\)s", lambda m: literals[m.group(1)], text).replace("%%", "%")
@@ -73,29 +69,19 @@ def libpq_statement(query: str, params: Mapping[str, Any]) -> str:
 def pgbench_rate(dsn: str, statement: str, seconds: int) -> float | None:
     """Calls per second of the statement through pgbench (one client, prepared); None without pgbench
     or when it fails (a server it cannot reach as given, say)."""
-    found = shutil.which("pgbench")
-    pgbench = Path(found) if found else next((p for p in debian_pgbench() if os.access(p, os.X_OK)), None)
+    pgbench = shutil.which("pgbench")
     if pgbench is None:
         return None
     with tempfile.NamedTemporaryFile("w", suffix=".sql") as script:
         script.write(statement)
         script.flush()
-        argv = [str(pgbench), "-n", "-c", "1", "-T", str(seconds), "-M", "prepared", "-f", script.name, dsn]
+        argv = [pgbench, "-n", "-c", "1", "-T", str(seconds), "-M", "prepared", "-f", script.name, dsn]
         done = subprocess.run(argv, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         print(f"pgbench failed, its figure is left out: {done.stderr.strip()[:200]}")
         return None
     tps = re.search(r"tps = ([\d.]+)", done.stdout)
     return float(tps.group(1)) if tps else None
-
-
-def debian_pgbench() -> list[Path]:
-    """Debian keeps pgbench beside the server's binaries, off PATH; the newest first."""
-    root = Path("/usr/lib/postgresql")
-    if not root.is_dir():
-        return []
-    versions = sorted(root.iterdir(), key=lambda v: int(v.name) if v.name.isdigit() else 0, reverse=True)
-    return [version / "bin" / "pgbench" for version in versions]
 
 
 async def measure(dsn: str, calls: int, rounds: int, gap: float) -> dict[str, list[tuple[float, float]]]:
