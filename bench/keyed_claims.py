@@ -38,7 +38,7 @@ def _claim_ms(app: jobbus.App, conn: psycopg.Connection[Any], limit: int) -> tup
     )
     with conn.transaction():  # the statement alone: its commit (a WAL flush) is not timed
         started = time.perf_counter()
-        jobs = run_sync(conn, statement)
+        jobs = run_sync(conn, statement).jobs
         took = (time.perf_counter() - started) * 1000
     return took, len(jobs)
 
