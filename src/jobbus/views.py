@@ -12,13 +12,26 @@ from __future__ import annotations
 from functools import cache
 from typing import TYPE_CHECKING, TypeVar
 
+from jobbus.models import Job
 from jobbus.store.statements import Statement, run_async
-from jobbus.store.views import COUNT_CAP, VIEWS, Count, Cursor, Filters, Page, ViewStore
+from jobbus.store.views import COUNT_CAP, FINISHED, VIEWS, Count, Cursor, Filters, Page, ViewStore
 
 if TYPE_CHECKING:
     from jobbus.app import App
 
-__all__ = ["COUNT_CAP", "VIEWS", "Count", "Cursor", "Filters", "Page", "count", "counts", "page"]
+__all__ = [
+    "COUNT_CAP",
+    "VIEWS",
+    "Count",
+    "Cursor",
+    "Filters",
+    "Page",
+    "count",
+    "counts",
+    "cursor_after",
+    "jobs_of",
+    "page",
+]
 
 _T = TypeVar("_T")
 #: No filter: every job of the view.
@@ -45,6 +58,20 @@ async def count(app: App, view: str, filters: Filters = ANY, *, cap: int = COUNT
 async def counts(app: App, filters: Filters = ANY, *, views: tuple[str, ...] = TABS) -> dict[str, Count]:
     """The count of each of `views` under the same filters (the jobs page's tabs)."""
     return {view: await count(app, view, filters) for view in views}
+
+
+async def jobs_of(app: App, page: Page) -> list[Job]:
+    """The jobs of a page read whole (every column, the configuration and result included), in its order."""
+    return await _run(app, app.store.find_jobs([job.id for job in page.jobs]))
+
+
+def cursor_after(view: str, job: Job) -> Cursor:
+    """The cursor of the page of `view` that follows `job` (a job of that view)."""
+    if view in (*FINISHED, "finished"):
+        return Cursor(job.id, job.finished_at)
+    if view == "running":
+        return Cursor(job.id, job.started_at)
+    return Cursor(job.id, job.available_at)
 
 
 @cache

@@ -177,8 +177,12 @@ def iso(value: datetime | None) -> str | None:
 
 
 def job_dict(job: Job) -> dict[str, Any]:
-    """Every column of the job, in table order."""
+    """Every column of the job, in table order, then its view (`retrying`, `waiting`, ...), when a queued
+    one runs next and what a parked one waits for."""
     values: dict[str, Any] = to_jsonable(job)
+    values["view"] = job.view
+    values["next_run_at"] = iso(job.next_run_at)
+    values["waiting_for"] = job.waiting_for
     return values
 
 
@@ -339,7 +343,7 @@ def local_zone() -> tzinfo:
 
 
 def job_status_text(job: Job) -> Text:
-    text = styled(job.status.value)
+    text = styled(job.view)
     if job.status is JobStatus.RUNNING and job.cancellation_requested_at is not None:
         text.append(" (cancel requested)", style="magenta")
     return text

@@ -27,6 +27,7 @@ from jobbus.models import (
 )
 from jobbus.schema import SERVER_AND_VERSION_QUERY, render
 from jobbus.store.statements import Chain, Copy, Row, Statement, channel_name, queries
+from jobbus.store.views import SEARCH, escape_like
 
 #: SQLSTATE of the schema's refusal of a group (migration 0013): `schedule_group` on an id that has jobs,
 #: or a job added to a group that has a callback.
@@ -397,6 +398,15 @@ class JobStore:
         """One job with its parent and steps."""
         return Statement(self._q["find_job"], {"id": job_id}, lambda rows, _: job_from_row(rows[0]) if rows else None)
 
+    def find_jobs(self, ids: Sequence[uuid.UUID]) -> Statement[list[Job]]:
+        """The jobs of `ids` that exist, in the order of `ids`."""
+
+        def decode(rows: list[Row], _: int) -> list[Job]:
+            found = {job.id: job for job in map(job_from_row, rows)}
+            return [found[job_id] for job_id in ids if job_id in found]
+
+        return Statement(self._q["find_jobs"], {"ids": list(ids)}, decode, prepare=False)
+
     def list_jobs(
         self,
         *,
@@ -408,9 +418,13 @@ class JobStore:
         after: uuid.UUID | None = None,
         limit: int = 100,
         newest_first: bool = False,
+        name: str | None = None,
+        search: str | None = None,
     ) -> Statement[list[Job]]:
         """One page in creation order (UUIDv7 ids), along the primary key in either direction."""
         params = {
+            "name": name,
+            "text": f"%{escape_like(search)}%" if search else None,
             "statuses": list(statuses) if statuses else None,
             "views": list(views) if views else None,
             "queues": list(queues) if queues else None,
@@ -419,7 +433,7 @@ class JobStore:
             "after": after,
             "limit": limit,
         }
-        query = self._q["list_jobs_newest" if newest_first else "list_jobs"]
+        query = self._q["list_jobs_newest" if newest_first else "list_jobs"].replace("{search}", SEARCH)
         return Statement(query, params, lambda rows, _: [job_from_row(r) for r in rows], prepare=False)
 
     def group_progress(self, group_id: uuid.UUID) -> Statement[GroupProgress]:

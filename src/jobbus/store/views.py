@@ -91,8 +91,9 @@ class JobSummary:
 
     @property
     def next_run_at(self) -> datetime | None:
-        """When a queued job becomes available (a retry its next attempt, a parked job its wake-up)."""
-        return self.available_at if self.status == "queued" else None
+        """When a queued job becomes available (a retry its next attempt, a parked job its wake-up; None
+        for a wait without a timeout, and for a job that is not queued)."""
+        return self.available_at if self.status == "queued" and self.available_at.year < 9000 else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -452,28 +452,38 @@ SELECT {columns}, (SELECT c.parent_id FROM {schema}.job_child AS c WHERE c.child
        j.expires_at
 FROM {schema}.job AS j WHERE id = %(id)s;
 
+-- name: find_jobs
+-- find_job for many ids at once (a page of a view read whole); the caller orders them.
+SELECT {columns}, (SELECT c.parent_id FROM {schema}.job_child AS c WHERE c.child_id = j.id),
+       (SELECT jsonb_object_agg(s.name, s.result) FROM {schema}.job_step AS s WHERE s.job_id = j.id),
+       j.expires_at
+FROM {schema}.job AS j WHERE id = ANY(%(ids)s::uuid[]);
+
 -- name: group_progress
 SELECT status, count(*) FROM {schema}.job WHERE group_id = %(group_id)s GROUP BY status;
 
 -- name: list_jobs
 -- Keyset pagination on id (UUIDv7, so creation order): pass the last id seen as %(after)s. Beside the
--- statuses, the views of queued jobs (jobbus.models.JOB_VIEWS): `waiting` (parked in a durable wait:
--- available later, its last history entry "waiting"), `retrying` (after a failed attempt, not parked)
--- and `scheduled` (available later, never attempted, not parked); a job is in at most one of them.
+-- statuses, the views of queued jobs (jobbus.models.JOB_VIEWS, as sql/queries/views.sql reads them):
+-- `waiting` (parked in a durable wait: its last history entry "waiting"), `retrying` (after a failed
+-- attempt, not parked) and `scheduled` (available later, never attempted, not parked); a job is in at
+-- most one of them.
 SELECT {columns}, (SELECT c.parent_id FROM {schema}.job_child AS c WHERE c.child_id = j.id),
        (SELECT jsonb_object_agg(s.name, s.result) FROM {schema}.job_step AS s WHERE s.job_id = j.id),
        j.expires_at
 FROM {schema}.job AS j
 WHERE ((%(statuses)s::text[] IS NULL AND %(views)s::text[] IS NULL) OR status = ANY(%(statuses)s::text[])
        OR (status = 'queued' AND %(views)s::text[] IS NOT NULL AND (
-              ('waiting' = ANY(%(views)s::text[]) AND available_at > now() AND history -> -1 ->> 'outcome' = 'waiting')
+              ('waiting' = ANY(%(views)s::text[]) AND (history -> -1 ->> 'outcome') = 'waiting')
            OR ('retrying' = ANY(%(views)s::text[]) AND attempts > 0
-               AND NOT (available_at > now() AND coalesce(history -> -1 ->> 'outcome', '') = 'waiting'))
+               AND (history -> -1 ->> 'outcome') IS DISTINCT FROM 'waiting')
            OR ('scheduled' = ANY(%(views)s::text[]) AND available_at > now() AND attempts = 0
-               AND coalesce(history -> -1 ->> 'outcome', '') <> 'waiting'))))
+               AND (history -> -1 ->> 'outcome') IS DISTINCT FROM 'waiting'))))
   AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
   AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
   AND (%(group_id)s::uuid IS NULL OR group_id = %(group_id)s::uuid)
+  AND (%(name)s::text IS NULL OR j.name = %(name)s::text)
+  AND (%(text)s::text IS NULL OR {search})
   AND (%(after)s::uuid IS NULL OR id > %(after)s::uuid)
 ORDER BY id
 LIMIT %(limit)s;
@@ -486,14 +496,16 @@ SELECT {columns}, (SELECT c.parent_id FROM {schema}.job_child AS c WHERE c.child
 FROM {schema}.job AS j
 WHERE ((%(statuses)s::text[] IS NULL AND %(views)s::text[] IS NULL) OR status = ANY(%(statuses)s::text[])
        OR (status = 'queued' AND %(views)s::text[] IS NOT NULL AND (
-              ('waiting' = ANY(%(views)s::text[]) AND available_at > now() AND history -> -1 ->> 'outcome' = 'waiting')
+              ('waiting' = ANY(%(views)s::text[]) AND (history -> -1 ->> 'outcome') = 'waiting')
            OR ('retrying' = ANY(%(views)s::text[]) AND attempts > 0
-               AND NOT (available_at > now() AND coalesce(history -> -1 ->> 'outcome', '') = 'waiting'))
+               AND (history -> -1 ->> 'outcome') IS DISTINCT FROM 'waiting')
            OR ('scheduled' = ANY(%(views)s::text[]) AND available_at > now() AND attempts = 0
-               AND coalesce(history -> -1 ->> 'outcome', '') <> 'waiting'))))
+               AND (history -> -1 ->> 'outcome') IS DISTINCT FROM 'waiting'))))
   AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
   AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
   AND (%(group_id)s::uuid IS NULL OR group_id = %(group_id)s::uuid)
+  AND (%(name)s::text IS NULL OR j.name = %(name)s::text)
+  AND (%(text)s::text IS NULL OR {search})
   AND (%(after)s::uuid IS NULL OR id < %(after)s::uuid)
 ORDER BY id DESC
 LIMIT %(limit)s;
