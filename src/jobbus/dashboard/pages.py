@@ -7,7 +7,6 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
 
-import psycopg
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
@@ -19,14 +18,12 @@ from jobbus.dashboard.charts import RANGES
 from jobbus.dashboard.state import Dashboard
 from jobbus.dashboard.workflow import step_views, waiting_reason
 from jobbus.models import JOB_VIEWS, TRACE_KEY, JobStatus
-from jobbus.store.dashboard import COUNT_CAP, FAMILY_LIMIT, WINDOW, Children, Cursor, JobPageRow, QueueRow, Steps
+from jobbus.store.dashboard import COUNT_CAP, FAMILY_LIMIT, WINDOW, Cursor, QueueRow
 
 PAGE_SIZE = 50
 STATUSES = ("queued", "running", "completed", "failed", "cancelled")
 #: The views of queued jobs the jobs page offers beside the statuses (jobbus.models.JOB_VIEWS).
 VIEWS = JOB_VIEWS
-#: What reading a job's workflow raises on a schema without migration 0010's tables (or 0014's column).
-BEFORE_WORKFLOWS = (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn)
 
 
 async def queue_rows(dash: Dashboard) -> tuple[list[QueueRow], dict[str, Any]]:
@@ -131,14 +128,9 @@ async def job_detail(dash: Dashboard, request: Request) -> Response:
     if job_id is None:
         raise HTTPException(404, f"{raw_id[:80]!r} is not a job id: a job id is a UUID")
     after = formatting.parse_uuid(request.query_params.get("children_after"))
-    try:
-        found = await dash.run(dash.store.job(job_id))
-        steps = await dash.run(dash.store.job_steps(job_id))
-        children = await dash.run(dash.store.job_children(job_id, after=after))
-    except BEFORE_WORKFLOWS:  # a schema a migration behind (rolling deploy): no workflow to show
-        legacy = await dash.app.find(job_id)
-        found = JobPageRow(legacy, None, None) if legacy else None
-        steps, children = Steps([], 0), Children([], 0, None)
+    found = await dash.run(dash.store.job(job_id))
+    steps = await dash.run(dash.store.job_steps(job_id))
+    children = await dash.run(dash.store.job_children(job_id, after=after))
     if found is None:
         raise HTTPException(404, f"no job has the id {job_id}: it may have been deleted, or pruned by retention")
     job = found.job

@@ -17,6 +17,7 @@ from jobbus.dashboard import formatting
 from jobbus.dashboard.live import LiveUpdates
 from jobbus.dashboard.security import CSRF_FIELD, Guard, Redactor, redact_secrets
 from jobbus.dashboard.workflow import parked_without_deadline
+from jobbus.errors import SchemaError
 from jobbus.store.dashboard import DashboardStore
 from jobbus.store.statements import Statement, run_async
 
@@ -54,6 +55,7 @@ class Dashboard:
         self.templates.filters["parked_without_deadline"] = parked_without_deadline
         self._opened = False
         self._open_lock = asyncio.Lock()
+        self._schema_current = False
         self.live = LiveUpdates(
             pulse=lambda: self.run(self.store.pulse()),
             listen_dsn=app.settings.notification_dsn,
@@ -74,6 +76,24 @@ class Dashboard:
         if self._opened:
             self._opened = False
             await self.app.close()
+
+    async def schema_problem(self) -> str | None:
+        """What keeps the pages from reading the database, as `SchemaError` says it (no jobbus schema, or
+        one older than this code: run `jobbus migrate`), or None. A current schema is checked once, and
+        again after `schema_may_have_changed`."""
+        if self._schema_current:
+            return None
+        await self.ensure_open()
+        try:
+            await self.app.check_schema()
+        except SchemaError as exc:
+            return str(exc)
+        self._schema_current = True
+        return None
+
+    def schema_may_have_changed(self) -> None:
+        """A statement met a table, column or function that is not there: check the schema again."""
+        self._schema_current = False
 
     async def run(self, statement: Statement[T]) -> T:
         await self.ensure_open()

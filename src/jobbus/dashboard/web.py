@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
@@ -18,7 +19,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, RedirectResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
@@ -33,7 +34,8 @@ from jobbus.dashboard.security import (
     set_csrf_cookie,
 )
 from jobbus.dashboard.state import FLASH_COOKIE, Dashboard, package_dir
-from jobbus.errors import InvalidJobError, InvalidStateError
+from jobbus.errors import DatabaseUnavailableError, InvalidJobError, InvalidStateError, SchemaError
+from jobbus.producer.plan import SCHEMA_OUTDATED
 
 if TYPE_CHECKING:
     from jobbus.app import App
@@ -41,6 +43,10 @@ if TYPE_CHECKING:
 Endpoint = Callable[[Request], Awaitable[Response]]
 Page = Callable[[Dashboard, Request], Awaitable[Response]]
 Action = Callable[[Dashboard, Request, dict[str, Any]], Awaitable[str]]
+Unavailable = Callable[[Dashboard, Request, str], Response]
+#: What a statement raises on a schema older than this code, or none: the guard checks the schema again.
+SCHEMA_GONE = (SchemaError, *SCHEMA_OUTDATED)
+logger = logging.getLogger("jobbus.dashboard")
 
 
 def create_starlette(
@@ -80,10 +86,10 @@ def create_starlette(
         Route("/periodic/{name:path}/{verb}", action(dash, actions.periodic_action), methods=["POST"]),
         Route("/groups", page(dash, pages.groups)),
         Route("/groups/{group_id}", page(dash, pages.group_detail)),
-        Route("/events", page(dash, events)),
+        Route("/events", page(dash, events, unavailable=schema_missing_event)),
         Route("/login", functools.partial(auth.login, dash), methods=["GET", "POST"]),
         Route("/logout", functools.partial(auth.logout, dash), methods=["POST"]),
-        Route("/health", health),
+        Route("/health", functools.partial(health, dash)),
         Mount("/static", app=StaticFiles(directory=package_dir("static")), name="static"),
     ]
     starlette = Starlette(
@@ -99,8 +105,10 @@ def create_starlette(
 # -- guards -----------------------------------------------------------------------------------------
 
 
-def page(dash: Dashboard, handler: Page) -> Endpoint:
-    """`handler` behind the token (a browser is sent to the login form), with the security headers."""
+def page(dash: Dashboard, handler: Page, *, unavailable: Unavailable | None = None) -> Endpoint:
+    """`handler` behind the token (a browser is sent to the login form), with the security headers; on a
+    database without the current schema, `unavailable` answers instead (default: `schema_missing`)."""
+    answer_unavailable = unavailable or schema_missing
 
     async def endpoint(request: Request) -> Response:
         if not dash.guard.authenticated(request):
@@ -110,7 +118,17 @@ def page(dash: Dashboard, handler: Page) -> Endpoint:
                 return RedirectResponse(f"{base}/login?{urlencode({'next': target})}", status_code=303)
             return PlainTextResponse("authentication required", status_code=401)
         await dash.ensure_open()
-        response = await handler(dash, request)
+        problem = await dash.schema_problem()
+        if problem is None:
+            try:
+                response = await handler(dash, request)
+            except SCHEMA_GONE:  # a statement met a table that is not there (the schema was dropped?)
+                dash.schema_may_have_changed()
+                if (problem := await dash.schema_problem()) is None:
+                    raise
+        if problem is not None:
+            logger.warning("%s %s: %s", request.method, request.url.path, problem)
+            response = answer_unavailable(dash, request, problem)
         set_csrf_cookie(request, response)
         response.headers.setdefault("cache-control", "no-store")
         response.headers.update(SECURITY_HEADERS)
@@ -161,7 +179,7 @@ async def http_error(dash: Dashboard, request: Request, exc: Exception) -> Respo
     return response
 
 
-# -- the live event stream and the health check ------------------------------------------------------
+# -- the live event stream and the health check -----------------------------------------------------
 
 
 async def events(dash: Dashboard, request: Request) -> Response:
@@ -177,5 +195,38 @@ async def events(dash: Dashboard, request: Request) -> Response:
     )
 
 
-async def health(request: Request) -> Response:
+async def health(dash: Dashboard, request: Request) -> Response:
+    """`ok`, or 503 saying why the pages cannot be read (no current schema, the database away)."""
+    try:
+        problem = await dash.schema_problem()
+    except DatabaseUnavailableError as exc:
+        problem = str(exc)
+    if problem is not None:
+        logger.warning("%s %s: %s", request.method, request.url.path, problem)
+        return PlainTextResponse(problem, status_code=503)
     return PlainTextResponse("ok")
+
+
+# -- without the schema -----------------------------------------------------------------------------
+
+
+def schema_missing(dash: Dashboard, request: Request, problem: str) -> Response:
+    """The page that says to migrate (JSON to a client that asks for JSON rather than HTML)."""
+    accept = request.headers.get("accept", "")
+    if "application/json" in accept and "text/html" not in accept:
+        return JSONResponse({"error": problem}, status_code=503)
+    response = dash.render(
+        request,
+        "error.html",
+        title="Schema not ready",
+        status_code=503,
+        message=problem,
+        hint="The dashboard reads the jobbus schema of its database. Migrate it, then reload this page.",
+    )
+    response.status_code = 503
+    return response
+
+
+def schema_missing_event(dash: Dashboard, request: Request, problem: str) -> Response:
+    """The event stream's answer: one `schema` event saying to migrate."""
+    return Response(f"event: schema\ndata: {problem}\n\n", status_code=503, media_type="text/event-stream")
