@@ -17,6 +17,7 @@ from jobbus.cli.errors import UsageProblem, probe_database, run
 from jobbus.cli.loading import open_app
 from jobbus.cli.options import dsn_option
 from jobbus.cli.output import admin_app
+from jobbus.cli.suggest import closest
 from jobbus.cli.text import visible
 from jobbus.durations import resolve_available_at
 from jobbus.errors import InvalidJobError
@@ -30,6 +31,9 @@ from jobbus.requests import (
     JobRequest,
     build_spec,
 )
+
+#: How many of its types a warning lists when none is spelt like the one scheduled.
+TYPES_LISTED = 5
 
 
 def parse_when(text: str, option: str = "--at") -> datetime:
@@ -133,6 +137,9 @@ def schedule_command(
       jobbus schedule digest.send --config '{"user_id": 7}' --expires 3600
       echo '{"to": "a@example.com"}' | jobbus schedule email.send --config -
 
+    With --app, a TYPE that the App has no handler for is scheduled all the same, with a warning on
+    stderr naming the types it handles that are spelt most like TYPE.
+
     Exit codes: 0 scheduled, 64 bad usage (invalid JSON, a config that is not an object, a naive
     --at or --expires, a value out of range, an --expires that is neither seconds nor a timestamp),
     69 database unreachable, 78 schema missing or bad --app.
@@ -161,6 +168,8 @@ def schedule_command(
     async def schedule(app: App) -> int:
         job_id = await app.schedule(job_type, configuration, **options)
         click.echo(str(job_id))
+        if app_spec is not None:
+            _warn_if_unhandled(app, app_spec, job_type)
         if queue is None:
             await _warn_if_elsewhere(app, job_id, job_type)
         return exit_codes.OK
@@ -178,6 +187,21 @@ def schedule_command(
     sys.exit(run(body))
 
 
+def _warn_if_unhandled(app: App, app_spec: str, job_type: str) -> None:
+    """With --app: when its App has handlers but none for TYPE (a typo?), say so on stderr and name the
+    types spelt most like it. The job is scheduled all the same: another process may handle TYPE."""
+    known = sorted(app.handlers)
+    if not known or job_type in app.handlers:
+        return  # an App without handlers is a producer's: it knows no types to compare with
+    near = closest(job_type, known)
+    if near:
+        found = f"closest: {', '.join(near)}"
+    else:
+        more = len(known) - TYPES_LISTED
+        found = f"no close match; it handles {', '.join(known[:TYPES_LISTED])}{f' and {more} more' if more > 0 else ''}"
+    warn(f"warning: the app {app_spec} has no handler for {job_type} ({found}); scheduled anyway")
+
+
 async def _warn_if_elsewhere(app: App, job_id: uuid.UUID, job_type: str) -> None:
     """Without --queue: when live workers handle the type only in other queues than the one the job
     landed in, say so (on stderr), so that a job does not wait where nobody looks."""
@@ -193,8 +217,9 @@ async def _warn_if_elsewhere(app: App, job_id: uuid.UUID, job_type: str) -> None
         f"queue {', '.join(elsewhere)} only: it waits until a worker serves {job.queue} "
         f"(pass --queue {elsewhere[0]} to schedule it there)"
     )
-    click.secho(
-        visible(message),
-        fg="yellow",
-        err=True,
-    )
+    warn(message)
+
+
+def warn(message: str) -> None:
+    """One warning line on stderr (stdout holds the job's id alone)."""
+    click.secho(visible(message), fg="yellow", err=True)
