@@ -266,3 +266,16 @@ def test_schedule_warns_of_no_type_with_nothing_to_compare_it_with(dsn: str) -> 
     for result in (handled, without_app, producer_app):
         assert result.returncode == 0 and result.stderr == ""
         assert job_status(dsn, result.stdout.strip()) == "queued"
+
+
+def test_schedule_in_a_duration_makes_the_job_available_that_long_after_its_creation(dsn: str) -> None:
+    job_id = _schedule(dsn, "noop", "--in", "1h30m")
+    delay = query_value(dsn, "SELECT available_at - created_at FROM jobbus.job WHERE id = %s", job_id)
+    assert timedelta(hours=1, minutes=30) <= delay < timedelta(hours=1, minutes=30, seconds=5)
+    listed = jobbus_json(dsn, "jobs", "list", "--status", "scheduled")
+    assert [job["id"] for job in listed] == [job_id]
+
+
+def test_schedule_in_zero_seconds_is_available_now(dsn: str) -> None:
+    job_id = _schedule(dsn, "noop", "--in", "0s")
+    assert query_value(dsn, "SELECT available_at <= now() FROM jobbus.job WHERE id = %s", job_id) is True
