@@ -25,6 +25,9 @@ from tests.test_producer import RANDOM_CJK
         pytest.param(["schedule", "t", "--config", "[1, 2]"], id="config-not-an-object"),
         pytest.param(["schedule", "t", "--at", "2030-01-01T09:00:00"], id="naive-at"),
         pytest.param(["schedule", "t", "--at", "next tuesday"], id="unparseable-at"),
+        pytest.param(["schedule", "t", "--in", "soon"], id="unparseable-in"),
+        pytest.param(["schedule", "t", "--in", "36501d"], id="in-over-100-years"),
+        pytest.param(["schedule", "t", "--at", "2030-01-01T09:00:00Z", "--in", "1h"], id="at-and-in"),
         pytest.param(["prune", "--older-than", "seven days"], id="bad-duration"),
         pytest.param(["prune", "--older-than", "1d", "--status", "queued"], id="prune-active-status"),
         pytest.param(["jobs", "show", "not-a-uuid"], id="bad-job-id"),
@@ -68,6 +71,20 @@ def test_bad_usage_exits_64_with_one_error_line_before_touching_the_database(arg
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("error: ") and lines[0].endswith(" --help)"), lines[0]
     assert "Traceback" not in result.stderr and "Usage:" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--in", "soon"], "--in 'soon' is not a duration"),
+        (["--in", "-5m"], "--in '-5m' is not a duration"),
+        (["--at", "2030-01-01T09:00:00Z", "--in", "1h"], "--at and --in exclude each other"),
+    ],
+)
+def test_schedule_names_the_flag_it_refuses(args: list[str], named: str) -> None:
+    result = jobbus(UNREACHABLE_DSN, "schedule", "t", *args)
+    assert result.returncode == 64, result.stderr
+    assert result.stderr.startswith(f"error: {named}"), result.stderr
 
 
 def test_a_usage_error_names_the_command_to_ask_for_help() -> None:

@@ -233,3 +233,49 @@ def test_schedule_without_queue_warns_when_live_workers_handle_the_type_elsewher
     execute(dsn, "UPDATE jobbus.worker SET queues = NULL WHERE id = 'mailer'")
     everywhere = jobbus(dsn, "schedule", "mail.send")
     assert everywhere.returncode == 0 and everywhere.stderr == ""
+
+
+MAIL_APP = "tests.cli.mistaken_apps:app"  # handles mail.welcome, mail.password_reset, report.render
+
+
+def test_schedule_with_an_app_warns_of_a_type_it_has_no_handler_for_and_schedules_it(dsn: str) -> None:
+    result = jobbus(dsn, "schedule", "mail.welcom", "--app", MAIL_APP)
+    assert result.returncode == 0, result.stderr
+    assert job_status(dsn, result.stdout.strip()) == "queued"  # stdout stays the id alone
+    assert result.stderr.splitlines() == [
+        f"warning: the app {MAIL_APP} has no handler for mail.welcom (closest: mail.welcome); scheduled anyway"
+    ]
+
+
+def test_without_a_close_type_the_warning_lists_what_the_app_handles(dsn: str) -> None:
+    few = jobbus(dsn, "schedule", "invoice.send", "--app", MAIL_APP)
+    assert few.returncode == 0 and job_status(dsn, few.stdout.strip()) == "queued"
+    assert few.stderr.splitlines() == [
+        f"warning: the app {MAIL_APP} has no handler for invoice.send (no close match; it handles "
+        "mail.password_reset, mail.welcome, report.render); scheduled anyway"
+    ]
+    many = jobbus(dsn, "schedule", "invoice.send", "--app", "tests.cli.mistaken_apps:many")
+    assert many.returncode == 0 and job_status(dsn, many.stdout.strip()) == "queued"
+    assert "it handles batch.step_0, batch.step_1, batch.step_2, batch.step_3, batch.step_4 and 3 more)" in many.stderr
+
+
+def test_schedule_warns_of_no_type_with_nothing_to_compare_it_with(dsn: str) -> None:
+    handled = jobbus(dsn, "schedule", "mail.welcome", "--app", MAIL_APP)
+    without_app = jobbus(dsn, "schedule", "mail.welcom")
+    producer_app = jobbus(dsn, "schedule", "mail.welcom", "--app", "tests.cli.mistaken_apps:producer")
+    for result in (handled, without_app, producer_app):
+        assert result.returncode == 0 and result.stderr == ""
+        assert job_status(dsn, result.stdout.strip()) == "queued"
+
+
+def test_schedule_in_a_duration_makes_the_job_available_that_long_after_its_creation(dsn: str) -> None:
+    job_id = _schedule(dsn, "noop", "--in", "1h30m")
+    delay = query_value(dsn, "SELECT available_at - created_at FROM jobbus.job WHERE id = %s", job_id)
+    assert timedelta(hours=1, minutes=30) <= delay < timedelta(hours=1, minutes=30, seconds=5)
+    listed = jobbus_json(dsn, "jobs", "list", "--status", "scheduled")
+    assert [job["id"] for job in listed] == [job_id]
+
+
+def test_schedule_in_zero_seconds_is_available_now(dsn: str) -> None:
+    job_id = _schedule(dsn, "noop", "--in", "0s")
+    assert query_value(dsn, "SELECT available_at <= now() FROM jobbus.job WHERE id = %s", job_id) is True

@@ -31,6 +31,7 @@ from jobbus.cli.output import (
     shown,
 )
 from jobbus.cli.schedule import parse_when
+from jobbus.cli.suggest import SuggestingGroup
 from jobbus.models import JOB_VIEWS, Job, JobStatus
 from jobbus.views import Cursor, Filters
 
@@ -46,7 +47,7 @@ def _job_id(text: str) -> uuid.UUID:
         raise UsageProblem(f"{text!r} is not a job id (a UUID like 0190f3c4-...)") from None
 
 
-@click.group("jobs")
+@click.group("jobs", cls=SuggestingGroup)
 def jobs_group() -> None:
     """List jobs, show one, cancel one, retry a failed one, delete one, run a queued one now.
 
