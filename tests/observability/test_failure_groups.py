@@ -10,8 +10,9 @@ import psycopg
 import pytest
 
 import jobbus
-from jobbus.store import WorkerStore, run_async, run_sync
-from jobbus.store.dashboard import DashboardStore
+from jobbus import views
+from jobbus.store import WorkerStore, run_sync
+from jobbus.store.views import Count
 from tests.storehelpers import claim, expire_lease, registration
 
 
@@ -142,11 +143,11 @@ async def test_failed_rows_without_a_group_group_with_rows_that_have_one(app: jo
         (older,),
     )
     assert [_group(conn, i)[2] is None for i in [*stored, *older]] == [False, False, True, True, True]
-    async with app.pool.connection() as reader:
-        (group,) = await run_async(reader, DashboardStore("jobbus").failures())
+    (group,) = await views.failure_groups(app)
     assert (group.pattern, group.count, group.error_class) == (
         "LookupError: user <n> not found in <str>",
-        5,
+        Count(5),
         "LookupError",
     )
-    assert set(group.ids) == {*stored, *older}
+    assert await views.retry_failure_group(app, group.pattern) == (5, 0)
+    assert {job.id for job in await app.list_jobs(status="queued")} == {*stored, *older}

@@ -211,33 +211,34 @@ def worker_dict(worker: WorkerInfo) -> dict[str, Any]:
 
 
 STATUS_COUNTS = ("queued", "available", "scheduled", "running", "completed", "failed", "cancelled")
+TERMINAL = ("completed", "failed", "cancelled")
 
 
 def status_dict(report: StatusReport) -> dict[str, Any]:
+    """`jobbus status --json`: counts are numbers; a queue (and the totals) whose counts include an
+    estimate carries `"estimated": true` and names them in `estimated_counts` (docs/cli.md)."""
     queues = []
     for q in report.queues:
+        counts = {name: getattr(q, name) for name in (*STATUS_COUNTS, "completed_last_minute", "failed_last_hour")}
+        estimated = [name for name, count in counts.items() if count.estimated]
         queues.append(
             {
                 "queue": q.queue,
                 "paused": q.paused or report.paused_all,
-                "queued": q.queued,
-                "available": q.available,
-                "scheduled": q.scheduled,
-                "running": q.running,
-                "completed": q.completed,
-                "failed": q.failed,
-                "cancelled": q.cancelled,
-                "total": q.total,
+                **{name: count.value for name, count in counts.items()},
+                "total": sum(counts[name].value for name in ("queued", "running", *TERMINAL)),
                 "oldest_waiting_seconds": _round(q.oldest_waiting_seconds),
-                "completed_last_minute": q.completed_last_minute,
-                "failed_last_hour": q.failed_last_hour,
+                "estimated": bool(estimated),
+                "estimated_counts": estimated,
             }
         )
-    totals: dict[str, Any] = {key: sum(q[key] for q in queues) for key in (*STATUS_COUNTS, "total")}
-    totals["completed_last_minute"] = sum(q["completed_last_minute"] for q in queues)
-    totals["failed_last_hour"] = sum(q["failed_last_hour"] for q in queues)
+    keys = (*STATUS_COUNTS, "total", "completed_last_minute", "failed_last_hour")
+    totals: dict[str, Any] = {key: sum(q[key] for q in queues) for key in keys}
     waits = [q.oldest_waiting_seconds for q in report.queues if q.oldest_waiting_seconds is not None]
     totals["oldest_waiting_seconds"] = _round(max(waits)) if waits else None
+    totals_estimated = sorted({name for q in queues for name in q["estimated_counts"]})
+    totals["estimated"] = bool(totals_estimated)
+    totals["estimated_counts"] = totals_estimated
     w = report.workers
     return {
         "queues": queues,

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
-from jobbus import control
+from jobbus import control, views
 from jobbus.dashboard.formatting import parse_uuid
 from jobbus.dashboard.state import Dashboard
 from jobbus.errors import InvalidStateError
@@ -64,14 +64,15 @@ async def bulk_jobs(dash: Dashboard, request: Request, form: dict[str, Any]) -> 
 
 
 async def retry_failures(dash: Dashboard, request: Request, form: dict[str, Any]) -> str:
+    """ "Retry all" of a failure group: every failed job of it, however many, and says how many."""
     pattern = form.get("pattern")
-    groups = await dash.run(dash.store.failures(limit=1000, ids=BULK_LIMIT))
-    group = next((g for g in groups if g.key == pattern), None)
+    groups = await dash.run(dash.store.failures())
+    group = next((g for g, _ in groups if g.key == pattern), None)
     if group is None:
         return "that failure group is gone (retried or pruned meanwhile)"
-    done = await _retry_many(dash.app, group.ids)
-    left = group.count - len(group.ids)
-    return f"retried {done} job(s) failing with {group.example}" + (f"; {left} more: retry again" if left > 0 else "")
+    retried, kept = await views.retry_failure_group(dash.app, group.pattern)
+    said = f"retried {retried:,} job(s) failing with {dash.redact('last_error', group.example)}"
+    return said + (f"; {kept:,} left failed: another active job holds their unique key" if kept else "")
 
 
 async def worker_action(dash: Dashboard, request: Request, form: dict[str, Any]) -> str:

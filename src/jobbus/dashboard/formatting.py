@@ -15,6 +15,7 @@ from typing import Any
 from jobbus.dashboard.charts import Range, line_chart
 from jobbus.dashboard.security import Redactor
 from jobbus.store.dashboard import Series
+from jobbus.store.views import Count
 
 #: How much of a job's configuration the jobs list shows.
 PREVIEW_CHARS = 120
@@ -75,6 +76,12 @@ def ago(value: datetime | None) -> str:
     return seconds(elapsed) + " ago"
 
 
+def next_run(value: datetime) -> str:
+    """When a queued job runs: "runs in 5 min", or "due 3 s ago" once it is available."""
+    elapsed = (datetime.now(UTC) - value).total_seconds()
+    return f"due {seconds(elapsed)} ago" if elapsed >= 0 else f"runs in {seconds(-elapsed)}"
+
+
 def when(value: datetime | str | None) -> str:
     """A moment as the command line shows it in UTC: 2026-12-02 02:00:00Z (history entries hold ISO text)."""
     if isinstance(value, str):
@@ -88,9 +95,14 @@ def when(value: datetime | str | None) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
-def count(value: int, capped: bool = False) -> str:
-    """1,234; a count that stopped at its cap reads 10,000+."""
-    return f"{value:,}+" if capped else f"{value:,}"
+def bounded(value: int, bound: int) -> str:
+    """A count read up to `bound`: exact below it, "> bound - 1" at it (a lower bound, said so)."""
+    return str(Count(value, estimated=True, at_least=True) if value >= bound else Count(value))
+
+
+def count(value: int | Count) -> str:
+    """1,234; a `Count` as it says it is (≈ 1,234 for an estimate, > 10,000 for a lower bound)."""
+    return str(value) if isinstance(value, Count) else f"{value:,}"
 
 
 def seconds(value: float | timedelta | None) -> str:

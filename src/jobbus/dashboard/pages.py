@@ -4,46 +4,50 @@ renders its template (`web.page` puts the token check and the security headers a
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
 from urllib.parse import urlencode
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from jobbus import control
+from jobbus import control, views
 from jobbus.dashboard import formatting
 from jobbus.dashboard.actions import WORKER_ACTIONS
 from jobbus.dashboard.charts import RANGES
 from jobbus.dashboard.state import Dashboard
 from jobbus.dashboard.workflow import step_views, waiting_reason
-from jobbus.models import JOB_VIEWS, TRACE_KEY, JobStatus
-from jobbus.store.dashboard import COUNT_CAP, FAMILY_LIMIT, WINDOW, Cursor, QueueRow
+from jobbus.models import TRACE_KEY, JobStatus
+from jobbus.store.control import ControlStore
+from jobbus.store.dashboard import FAMILY_LIMIT, WINDOW
+from jobbus.store.views import Count
 
 PAGE_SIZE = 50
 STATUSES = ("queued", "running", "completed", "failed", "cancelled")
-#: The views of queued jobs the jobs page offers beside the statuses (jobbus.models.JOB_VIEWS).
-VIEWS = JOB_VIEWS
+#: The tabs of the jobs page, the first one shown when none is asked for.
+TABS = views.TABS
 
 
-async def queue_rows(dash: Dashboard) -> tuple[list[QueueRow], dict[str, Any]]:
-    """The queue table: the leader's latest sample, or, when it is older than three sampling
-    intervals (no leader: no worker runs), counts read now (bounded) and said to be so."""
-    age = await dash.run(dash.store.sample_age())
-    stale = age is None or age > 3 * dash.app.settings.stats_interval_seconds
-    rows = await dash.run(dash.store.counts_now() if stale else dash.store.latest_sample())
-    return rows, {"stale": stale, "sample_age": age, "cap": COUNT_CAP}
+async def queue_rows(dash: Dashboard) -> list[views.QueueStatus]:
+    """The queue table, read now as `jobbus status` reads it (exact, or estimates that say so)."""
+    pauses = await dash.run(ControlStore(dash.app.settings.schema).pause_targets())
+    limited = [q.queue for q in await dash.app.list_queues()]
+    paused = [p.target for p in pauses if p.kind == "queue"]
+    return await views.queue_table(dash.app, paused=paused, also=limited)
 
 
 async def overview(dash: Dashboard, request: Request) -> Response:
     range_ = RANGES.get(request.query_params.get("range") or "1h")
     if range_ is None:
         raise HTTPException(400, f"unknown range: choose one of {', '.join(RANGES)}")
-    queues, freshness = await queue_rows(dash)
+    queues = await queue_rows(dash)
     series = await dash.run(dash.store.series(width=range_.step, buckets=range_.buckets))
+    age = await dash.run(dash.store.sample_age())
     workers = await control.list_workers(dash.app, forget_after=None)
     estimate = await dash.run(dash.store.estimated_jobs())
-    unhandled = await control.unhandled_work(dash.app, cap=COUNT_CAP)
+    unhandled = [
+        (u, await views.count(dash.app, "queued", views.Filters((u.queue,), (u.type,))))
+        for u in await control.unhandled_work(dash.app, cap=1)
+    ]
     return dash.render(
         request,
         "overview.html",
@@ -56,63 +60,57 @@ async def overview(dash: Dashboard, request: Request) -> Response:
         leader=next((w.id for w in workers if w.leader), None),
         estimate=estimate,
         unhandled=unhandled,
-        totals={
-            "available": sum(q.available for q in queues),
-            "scheduled": sum(q.scheduled for q in queues),
-            "running": sum(q.running for q in queues),
-        },
-        sampled_at=max((q.sampled_at for q in queues if q.sampled_at), default=None),
-        **freshness,
+        totals={name: Count.total(getattr(q, name) for q in queues) for name in ("available", "scheduled", "running")},
+        sample_age=age,
+        stale=age is None or age > 3 * dash.app.settings.stats_interval_seconds,
     )
 
 
 async def jobs(dash: Dashboard, request: Request) -> Response:
+    """One tab (a status or a view of queued jobs) of every job, in its order, filtered, page after page:
+    the tab's jobs all, never a window of them; each tab with its count under the same filters."""
     params = request.query_params
-    status = params.get("status") or None
-    if status not in (None, *STATUSES, *VIEWS, "finished"):
-        raise HTTPException(400, f"unknown status {status!r}: one of {', '.join((*STATUSES, *VIEWS, 'finished'))}")
+    status = params.get("status") or TABS[0]
+    if status not in views.VIEWS:
+        raise HTTPException(400, f"unknown status {status!r}: one of {', '.join(views.VIEWS)}")
     group = formatting.parse_uuid(params.get("group"))
-    cursor = Cursor.decode(params["after"]) if params.get("after") else None
-    filters = {
-        "status": status or "",
+    cursor = views.Cursor.decode(params["after"]) if params.get("after") else None
+    shown = {
+        "status": status,
         "queue": params.get("queue") or "",
         "type": params.get("type") or "",
+        "name": params.get("name") or "",
         "group": str(group) if group else "",
         "q": params.get("q") or "",
     }
-    text = (params.get("q") or "").strip() or None
-    job_page = await dash.run(
-        dash.store.list_jobs(
-            status=status,
-            queue=filters["queue"] or None,
-            type=filters["type"] or None,
-            group_id=group,
-            text=text[:200] if text else None,
-            cursor=cursor,
-            limit=PAGE_SIZE,
-        )
+    text = shown["q"].strip()[:200] or None
+    filters = views.Filters(
+        (shown["queue"],) if shown["queue"] else (),
+        (shown["type"],) if shown["type"] else (),
+        shown["name"] or None,
+        text,
+        group,
     )
-    query = {k: v for k, v in filters.items() if v}
-    next_url = None
-    if job_page.next is not None:
-        next_url = "/jobs?" + urlencode({**query, "after": job_page.next.encode()})
-    counts = await dash.run(dash.store.job_counts(queue=filters["queue"] or None, type=filters["type"] or None))
-    choices = await dash.run(dash.store.job_choices(status=status))
-    tab_query = {k: v for k, v in query.items() if k not in ("status", "group", "q")}
+    job_page = await views.page(dash.app, status, filters, cursor=cursor, limit=PAGE_SIZE)
+    query = {k: v for k, v in shown.items() if v}
+    next_url = "/jobs?" + urlencode({**query, "after": job_page.next.encode()}) if job_page.next else None
+    counts = await views.counts(dash.app, filters)
+    pairs = await views.pairs(dash.app, status)
+    tab_query = {k: v for k, v in query.items() if k not in ("status", "group")}
     return dash.render(
         request,
         "jobs.html",
         counts=counts,
-        views=VIEWS,
+        count_cap=views.COUNT_CAP,
+        tabs=TABS,
         tab_base="/jobs?" + urlencode(tab_query) + ("&" if tab_query else ""),
         page_jobs=job_page.jobs,
         next_url=next_url,
         first_url="/jobs?" + urlencode(query) if cursor else None,
-        scanned=job_page.scanned,
-        filters=filters,
-        statuses=STATUSES,
-        queue_choices=choices.queues(type=filters["type"] or None),
-        type_choices=choices.types(queue=filters["queue"] or None),
+        filters=shown,
+        statuses=views.VIEWS,
+        queue_choices=sorted({q for q, t in pairs if not shown["type"] or t == shown["type"]}),
+        type_choices=sorted({t for q, t in pairs if not shown["queue"] or q == shown["queue"]}),
         previews={
             job.id: formatting.preview(dash.redact, job.configuration, job.configuration_bytes) for job in job_page.jobs
         },
@@ -176,10 +174,10 @@ async def job_detail(dash: Dashboard, request: Request) -> Response:
 
 
 async def failures(dash: Dashboard, request: Request) -> Response:
-    # No ids: the page shows none (its retry form names the group, and the action reads them), and
-    # up to 1,000 per group were most of what the page's statement sent.
-    groups = await dash.run(dash.store.failures(ids=0))
-    return dash.render(request, "failures.html", groups=groups, redact=dash.redact)
+    """Every failure group over every failed job, counted as the views count."""
+    groups = await views.failure_groups(dash.app)
+    total = await views.count(dash.app, "failed")
+    return dash.render(request, "failures.html", groups=groups, total=total, redact=dash.redact)
 
 
 async def workers(dash: Dashboard, request: Request) -> Response:
@@ -199,9 +197,9 @@ async def workers(dash: Dashboard, request: Request) -> Response:
 
 
 async def queues(dash: Dashboard, request: Request) -> Response:
-    rows, freshness = await queue_rows(dash)
+    rows = await queue_rows(dash)
     limits = {q.queue: q for q in await dash.app.list_queues()}
-    return dash.render(request, "queues.html", queues=rows, limits=limits, **freshness)
+    return dash.render(request, "queues.html", queues=rows, limits=limits)
 
 
 async def periodic(dash: Dashboard, request: Request) -> Response:

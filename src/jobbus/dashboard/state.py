@@ -8,6 +8,7 @@ import asyncio
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import unquote
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.requests import Request
@@ -49,7 +50,9 @@ class Dashboard:
         self.templates.filters["ago"] = formatting.ago
         self.templates.filters["seconds"] = formatting.seconds
         self.templates.filters["count"] = formatting.count
+        self.templates.filters["bounded"] = formatting.bounded
         self.templates.filters["when"] = formatting.when
+        self.templates.filters["next_run"] = formatting.next_run
         self.templates.filters["pretty"] = formatting.pretty
         self.templates.filters["shortid"] = formatting.short_id
         self.templates.filters["parked_without_deadline"] = parked_without_deadline
@@ -104,7 +107,7 @@ class Dashboard:
 
     def render(self, request: Request, template: str, **context: Any) -> HTMLResponse:
         base = request.scope.get("root_path", "")
-        flash = request.cookies.get(FLASH_COOKIE)
+        flash = unquote(request.cookies.get(FLASH_COOKIE) or "") or None
         html = self.templates.get_template(template).render(
             request=request,
             base=base,

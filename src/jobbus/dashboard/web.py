@@ -10,10 +10,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import string
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -47,6 +48,9 @@ Unavailable = Callable[[Dashboard, Request, str], Response]
 #: What a statement raises on a schema older than this code, or none: the guard checks the schema again.
 SCHEMA_GONE = (SchemaError, *SCHEMA_OUTDATED)
 logger = logging.getLogger("jobbus.dashboard")
+
+#: What a flash message keeps as it is in its cookie (printable ASCII but %).
+_FLASH_SAFE = "".join(c for c in string.printable if c not in "%\t\n\r\x0b\x0c")
 
 
 def create_starlette(
@@ -156,7 +160,9 @@ def action(dash: Dashboard, handler: Action) -> Endpoint:
         base = request.scope.get("root_path", "")
         back = safe_next(fields.get("next")) or "/"
         response = RedirectResponse(base + back, status_code=303)
-        response.set_cookie(FLASH_COOKIE, message[:300], httponly=True, samesite="strict", path=base or "/")
+        # A cookie holds Latin-1 only: anything else (a masked secret's •) is %-escaped, as is % itself.
+        flash = quote(message[:300], safe=_FLASH_SAFE)
+        response.set_cookie(FLASH_COOKIE, flash, httponly=True, samesite="strict", path=base or "/")
         return response
 
     return page(dash, endpoint)

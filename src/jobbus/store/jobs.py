@@ -371,6 +371,20 @@ class JobStore:
 
         return Statement(self._q["retry_job"], params, decode)
 
+    def retry_failure_group(
+        self, pattern: str, *, skip: Sequence[uuid.UUID] = (), limit: int = 1000
+    ) -> Statement[tuple[int, int, list[uuid.UUID]]]:
+        """Requeue up to `limit` failed jobs of a failure group (not those of `skip`); returns how many
+        were chosen, how many requeued, and the ids left failed because another active job holds their
+        unique key."""
+
+        def decode(rows: list[Row], _: int) -> tuple[int, int, list[uuid.UUID]]:
+            chosen, done, kept, _notified = rows[0]
+            return int(chosen), int(done), list(kept or [])
+
+        params = {"group": pattern, "skip": list(skip), "limit": limit, "channel": self.channel}
+        return Statement(self._q["retry_failure_group"], params, decode, prepare=False)
+
     def delete_job(self, job_id: uuid.UUID) -> Chain[JobStatus | None]:
         """Delete a queued or terminal job; returns its status before (None: no such job). A queued job is
         first ended as cancelled in the same transaction, so its group and its parent count it as done."""

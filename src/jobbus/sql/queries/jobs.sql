@@ -388,6 +388,8 @@ WHERE j.id = old.id
 RETURNING old.status, j.status, j.type, j.queue;
 
 -- name: retry_job
+-- A manual retry: the failed job is queued again with its attempts at 0, and its history says so (an
+-- entry `manually_retried` after the last attempt), so a later attempt 1 reads as what it is.
 WITH old AS (
     SELECT id, status FROM {schema}.job WHERE id = %(id)s FOR UPDATE
 ), updated AS (
@@ -398,7 +400,9 @@ WITH old AS (
         finished_at = NULL,
         cancellation_requested_at = NULL,
         result = NULL,
-        error_group = NULL
+        error_group = NULL,
+        history = (CASE WHEN jsonb_array_length(j.history) >= 50 THEN j.history - 0 ELSE j.history END)
+                  || jsonb_build_array(jsonb_build_object('attempt', j.attempts, 'outcome', 'manually_retried', 'at', now()))
     FROM old
     WHERE j.id = old.id AND old.status = 'failed'
     RETURNING j.id, j.queue, j.type
@@ -406,6 +410,41 @@ WITH old AS (
 SELECT old.status, (SELECT count(*) FROM updated) = 1,
        (SELECT pg_notify(%(channel)s, json_build_array(queue, type)::text) IS NULL FROM updated)
 FROM old;
+
+-- name: retry_failure_group
+-- "Retry all" of a failure group: up to %(limit)s of its failed jobs, along job_failure_group_idx (and
+-- those failed without a stored group whose error folds the same), as retry_job retries one. A job whose unique key another active job holds now is left failed (counted
+-- apart by the caller); the rows are locked in id order, so two such retries cannot deadlock.
+WITH chosen AS (
+    SELECT j.id, j.unique_key IS NOT NULL AS keyed FROM {schema}.job AS j
+    WHERE j.status = 'failed'
+      AND (j.error_group = %(group)s OR (j.error_group IS NULL AND {schema}.fold_error(j.last_error) = %(group)s))
+      AND NOT (j.unique_key IS NOT NULL AND j.id = ANY(%(skip)s::uuid[]))
+    ORDER BY j.id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), updated AS (
+    UPDATE {schema}.job AS j
+    SET status = 'queued',
+        attempts = 0,
+        available_at = now(),
+        finished_at = NULL,
+        cancellation_requested_at = NULL,
+        result = NULL,
+        error_group = NULL,
+        history = (CASE WHEN jsonb_array_length(j.history) >= 50 THEN j.history - 0 ELSE j.history END)
+                  || jsonb_build_array(jsonb_build_object('attempt', j.attempts, 'outcome', 'manually_retried', 'at', now()))
+    FROM chosen
+    WHERE j.id = chosen.id AND j.status = 'failed'
+      AND NOT EXISTS (SELECT 1 FROM {schema}.job AS a
+                      WHERE j.unique_key IS NOT NULL AND a.type = j.type AND a.unique_key = j.unique_key
+                        AND a.status IN ('queued', 'running'))
+    RETURNING j.id, j.queue, j.type
+)
+SELECT (SELECT count(*) FROM chosen), (SELECT count(*) FROM updated),
+       (SELECT array_agg(c.id) FROM chosen AS c WHERE c.keyed AND c.id NOT IN (SELECT id FROM updated)),
+       (SELECT count(pg_notify(%(channel)s, json_build_array(q.queue, q.type)::text))
+        FROM (SELECT DISTINCT queue, type FROM updated) AS q);
 
 -- name: end_job_for_delete
 -- The first of `App.delete`'s two statements (one transaction): locks the job (FOR UPDATE, as cancel_job,
