@@ -22,6 +22,7 @@ from jobbus.cli.output import (
     admin_app,
     console,
     fitted_table,
+    human_seconds,
     human_time,
     job_dict,
     job_status_text,
@@ -333,14 +334,16 @@ def latest_traceback(job: Job) -> tuple[str, str] | None:
 def _history_table(job: Job) -> Table:
     """How each attempt ended, oldest first."""
     table = Table(box=None, pad_edge=False)
-    for column in ("attempt", "outcome", "at", "worker", "detail"):
+    for column in ("attempt", "outcome", "at", "took", "worker", "detail"):
         table.add_column(column, no_wrap=column != "detail")
     for entry in job.history:
         detail = entry.get("error") or (f"for {entry['delay_seconds']:g} s" if "delay_seconds" in entry else "")
+        took = entry.get("seconds")
         table.add_row(
             str(entry.get("attempt", "")),
             shown(str(entry.get("outcome", ""))),
             human_time(_moment(entry.get("at"))),
+            human_seconds(float(took)) if isinstance(took, int | float) else "-",
             shown(str(entry.get("worker_id", ""))),
             shown(one_line(str(detail), 80)),
         )

@@ -332,6 +332,7 @@ SET status = CASE WHEN j.cancellation_requested_at IS NOT NULL THEN 'cancelled' 
                                      WHEN o.final_status <> o.status THEN o.final_status ELSE o.kind END,
                      'at', now(),
                      'worker_id', j.worker_id,
+                     'seconds', round(extract(epoch FROM now() - j.started_at), 3),
                      'error', o.error,
                      'traceback', o.traceback,
                      'delay_seconds', CASE WHEN o.final_status = 'queued' AND j.cancellation_requested_at IS NULL
@@ -369,7 +370,8 @@ SET status = CASE WHEN j.cancellation_requested_at IS NULL THEN 'completed' ELSE
                      'attempt', j.attempts,
                      'outcome', CASE WHEN j.cancellation_requested_at IS NULL THEN 'completed' ELSE 'cancelled' END,
                      'at', now(),
-                     'worker_id', j.worker_id))
+                     'worker_id', j.worker_id,
+                     'seconds', round(extract(epoch FROM now() - j.started_at), 3)))
 FROM unnest(%(ids)b::uuid[], %(tokens)b::uuid[], %(results)b::text[]) AS i(id, token, result)
 WHERE j.id = i.id AND j.lease_token = i.token AND j.status = 'running' AND j.lease_expires_at > now()
 RETURNING j.id, j.status;
