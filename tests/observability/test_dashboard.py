@@ -421,7 +421,7 @@ async def test_job_page_shows_each_attempts_traceback_collapsed_and_redacted(dsn
     for number, block in enumerate(blocks, start=1):
         assert f"OSError: attempt {number}: connection refused" in block
         assert "The above exception was the direct cause of the following exception" in block
-        assert "ConnectionError: smtp://mailer:***@smtp.example is down" in block
+        assert "ConnectionError: smtp://mailer:••••••@smtp.example is down" in block
     assert "hunter2" not in html
     # Times in one format, with their zone: UTC with Z, as the command line shows them in UTC.
     assert re.search(r"<td>\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ</td>", html)
