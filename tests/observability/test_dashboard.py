@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import subprocess
 import sys
@@ -128,6 +129,33 @@ async def test_secrets_are_masked_and_a_redaction_hook_decides(dsn: str) -> None
         assert "report 0 is missing" not in page
         assert "&lt;configuration hidden&gt;" in page and "&lt;last_error hidden&gt;" in page
     await custom.state.dashboard.close()
+
+
+async def test_errors_stored_in_clear_by_an_earlier_release_are_masked_on_every_page(
+    dsn: str, dashboard: tuple[jobbus.App, Any]
+) -> None:
+    app, asgi = dashboard
+    async with app:
+        job_id = await app.schedule("report.render", {})
+    history = [
+        {
+            "attempt": 1,
+            "outcome": "failed",
+            "at": "2026-12-02T02:00:00+00:00",
+            "error": "token=SVold01 was refused",
+            "traceback": "Traceback (most recent call last):\nValueError: api_key=SVold02\n",
+        }
+    ]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE jobbus.job SET status = 'failed', attempts = 1, finished_at = now(), last_error = %s, "
+            "error_group = %s, history = %s::jsonb WHERE id = %s",
+            ("token=SVold01 was refused", "token=SVold01 was refused", json.dumps(history), job_id),
+        )
+    async with client(asgi) as http:
+        for path in ("/failures", f"/jobs/{job_id}", "/jobs?status=failed"):
+            page = (await http.get(path)).text
+            assert "SVold" not in page and f"token={MASK} was refused" in page, path
 
 
 async def test_keyset_pages_walk_every_job_once(dsn: str, dashboard: tuple[jobbus.App, Any]) -> None:
@@ -386,7 +414,7 @@ async def test_job_page_shows_each_attempts_traceback_collapsed_and_redacted(dsn
     for number, block in enumerate(blocks, start=1):
         assert f"OSError: attempt {number}: connection refused" in block
         assert "The above exception was the direct cause of the following exception" in block
-        assert "ConnectionError: smtp://mailer:***@smtp.example is down" in block
+        assert "ConnectionError: smtp://mailer:••••••@smtp.example is down" in block
     assert "hunter2" not in html
     # Times in one format, with their zone: UTC with Z, as the command line shows them in UTC.
     assert re.search(r"<td>\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ</td>", html)

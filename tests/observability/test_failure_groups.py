@@ -11,6 +11,7 @@ import pytest
 
 import jobbus
 from jobbus import views
+from jobbus.redaction import MASK
 from jobbus.store import WorkerStore, run_sync
 from jobbus.store.views import Count
 from tests.storehelpers import claim, expire_lease, registration
@@ -49,6 +50,20 @@ async def test_a_failure_the_worker_writes_stores_its_group(app: jobbus.App, con
         "failed",
         "LookupError: user 123 not found in 'accounts-2'",
         "LookupError: user <n> not found in <str>",
+    )
+
+
+async def test_a_failure_group_holds_no_secret_of_the_error_it_folds(app: jobbus.App, conn: Any) -> None:
+    @app.job("login")
+    async def login(job: jobbus.JobExecution) -> None:
+        raise PermissionError(f"user {job.configuration['user']} refused: password=SVgroup Authorization: Bearer SVb")
+
+    job_id = await app.schedule("login", {"user": 7}, max_attempts=1)
+    assert await app.drain() == {"failed": 1}
+    assert _group(conn, job_id) == (
+        "failed",
+        f"PermissionError: user 7 refused: password={MASK} Authorization: Bearer {MASK}",
+        f"PermissionError: user <n> refused: password={MASK} Authorization: Bearer {MASK}",
     )
 
 

@@ -36,7 +36,7 @@ from jobbus.app import App
 from jobbus.cli import exit_codes
 from jobbus.cli.dashboard import StopSignals, bind_port, require_dashboard_extra, serve_dashboard, url_of
 from jobbus.cli.errors import PortInUse, UsageProblem, fail, probe_database, run
-from jobbus.cli.output import console, one_line, shown, styled
+from jobbus.cli.output import console, errors_masked, one_line, shown, styled
 from jobbus.errors import NonRetryableError, Snooze
 from jobbus.execution import JobExecution, SyncJobExecution
 from jobbus.models import GroupProgress, JobStatus
@@ -419,7 +419,11 @@ async def _notable(app: App, groups: list[_Group]) -> Table:
     table.add_column("why")
     for group in groups:
         for job in await app.list_jobs(group_id=group.id, status=["failed", "cancelled"], limit=20):
-            why = one_line(job.last_error, 90) if job.status is JobStatus.FAILED else "cancelled while running"
+            why = (
+                one_line(errors_masked(job).last_error, 90)
+                if job.status is JobStatus.FAILED
+                else "cancelled while running"
+            )
             status, attempts = styled(job.status.value), f"{job.attempts}/{job.max_attempts}"
             table.add_row(str(job.id), shown(job.type), status, attempts, shown(why))
     return table

@@ -21,6 +21,7 @@ from jobbus.cli.output import (
     Column,
     admin_app,
     console,
+    errors_masked,
     fitted_table,
     human_seconds,
     human_time,
@@ -144,6 +145,7 @@ def list_command(
                     search=search,
                 )
                 more = str(jobs[-1].id) if len(jobs) == limit else None
+        jobs = [errors_masked(job) for job in jobs]
         if as_json:
             print_json([job_dict(job) for job in jobs])
             return exit_codes.OK
@@ -255,6 +257,7 @@ def show_command(job_id: str, as_json: bool, dsn: str | None) -> None:
             job = await app.find(ident)
         if job is None:
             return fail(f"job {ident} does not exist", exit_codes.FAILURE)
+        job = errors_masked(job)
         if as_json:
             print_json(job_dict(job))
         else:

@@ -30,6 +30,7 @@ from jobbus.cli.errors import UsageProblem, probe_database
 from jobbus.cli.text import visible
 from jobbus.control import StatusReport, WorkerInfo
 from jobbus.models import Job, JobStatus
+from jobbus.redaction import redact_secrets
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -174,6 +175,14 @@ def print_json(value: Any) -> None:
 
 def iso(value: datetime | None) -> str | None:
     return None if value is None else value.astimezone(UTC).isoformat()
+
+
+def errors_masked(job: Job) -> Job:
+    """The job as the command line prints it: its last error and each attempt's error and traceback
+    masked as the dashboard masks them (`redaction.redact_secrets`), also in rows that a release
+    before the worker masked them stored in clear."""
+    last_error = redact_secrets("last_error", job.last_error)
+    return dataclasses.replace(job, last_error=last_error, history=redact_secrets("history", job.history))
 
 
 def job_dict(job: Job) -> dict[str, Any]:
