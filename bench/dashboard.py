@@ -6,9 +6,10 @@
 
 The data goes into its own database on the server at BENCH_DSN (default: the test server), built
 once with INSERT ... SELECT generate_series in batches (completed 95 %, failed 3 %, cancelled 2 %,
-finished over the last week, 30 error messages, 1 % of jobs in groups, 5 queues, 20 types), then the
-failures page's worst case: the 20,000 most recently finished jobs all failed, with messages of about
-150 characters whose ids, addresses, quoted values and numbers vary from job to job. Failed rows carry
+finished over the last week, 30 error messages, 1 % of jobs in groups, 5 queues, 20 types), then
+20,000 failed jobs, with messages of about 150 characters whose ids, addresses, quoted values and
+numbers vary from job to job, and 20 jobs of a rare type older than all the others (the worst filter of
+a finished tab). Failed rows carry
 their failure group as a worker writes it (the function fold_error). Then VACUUM ANALYZE, an hour of
 queue samples, 8 worker rows and a periodic job. Each page is requested
 `--requests` times through the ASGI application in this process (queries, rendering, no network)
@@ -87,6 +88,15 @@ FROM generate_series(1, %(failures)s) AS n,
                      || ' ms (digest ' || md5(n::text) || ')' AS error) AS e
 """
 
+# The worst filter of a finished tab: a type of 20 jobs, the oldest of the table, under millions completed.
+RARE_SQL = """
+INSERT INTO jobbus.job (id, type, queue, status, configuration_data, execution_data, attempts, max_attempts,
+                        available_at, created_at, started_at, finished_at, history)
+SELECT jobbus.uuid_generate_v7(), 'type.rare', 'queue-0', 'completed', jsonb_build_object('n', n), '{}'::jsonb, 1, 3,
+       at, at, at, at, '[]'::jsonb
+FROM generate_series(1, 20) AS n, LATERAL (SELECT now() - interval '8 days' - n * interval '1 s' AS at) AS s
+"""
+
 QUEUED_SQL = """
 INSERT INTO jobbus.job (id, type, queue, configuration_data, max_attempts, available_at, created_at, priority)
 SELECT jobbus.uuid_generate_v7(), 'type.' || (n %% 20), 'queue-' || (n %% 5), jsonb_build_object('n', n), 3,
@@ -121,6 +131,7 @@ def build(server: str, rows: int, queued: int) -> None:
             print(f"  {stop:>11,} finished jobs ({time.monotonic() - started:.0f} s)", flush=True)
         conn.execute(RECENT_FAILURES_SQL.encode(), {"failures": RECENT_FAILURES})
         print(f"  {RECENT_FAILURES:>11,} recent failures ({time.monotonic() - started:.0f} s)", flush=True)
+        conn.execute(RARE_SQL.encode(), {})
         conn.execute(QUEUED_SQL.encode(), {"queued": queued})
         conn.execute(SAMPLES_SQL.encode(), {})
         for n in range(8):
@@ -155,9 +166,15 @@ async def measure(dsn: str, requests: int) -> list[tuple[str, list[float]]]:
             "overview": "/",
             "overview, 24 h": "/?range=24h",
             "overview, 7 days": "/?range=7d",
-            "jobs (all)": "/jobs",
+            "jobs (queued tab)": "/jobs",
+            "jobs completed": "/jobs?status=completed",
+            "jobs completed, rare type": "/jobs?status=completed&type=type.rare",
+            "jobs completed, queue+type": "/jobs?status=completed&queue=queue-2&type=type.7",
+            "jobs completed, name (new)": "/jobs?status=completed&name=report%209999990",
+            "jobs completed, name (old)": "/jobs?status=completed&name=report%2010",
             "jobs failed": "/jobs?status=failed",
             "jobs failed, one type": "/jobs?status=failed&type=type.3",
+            "jobs failed, search": "/jobs?status=failed&q=INV-1999",
             "jobs cancelled": "/jobs?status=cancelled",
             "jobs queued": "/jobs?status=queued",
             "jobs queued, one queue": "/jobs?status=queued&queue=queue-3",
@@ -165,7 +182,6 @@ async def measure(dsn: str, requests: int) -> list[tuple[str, list[float]]]:
             "jobs retrying": "/jobs?status=retrying",
             "jobs waiting": "/jobs?status=waiting",
             "jobs running": "/jobs?status=running",
-            "jobs text search": "/jobs?q=report%20123",
             "jobs, 20 pages down": deep,
             "job detail": f"/jobs/{job_id.group(1) if job_id else '00000000-0000-0000-0000-000000000000'}",
             "failures": "/failures",
@@ -215,11 +231,11 @@ def main() -> None:
         size = conn.execute("SELECT pg_size_pretty(pg_total_relation_size('jobbus.job'))").fetchone()
     print(f"\njob table: ~{estimate[0] if estimate else 0:,} rows, {size[0] if size else '?'} with indexes")
     results = asyncio.run(measure(dsn, args.requests))
-    print(f"\n{'page':<26}{'p50 ms':>9}{'p95 ms':>9}{'max ms':>9}")
+    print(f"\n{'page':<28}{'p50 ms':>9}{'p95 ms':>9}{'max ms':>9}")
     worst = 0.0
     for name, times in results:
         worst = max(worst, p95(times))
-        print(f"{name:<26}{statistics.median(times):>9.1f}{p95(times):>9.1f}{max(times):>9.1f}")
+        print(f"{name:<28}{statistics.median(times):>9.1f}{p95(times):>9.1f}{max(times):>9.1f}")
     verdict = "within" if worst <= TARGET_P95_MS else "over"
     print(
         f"\nworst p95 {worst:.1f} ms: {verdict} the {TARGET_P95_MS:.0f} ms target ({args.requests} requests per page)"
