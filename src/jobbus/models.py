@@ -97,10 +97,19 @@ class Job:
 
     @property
     def waiting_for(self) -> str | None:
-        """What a parked job waits for (a sleep's step, `event <key>`, ...), else None."""
+        """What a parked job waits for, as its handler named it (`sleep cool-off`, `event order:7:paid`,
+        `children`), else None."""
         if self.view != "waiting":
             return None
-        return str(self.history[-1].get("waiting_for") or "") or None
+        return waiting_for(self.history[-1].get("waiting_for"))
+
+
+def waiting_for(recorded: Any) -> str | None:
+    """A parked attempt's `waiting_for` as its handler named the wait: a sleep's step `sleep:NAME` reads
+    `sleep NAME`; `event KEY` and `children` read as they are."""
+    if not isinstance(recorded, str) or not recorded:
+        return None
+    return f"sleep {recorded[6:]}" if recorded.startswith("sleep:") else recorded
 
 
 #: The columns of the job table, in `Job`'s order (reads add `parent_id` and `steps` after them).

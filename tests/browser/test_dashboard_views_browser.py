@@ -21,7 +21,7 @@ MORE = [
     "INSERT INTO jobbus.job (id, type, name, max_attempts, available_at, history) SELECT jobbus.uuid_generate_v7(),"
     " 'order.fulfil', 'order ' || n, 3, CASE WHEN n % 2 = 0 THEN now() + n * interval '1 min' ELSE '9000-01-01' END,"
     " jsonb_build_array(jsonb_build_object('attempt', 1, 'outcome', 'waiting', 'waiting_for',"
-    " CASE WHEN n % 2 = 0 THEN 'cool-off' ELSE 'event order:' || n || ':paid' END))"
+    " CASE WHEN n % 2 = 0 THEN 'sleep:cool-off' ELSE 'event order:' || n || ':paid' END))"
     " FROM generate_series(1, 300) AS n",
 ]
 
@@ -47,7 +47,7 @@ def test_every_tab_is_complete_and_counted_at_the_size_of_the_review(dsn: str, p
     assert page.locator("tr[data-job]").count() == 1 and "sku-2499 busy" in page.locator("td.error").inner_text()
     page.goto(f"{url}/jobs?status=waiting")
     sleeps = page.locator("td.when").all_inner_texts()
-    assert len(sleeps) == 50 and all(re.match(r"waits for cool-off, until \d{4}-", w) for w in sleeps), sleeps[:3]
+    assert len(sleeps) == 50 and all(re.match(r"waits for sleep cool-off, until \d{4}-", w) for w in sleeps), sleeps[:3]
     screenshot(page, "jobs-waiting")
     page.goto(f"{url}/jobs?status=waiting&name=order%207")  # an event wait without a timeout: the end of the tab
     assert page.locator("td.when").all_inner_texts() == ["waits for event order:7:paid"]

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from jobbus.models import waiting_for
 from jobbus.store.statements import Row, Statement, queries
 
 #: Every view a list or a count can be asked for: the five statuses, the views of queued jobs, and
@@ -74,8 +75,13 @@ class JobSummary:
     configuration_bytes: int
     #: A queued job's last history outcome (`waiting` while parked, `retried`, ...), else None.
     last_outcome: str | None
-    #: What a parked job waits for (a sleep's step, `event <key>`, `children`), else None.
+    #: What a parked job waits for, as recorded (`sleep:NAME`, `event KEY`, `children`), else None;
+    #: `waits_for` reads it as the handler named it.
     waiting_for: str | None
+
+    @property
+    def waits_for(self) -> str | None:
+        return waiting_for(self.waiting_for) if self.view == "waiting" else None
 
     @property
     def view(self) -> str:
