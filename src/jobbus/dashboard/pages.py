@@ -3,7 +3,7 @@ renders its template (`web.page` puts the token check and the security headers a
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from urllib.parse import urlencode
 
 from starlette.exceptions import HTTPException
@@ -55,7 +55,8 @@ async def overview(dash: Dashboard, request: Request) -> Response:
         charts=formatting.charts(series, range_),
         chart_range=range_,
         ranges=RANGES.values(),
-        range_totals=formatting.range_totals(series, range_),
+        range_totals=await _finished_in(dash, range_.seconds),
+        range_sampled=formatting.range_totals(series, range_),
         workers=control.summarize_workers(workers),
         leader=next((w.id for w in workers if w.leader), None),
         estimate=estimate,
@@ -64,6 +65,13 @@ async def overview(dash: Dashboard, request: Request) -> Response:
         sample_age=age,
         stale=age is None or age > 3 * dash.app.settings.stats_interval_seconds,
     )
+
+
+async def _finished_in(dash: Dashboard, seconds: float) -> dict[str, Count]:
+    """The jobs finished in the last `seconds`, by outcome, counted now as every count is."""
+    since = views.Filters(finished_after=datetime.now(UTC) - timedelta(seconds=seconds))
+    counts = await views.counts(dash.app, since, views=("completed", "failed", "cancelled"))
+    return {"processed": Count.total((counts["completed"], counts["failed"])), **counts}
 
 
 async def jobs(dash: Dashboard, request: Request) -> Response:

@@ -175,9 +175,12 @@ class Filters:
     name: str | None = None
     text: str | None = None
     group_id: uuid.UUID | None = None
+    #: Finished views only: jobs finished after this instant.
+    finished_after: datetime | None = None
 
     def params(self) -> dict[str, Any]:
         return {
+            "finished_after": self.finished_after,
             "queues": list(self.queues) or None,
             "types": list(self.types) or None,
             "name": self.name,
@@ -300,7 +303,11 @@ _PREDICATES = {
     "retrying": "j.status = 'queued' AND j.attempts > 0 AND (j.history -> -1 ->> 'outcome') IS DISTINCT FROM 'waiting'",
     "waiting": "j.status = 'queued' AND (j.history -> -1 ->> 'outcome') = 'waiting'",
     "running": "j.status = 'running'",
-    **dict.fromkeys((*FINISHED, "finished"), "j.status = ANY(%(statuses)s::text[]) AND j.finished_at IS NOT NULL"),
+    **dict.fromkeys(
+        (*FINISHED, "finished"),
+        "j.status = ANY(%(statuses)s::text[]) AND j.finished_at IS NOT NULL"
+        " AND (%(finished_after)s::timestamptz IS NULL OR j.finished_at > %(finished_after)s::timestamptz)",
+    ),
     "group": (
         "j.group_id = %(group_id)s::uuid AND (%(statuses)s::text[] IS NULL OR j.status = ANY(%(statuses)s::text[]))"
     ),

@@ -36,6 +36,7 @@ WITH RECURSIVE triples AS (
         SELECT j.id, j.finished_at FROM {schema}.job AS j
         WHERE j.status = t.status AND j.queue = t.queue AND j.type = t.type AND j.finished_at IS NOT NULL
           AND (%(at)s::timestamptz IS NULL OR (j.finished_at, j.id) < (%(at)s::timestamptz, %(id)s::uuid))
+          AND (%(finished_after)s::timestamptz IS NULL OR j.finished_at > %(finished_after)s::timestamptz)
           AND (%(name)s::text IS NULL OR j.name = %(name)s::text)
           AND (%(text)s::text IS NULL OR {search})
         ORDER BY j.finished_at DESC, j.id DESC
@@ -171,6 +172,7 @@ SELECT count(*) FROM (
     CROSS JOIN LATERAL (
         SELECT 1 FROM {schema}.job AS j
         WHERE j.status = t.status AND j.queue = t.queue AND j.type = t.type AND j.finished_at IS NOT NULL
+          AND (%(finished_after)s::timestamptz IS NULL OR j.finished_at > %(finished_after)s::timestamptz)
           AND (%(name)s::text IS NULL OR j.name = %(name)s::text)
           AND (%(text)s::text IS NULL OR {search})
         LIMIT %(cap)s + 1
