@@ -194,11 +194,19 @@ class ViewStore:
 
     def __init__(self, schema: str) -> None:
         self.schema = schema
-        self._q = {
-            name: text.replace("{summary}", SUMMARY).replace("{search}", SEARCH)
-            for name, text in queries(schema).items()
-            if name.startswith(("view_", "count_", "estimate_", "pairs_", "queue_counts"))
+        shipped = queries(schema)
+        fragments = {
+            "{finished_triples}": shipped["fragment_finished_triples"].rstrip().rstrip(";"),
+            "{queued_levels}": shipped["fragment_queued_levels"].rstrip().rstrip(";"),
+            "{summary}": SUMMARY,
+            "{search}": SEARCH,
         }
+        self._q = {}
+        for name, text in shipped.items():
+            if name.startswith(("view_", "count_", "estimate_", "pairs_", "queue_counts")):
+                for marker, fragment in fragments.items():
+                    text = text.replace(marker, fragment)
+                self._q[name] = text
 
     def page(self, view: str, filters: Filters, *, cursor: Cursor | None = None, limit: int = 50) -> Statement[Page]:
         """One page of `view` (see `VIEWS`), in the view's order: finished jobs the most recently
@@ -257,7 +265,8 @@ class ViewStore:
         def decode(rows: list[Row], _: int) -> list[tuple[str, str, int, bool]]:
             return [(r[0], r[1], int(r[2]), bool(r[3])) for r in rows if r[2] is not None]
 
-        return Statement(self._q["queue_counts"], {"cap": cap}, decode, prepare=False)
+        params = {"cap": cap, "statuses": list(FINISHED), "queues": None, "types": None}
+        return Statement(self._q["queue_counts"], params, decode, prepare=False)
 
     def queue_estimate(self, what: str, queue: str) -> Statement[int]:
         """The planner's estimate of one of `QUEUE_COUNTS` of one queue."""

@@ -8,12 +8,9 @@
 -- and types); a name and a text are tested on the rows of the view's walk, so they cost what the walk
 -- meets before it has a page (docs/dashboard.md, "Lists").
 
--- name: view_finished
--- Completed, failed or cancelled jobs (%(statuses)s), the most recently finished first. The (status,
--- queue, type) triples of job_finished_view_idx are found by a loose index scan (one probe each), the
--- head of each triple's walk in finish order is read after the cursor (finished_at, id), and the heads
--- are merged: a page costs the number of triples times the page, whatever the table holds.
-WITH RECURSIVE triples AS (
+-- name: fragment_finished_triples
+-- The body of `WITH RECURSIVE triples AS (...)`: the (status, queue, type) triples of the finished jobs
+-- of %(statuses)s, by a loose index scan of job_finished_view_idx (one probe each).
     SELECT s.status, f.queue, f.type
     FROM unnest(%(statuses)s::text[]) AS s(status)
     CROSS JOIN LATERAL (
@@ -29,6 +26,34 @@ WITH RECURSIVE triples AS (
         WHERE j.status = t.status AND j.finished_at IS NOT NULL AND (j.queue, j.type) > (t.queue, t.type)
         ORDER BY j.status, j.queue, j.type LIMIT 1
     ) AS n
+
+-- name: fragment_queued_levels
+-- The body of `WITH RECURSIVE levels AS (...)`: the (queue, type, priority) ranges of job_queue_claim_idx
+-- of the queued jobs of %(queues)s and %(types)s (NULL: any), from queued_pairs() and one probe a level.
+    SELECT p.queue, p.type, top.priority
+    FROM {schema}.queued_pairs() AS p
+    CROSS JOIN LATERAL (
+        SELECT j.priority FROM {schema}.job AS j
+        WHERE j.status = 'queued' AND j.queue = p.queue AND j.type = p.type
+        ORDER BY j.priority DESC LIMIT 1
+    ) AS top
+    WHERE (%(queues)s::text[] IS NULL OR p.queue = ANY(%(queues)s::text[])) AND (%(types)s::text[] IS NULL OR p.type = ANY(%(types)s::text[]))
+    UNION ALL
+    SELECT l.queue, l.type, lower.priority
+    FROM levels AS l
+    CROSS JOIN LATERAL (
+        SELECT j.priority FROM {schema}.job AS j
+        WHERE j.status = 'queued' AND j.queue = l.queue AND j.type = l.type AND j.priority < l.priority
+        ORDER BY j.priority DESC LIMIT 1
+    ) AS lower
+
+-- name: view_finished
+-- Completed, failed or cancelled jobs (%(statuses)s), the most recently finished first. The (status,
+-- queue, type) triples of job_finished_view_idx are found by a loose index scan (one probe each), the
+-- head of each triple's walk in finish order is read after the cursor (finished_at, id), and the heads
+-- are merged: a page costs the number of triples times the page, whatever the table holds.
+WITH RECURSIVE triples AS (
+{finished_triples}
 ), page AS (
     SELECT r.id, r.finished_at
     FROM triples AS t
@@ -56,22 +81,7 @@ ORDER BY j.finished_at DESC, j.id DESC;
 -- levels from probes of job_queue_claim_idx, whose (queue, type, priority) ranges are each in
 -- (available_at, id) order: the head of each range after the cursor is read, and the heads merged.
 WITH RECURSIVE levels AS (
-    SELECT p.queue, p.type, top.priority
-    FROM {schema}.queued_pairs() AS p
-    CROSS JOIN LATERAL (
-        SELECT j.priority FROM {schema}.job AS j
-        WHERE j.status = 'queued' AND j.queue = p.queue AND j.type = p.type
-        ORDER BY j.priority DESC LIMIT 1
-    ) AS top
-    WHERE (%(queues)s::text[] IS NULL OR p.queue = ANY(%(queues)s::text[])) AND (%(types)s::text[] IS NULL OR p.type = ANY(%(types)s::text[]))
-    UNION ALL
-    SELECT l.queue, l.type, lower.priority
-    FROM levels AS l
-    CROSS JOIN LATERAL (
-        SELECT j.priority FROM {schema}.job AS j
-        WHERE j.status = 'queued' AND j.queue = l.queue AND j.type = l.type AND j.priority < l.priority
-        ORDER BY j.priority DESC LIMIT 1
-    ) AS lower
+{queued_levels}
 ), page AS (
     SELECT r.id, r.available_at
     FROM levels AS l
@@ -150,21 +160,7 @@ LIMIT %(limit)s;
 -- How many completed, failed or cancelled jobs (%(statuses)s) match, read along the triples of
 -- job_finished_view_idx (as view_finished finds them), at most %(cap)s + 1.
 WITH RECURSIVE triples AS (
-    SELECT s.status, f.queue, f.type
-    FROM unnest(%(statuses)s::text[]) AS s(status)
-    CROSS JOIN LATERAL (
-        SELECT j.queue, j.type FROM {schema}.job AS j
-        WHERE j.status = s.status AND j.finished_at IS NOT NULL
-        ORDER BY j.status, j.queue, j.type LIMIT 1
-    ) AS f
-    UNION ALL
-    SELECT t.status, n.queue, n.type
-    FROM triples AS t
-    CROSS JOIN LATERAL (
-        SELECT j.queue, j.type FROM {schema}.job AS j
-        WHERE j.status = t.status AND j.finished_at IS NOT NULL AND (j.queue, j.type) > (t.queue, t.type)
-        ORDER BY j.status, j.queue, j.type LIMIT 1
-    ) AS n
+{finished_triples}
 )
 SELECT count(*) FROM (
     SELECT 1
@@ -185,22 +181,7 @@ SELECT count(*) FROM (
 -- How many queued jobs (with %(scheduled)s: those of the scheduled view) match, read along the
 -- (queue, type, priority) ranges of job_queue_claim_idx (as view_queued reads them), at most %(cap)s + 1.
 WITH RECURSIVE levels AS (
-    SELECT p.queue, p.type, top.priority
-    FROM {schema}.queued_pairs() AS p
-    CROSS JOIN LATERAL (
-        SELECT j.priority FROM {schema}.job AS j
-        WHERE j.status = 'queued' AND j.queue = p.queue AND j.type = p.type
-        ORDER BY j.priority DESC LIMIT 1
-    ) AS top
-    WHERE (%(queues)s::text[] IS NULL OR p.queue = ANY(%(queues)s::text[])) AND (%(types)s::text[] IS NULL OR p.type = ANY(%(types)s::text[]))
-    UNION ALL
-    SELECT l.queue, l.type, lower.priority
-    FROM levels AS l
-    CROSS JOIN LATERAL (
-        SELECT j.priority FROM {schema}.job AS j
-        WHERE j.status = 'queued' AND j.queue = l.queue AND j.type = l.type AND j.priority < l.priority
-        ORDER BY j.priority DESC LIMIT 1
-    ) AS lower
+{queued_levels}
 )
 SELECT count(*) FROM (
     SELECT 1
@@ -271,21 +252,7 @@ EXPLAIN (FORMAT JSON) SELECT 1 FROM {schema}.job AS j WHERE {predicate};
 -- The (queue, type) pairs of the completed, failed or cancelled jobs (%(statuses)s): the choices of a
 -- finished tab, complete, by the loose index scan view_finished walks.
 WITH RECURSIVE triples AS (
-    SELECT s.status, f.queue, f.type
-    FROM unnest(%(statuses)s::text[]) AS s(status)
-    CROSS JOIN LATERAL (
-        SELECT j.queue, j.type FROM {schema}.job AS j
-        WHERE j.status = s.status AND j.finished_at IS NOT NULL
-        ORDER BY j.status, j.queue, j.type LIMIT 1
-    ) AS f
-    UNION ALL
-    SELECT t.status, n.queue, n.type
-    FROM triples AS t
-    CROSS JOIN LATERAL (
-        SELECT j.queue, j.type FROM {schema}.job AS j
-        WHERE j.status = t.status AND j.finished_at IS NOT NULL AND (j.queue, j.type) > (t.queue, t.type)
-        ORDER BY j.status, j.queue, j.type LIMIT 1
-    ) AS n
+{finished_triples}
 )
 SELECT DISTINCT queue, type FROM triples ORDER BY 1, 2;
 
@@ -305,37 +272,9 @@ SELECT DISTINCT queue, type FROM {schema}.job WHERE status = 'running' ORDER BY 
 -- range went past it, and n is a lower bound the caller replaces by an estimate); and (queue,
 -- 'oldest', seconds the oldest available job has waited, false).
 WITH RECURSIVE levels AS (
-    SELECT p.queue, p.type, top.priority
-    FROM {schema}.queued_pairs() AS p
-    CROSS JOIN LATERAL (
-        SELECT j.priority FROM {schema}.job AS j
-        WHERE j.status = 'queued' AND j.queue = p.queue AND j.type = p.type
-        ORDER BY j.priority DESC LIMIT 1
-    ) AS top
-    UNION ALL
-    SELECT l.queue, l.type, lower.priority
-    FROM levels AS l
-    CROSS JOIN LATERAL (
-        SELECT j.priority FROM {schema}.job AS j
-        WHERE j.status = 'queued' AND j.queue = l.queue AND j.type = l.type AND j.priority < l.priority
-        ORDER BY j.priority DESC LIMIT 1
-    ) AS lower
+{queued_levels}
 ), triples AS (
-    SELECT s.status, f.queue, f.type
-    FROM unnest(ARRAY['completed', 'failed', 'cancelled']) AS s(status)
-    CROSS JOIN LATERAL (
-        SELECT j.queue, j.type FROM {schema}.job AS j
-        WHERE j.status = s.status AND j.finished_at IS NOT NULL
-        ORDER BY j.status, j.queue, j.type LIMIT 1
-    ) AS f
-    UNION ALL
-    SELECT t.status, n.queue, n.type
-    FROM triples AS t
-    CROSS JOIN LATERAL (
-        SELECT j.queue, j.type FROM {schema}.job AS j
-        WHERE j.status = t.status AND j.finished_at IS NOT NULL AND (j.queue, j.type) > (t.queue, t.type)
-        ORDER BY j.status, j.queue, j.type LIMIT 1
-    ) AS n
+{finished_triples}
 ), queued AS (
     SELECT l.queue,
            (SELECT count(*) FROM (SELECT 1 FROM {schema}.job AS j
