@@ -38,6 +38,7 @@ import httpx  # noqa: E402
 
 import jobbus  # noqa: E402
 from jobbus import schema as jobbus_schema  # noqa: E402
+from jobbus import search  # noqa: E402
 from jobbus.dashboard import create_app  # noqa: E402
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
@@ -209,6 +210,11 @@ async def measure(dsn: str, requests: int) -> list[tuple[str, list[float]]]:
     return results
 
 
+async def _create_search_index(dsn: str) -> None:
+    async with jobbus.App(dsn=dsn) as app:
+        await search.create_search_index(app, lambda line: print(f"  {line}", flush=True))
+
+
 def p95(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[max(0, round(0.95 * len(ordered)) - 1)]
@@ -220,12 +226,16 @@ def main() -> None:
     parser.add_argument("--queued", type=int, default=100_000, help="queued jobs (default 100,000)")
     parser.add_argument("--requests", type=int, default=20, help="timed requests per page")
     parser.add_argument("--keep", action="store_true", help="reuse the table the last run built")
+    parser.add_argument("--search-index", action="store_true", help="build the optional search index first")
     parser.add_argument("--dsn", default=os.environ.get("BENCH_DSN", DEFAULT_DSN), help="server (BENCH_DSN)")
     args = parser.parse_args()
     if not args.keep:
         print(f"building {args.rows:,} finished and {args.queued:,} queued jobs in database {DATABASE}")
         build(args.dsn, args.rows, args.queued)
     dsn = database_dsn(args.dsn)
+    if args.search_index:
+        print("building the search index ...", flush=True)
+        asyncio.run(_create_search_index(dsn))
     with psycopg.connect(dsn) as conn:
         estimate = conn.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = 'jobbus.job'::regclass").fetchone()
         size = conn.execute("SELECT pg_size_pretty(pg_total_relation_size('jobbus.job'))").fetchone()

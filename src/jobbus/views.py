@@ -46,16 +46,28 @@ TABS = ("queued", "scheduled", "retrying", "waiting", "running", "completed", "f
 
 async def page(app: App, view: str, filters: Filters = ANY, *, cursor: Cursor | None = None, limit: int = 50) -> Page:
     """One page of `view` in its order, from `cursor` (`Page.next` of the page before)."""
-    return await _run(app, _store(app.settings.schema).page(view, filters, cursor=cursor, limit=limit))
+    store = _store(app.settings.schema)
+    indexed = await search_indexed(app, view, filters)
+    return await _run(app, store.page(view, filters, cursor=cursor, limit=limit, search_index=indexed))
 
 
 async def count(app: App, view: str, filters: Filters = ANY, *, cap: int = COUNT_CAP) -> Count:
     """How many jobs of `view` match `filters`: exact up to `cap`, else the planner's estimate."""
     store = _store(app.settings.schema)
-    value, past_cap = await _run(app, store.count(view, filters, cap=cap))
+    indexed = await search_indexed(app, view, filters)
+    value, past_cap = await _run(app, store.count(view, filters, cap=cap, search_index=indexed))
     if not past_cap:
         return Count(value)
     return Count.estimate(value, await _run(app, store.estimate(view, filters)))
+
+
+async def search_indexed(app: App, view: str, filters: Filters) -> bool:
+    """Whether a search of `view` can use the search index: it searches finished jobs, and the index
+    exists and is valid (one catalog read, only for a search)."""
+    if not filters.text or view not in (*FINISHED, "finished"):
+        return False
+    valid, _exists = await _run(app, _store(app.settings.schema).search_index_state())
+    return valid
 
 
 async def counts(app: App, filters: Filters = ANY, *, views: tuple[str, ...] = TABS) -> dict[str, Count]:

@@ -31,6 +31,7 @@ COMMANDS = {
     "queue": "jobbus.cli.queues:queue_group",
     "schedule": "jobbus.cli.schedule:schedule_command",
     "prune": "jobbus.cli.prune:prune_command",
+    "search-index": "jobbus.cli.search:search_index_group",
     "demo": "jobbus.cli.demo:demo_command",
     "bench": "jobbus.cli.bench:bench_command",
     "dashboard": "jobbus.cli.dashboard:dashboard_command",

@@ -100,6 +100,8 @@ async def jobs(dash: Dashboard, request: Request) -> Response:
         group,
     )
     job_page = await views.page(dash.app, status, filters, cursor=cursor, limit=PAGE_SIZE)
+    unindexed_search = bool(text) and status in ("completed", "failed", "cancelled", "finished")
+    unindexed_search = unindexed_search and not await views.search_indexed(dash.app, status, filters)
     query = {k: v for k, v in shown.items() if v}
     next_url = "/jobs?" + urlencode({**query, "after": job_page.next.encode()}) if job_page.next else None
     counts = await views.counts(dash.app, filters)
@@ -110,6 +112,7 @@ async def jobs(dash: Dashboard, request: Request) -> Response:
         "jobs.html",
         counts=counts,
         count_cap=views.COUNT_CAP,
+        unindexed_search=unindexed_search,
         tabs=TABS,
         tab_base="/jobs?" + urlencode(tab_query) + ("&" if tab_query else ""),
         page_jobs=job_page.jobs,

@@ -41,11 +41,14 @@ SUMMARY = (
     " CASE WHEN j.status = 'queued' THEN j.history -> -1 ->> 'outcome' END,"
     " CASE WHEN j.status = 'queued' THEN j.history -> -1 ->> 'waiting_for' END"
 )
-#: What a search looks in: type, name, unique_key, last error, configuration (and the id).
-SEARCH = (
-    "(j.type ILIKE %(text)s OR j.name ILIKE %(text)s OR j.unique_key ILIKE %(text)s OR j.last_error ILIKE %(text)s"
-    " OR j.configuration_data::text ILIKE %(text)s OR j.id::text ILIKE %(text)s)"
+#: What a search looks in, as one text: type, name, unique_key, last error, the first 2,000 characters of
+#: the configuration's JSON, and the id. The optional search index (`jobbus search-index create`) is an
+#: index of this expression (without the `j.`), so a search can use it.
+SEARCH_DOCUMENT = (
+    "(j.type || ' ' || coalesce(j.name, '') || ' ' || coalesce(j.unique_key, '') || ' '"
+    " || coalesce(j.last_error, '') || ' ' || left(j.configuration_data::text, 2000) || ' ' || j.id::text)"
 )
+SEARCH = f"{SEARCH_DOCUMENT} ILIKE %(text)s"
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,12 +206,28 @@ class ViewStore:
         }
         self._q = {}
         for name, text in shipped.items():
-            if name.startswith(("view_", "count_", "estimate_", "pairs_", "queue_counts")):
+            if name.startswith(("view_", "count_", "estimate_", "pairs_", "queue_counts", "search_index")):
                 for marker, fragment in fragments.items():
                     text = text.replace(marker, fragment)
                 self._q[name] = text
 
-    def page(self, view: str, filters: Filters, *, cursor: Cursor | None = None, limit: int = 50) -> Statement[Page]:
+    def search_index_state(self) -> Statement[tuple[bool, bool]]:
+        """Whether the optional search index (`jobbus search-index create`) is valid, and whether it exists."""
+        return Statement(
+            self._q["search_index_state"],
+            {"schema_name": self.schema},
+            lambda rows, _: (bool(rows[0][0]), bool(rows[0][1])),
+        )
+
+    def page(
+        self,
+        view: str,
+        filters: Filters,
+        *,
+        cursor: Cursor | None = None,
+        limit: int = 50,
+        search_index: bool = False,
+    ) -> Statement[Page]:
         """One page of `view` (see `VIEWS`), in the view's order: finished jobs the most recently
         finished first, queued ones (and each view of them) by when they run next, running ones the
         latest start first, a group's jobs (`filters.group_id`) the newest first."""
@@ -226,7 +245,7 @@ class ViewStore:
             name = "view_group"
             params["statuses"] = list(FINISHED) if view == "finished" else [view if view in STATUSES else "queued"]
         elif view in (*FINISHED, "finished"):
-            name = "view_finished"
+            name = "view_finished_search" if search_index and filters.text else "view_finished"
             params["statuses"] = list(FINISHED) if view == "finished" else [view]
         elif view in ("queued", "scheduled"):
             name = "view_queued"
@@ -244,12 +263,16 @@ class ViewStore:
 
         return Statement(self._q[name], params, decode, prepare=False)
 
-    def count(self, view: str, filters: Filters, *, cap: int = COUNT_CAP) -> Statement[tuple[int, bool]]:
+    def count(
+        self, view: str, filters: Filters, *, cap: int = COUNT_CAP, search_index: bool = False
+    ) -> Statement[tuple[int, bool]]:
         """How many jobs of `view` match, read along the view's index: (the count, whether it went past
         `cap`, when it is `cap` + 1 and only `estimate` can say more)."""
         params = self._params(view, filters)
         params["cap"] = cap
         name = "count_group" if filters.group_id is not None else f"count_{_FAMILY[view]}"
+        if name == "count_finished" and search_index and filters.text:
+            name = "count_finished_search"
         return Statement(self._q[name], params, lambda rows, _: (int(rows[0][0]), int(rows[0][0]) > cap), prepare=False)
 
     def estimate(self, view: str, filters: Filters) -> Statement[int]:
@@ -351,7 +374,7 @@ def decode_estimate(rows: list[Row], _: int) -> int:
 
 
 def _cursor_of(name: str, job: JobSummary) -> Cursor:
-    if name == "view_finished":
+    if name.startswith("view_finished"):
         return Cursor(job.id, job.finished_at)
     if name == "view_running":
         return Cursor(job.id, job.started_at)

@@ -333,3 +333,41 @@ UNION ALL
 SELECT queue, CASE WHEN status = 'completed' THEN 'completed_minute' ELSE status || '_hour' END,
        sum(recent)::bigint, bool_or(recent > %(cap)s)
 FROM finished WHERE status <> 'cancelled' GROUP BY queue, status;
+
+-- name: view_finished_search
+-- view_finished with a search, where the search index exists (`jobbus search-index create`): the jobs
+-- holding the text come from the index (a bitmap of the rows whose search document has its trigrams),
+-- then in finish order; without the index this would walk every finished job, so view_finished's walk
+-- of the triples serves then.
+SELECT {summary}
+FROM {schema}.job AS j
+WHERE j.status = ANY(%(statuses)s::text[]) AND j.finished_at IS NOT NULL
+  AND (%(at)s::timestamptz IS NULL OR (j.finished_at, j.id) < (%(at)s::timestamptz, %(id)s::uuid))
+  AND (%(finished_after)s::timestamptz IS NULL OR j.finished_at > %(finished_after)s::timestamptz)
+  AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))
+  AND (%(types)s::text[] IS NULL OR j.type = ANY(%(types)s::text[]))
+  AND (%(name)s::text IS NULL OR j.name = %(name)s::text)
+  AND {search}
+ORDER BY j.finished_at DESC, j.id DESC
+LIMIT %(limit)s;
+
+-- name: count_finished_search
+-- count_finished with a search, where the search index exists.
+SELECT count(*) FROM (
+    SELECT 1 FROM {schema}.job AS j
+    WHERE j.status = ANY(%(statuses)s::text[]) AND j.finished_at IS NOT NULL
+      AND (%(finished_after)s::timestamptz IS NULL OR j.finished_at > %(finished_after)s::timestamptz)
+      AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))
+      AND (%(types)s::text[] IS NULL OR j.type = ANY(%(types)s::text[]))
+      AND (%(name)s::text IS NULL OR j.name = %(name)s::text)
+      AND {search}
+    LIMIT %(cap)s + 1
+) AS c;
+
+-- name: search_index_state
+-- Whether the optional search index exists and is valid (a CREATE INDEX CONCURRENTLY cut short leaves
+-- an invalid one, which no query uses).
+SELECT coalesce(bool_and(i.indisvalid), false), count(*) > 0
+FROM pg_index AS i
+JOIN pg_class AS c ON c.oid = i.indexrelid
+WHERE c.relnamespace = %(schema_name)s::regnamespace AND c.relname = 'job_search_idx';

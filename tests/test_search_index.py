@@ -1,0 +1,81 @@
+"""The optional search index (jobbus.search, `jobbus search-index`): searches find the same jobs with it
+and without it, it is built and dropped while the table is written, a build cut short is built again,
+and a server without pg_trgm says so."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+from psycopg import ClientCursor
+
+import jobbus
+from jobbus import search, views
+from jobbus.store.views import ViewStore
+from tests.cli import jobbus as run_cli
+
+
+def _has_trgm(dsn: str) -> bool:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute("SELECT 1 FROM pg_available_extensions WHERE name = 'pg_trgm'").fetchone() is not None
+
+
+def _fill(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO jobbus.job (id, type, max_attempts, status, attempts, started_at, finished_at,"
+            " configuration_data, last_error) SELECT jobbus.uuid_generate_v7(), 'report', 3,"
+            " CASE WHEN n % 10 = 0 THEN 'failed' ELSE 'completed' END, 1,"
+            " now() - n * interval '1 s', now() - n * interval '1 s',"
+            " jsonb_build_object('order', 'ORD-' || n), CASE WHEN n % 10 = 0 THEN 'timeout at gate ' || n END"
+            " FROM generate_series(1, 40000) AS n"
+        )
+        conn.execute("ANALYZE jobbus.job")
+
+
+async def _found(app: jobbus.App, view: str, text: str) -> list[str]:
+    page = await views.page(app, view, views.Filters(text=text), limit=100)
+    return [str(job.id) for job in page.jobs]
+
+
+async def test_a_search_finds_the_same_jobs_with_and_without_the_index(dsn: str, app: jobbus.App) -> None:
+    if not _has_trgm(dsn):
+        pytest.skip("this server has no pg_trgm")
+    _fill(dsn)
+    cases = [("completed", "ord-39999"), ("finished", "ORD-1234"), ("failed", "gate 39990"), ("completed", "no such")]
+    without = {case: await _found(app, *case) for case in cases}
+    assert [len(v) for v in without.values()] == [1, 11, 1, 0]  # ORD-1234 and ORD-12340..12349
+    assert await search.search_index_state(app) == "absent"
+    assert run_cli(dsn, "search-index", "status").returncode == 1
+    created = run_cli(dsn, "search-index", "create")
+    assert created.returncode == 0, created.stderr
+    assert await search.search_index_state(app) == "ready"
+    assert run_cli(dsn, "search-index", "status").returncode == 0
+    assert {case: await _found(app, *case) for case in cases} == without
+    assert await views.count(app, "finished", views.Filters(text="ORD-1234")) == views.Count(11)
+    # The planner reads the index for a rare text.
+    statement = ViewStore("jobbus").page("completed", views.Filters(text="ORD-39999"), search_index=True)
+    with psycopg.connect(dsn, cursor_factory=ClientCursor) as conn:
+        plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + statement.query, statement.params))
+    assert "job_search_idx" in plan, plan
+    assert run_cli(dsn, "search-index", "drop").returncode == 0
+    assert await search.search_index_state(app) == "absent"
+
+
+async def test_an_index_a_build_left_invalid_is_built_again(dsn: str, app: jobbus.App) -> None:
+    if not _has_trgm(dsn):
+        pytest.skip("this server has no pg_trgm")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_trgm")
+        conn.execute("CREATE INDEX job_search_idx ON jobbus.job (id)")  # a stand-in for a build cut short
+        conn.execute("UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'jobbus.job_search_idx'::regclass")
+    assert await search.search_index_state(app) == "invalid"
+    await search.create_search_index(app)
+    assert await search.search_index_state(app) == "ready"
+
+
+async def test_without_pg_trgm_the_server_says_so(dsn: str, app: jobbus.App) -> None:
+    if _has_trgm(dsn):
+        pytest.skip("this server has pg_trgm")
+    assert await search.search_index_state(app) == "unavailable"
+    result = run_cli(dsn, "search-index", "create")
+    assert result.returncode == 1 and "no pg_trgm" in result.stderr
