@@ -206,6 +206,7 @@ async def measure(dsn: str, requests: int) -> list[tuple[str, list[float]]]:
                 if response.status_code not in (200, 404):
                     raise SystemExit(f"{path}: HTTP {response.status_code}\n{response.text[:2000]}")
             results.append((name, times))
+            print(f"  {name}: p95 {p95(times):.1f} ms", flush=True)
     await asgi.state.dashboard.close()
     return results
 

@@ -245,7 +245,11 @@ class ViewStore:
             name = "view_group"
             params["statuses"] = list(FINISHED) if view == "finished" else [view if view in STATUSES else "queued"]
         elif view in (*FINISHED, "finished"):
-            name = "view_finished_search" if search_index and filters.text else "view_finished"
+            name = "view_finished"
+            if filters.name is not None:
+                name = "view_finished_named"
+            elif search_index and filters.text:
+                name = "view_finished_search"
             params["statuses"] = list(FINISHED) if view == "finished" else [view]
         elif view in ("queued", "scheduled"):
             name = "view_queued"
@@ -271,7 +275,9 @@ class ViewStore:
         params = self._params(view, filters)
         params["cap"] = cap
         name = "count_group" if filters.group_id is not None else f"count_{_FAMILY[view]}"
-        if name == "count_finished" and search_index and filters.text:
+        if name == "count_finished" and filters.name is not None:
+            name = "count_finished_named"
+        elif name == "count_finished" and search_index and filters.text:
             name = "count_finished_search"
         return Statement(self._q[name], params, lambda rows, _: (int(rows[0][0]), int(rows[0][0]) > cap), prepare=False)
 

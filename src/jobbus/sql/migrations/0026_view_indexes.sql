@@ -19,6 +19,11 @@ CREATE INDEX {concurrently} IF NOT EXISTS job_retrying_view_idx
 CREATE INDEX {concurrently} IF NOT EXISTS job_waiting_view_idx
     ON {schema}.job (available_at, id) WHERE status = 'queued' AND (history -> -1 ->> 'outcome') = 'waiting';
 
+-- Finished jobs of a name (a periodic job's ticks, a Django task's path), in finish order: a finished
+-- tab under a name filter. Only named jobs pay for an entry.
+CREATE INDEX {concurrently} IF NOT EXISTS job_finished_name_idx
+    ON {schema}.job (name, finished_at, id) WHERE finished_at IS NOT NULL AND name IS NOT NULL;
+
 -- Failed jobs by failure group, each group in finish order: the failures page over every failed job.
 CREATE INDEX {concurrently} IF NOT EXISTS job_failure_group_idx
     ON {schema}.job (error_group, finished_at, id) WHERE status = 'failed';

@@ -371,3 +371,29 @@ SELECT coalesce(bool_and(i.indisvalid), false), count(*) > 0
 FROM pg_index AS i
 JOIN pg_class AS c ON c.oid = i.indexrelid
 WHERE c.relnamespace = %(schema_name)s::regnamespace AND c.relname = 'job_search_idx';
+
+-- name: view_finished_named
+-- view_finished under a name filter, along job_finished_name_idx: the jobs of that name in finish order,
+-- those of the statuses asked for kept.
+SELECT {summary}
+FROM {schema}.job AS j
+WHERE j.name = %(name)s::text AND j.finished_at IS NOT NULL AND j.status = ANY(%(statuses)s::text[])
+  AND (%(at)s::timestamptz IS NULL OR (j.finished_at, j.id) < (%(at)s::timestamptz, %(id)s::uuid))
+  AND (%(finished_after)s::timestamptz IS NULL OR j.finished_at > %(finished_after)s::timestamptz)
+  AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))
+  AND (%(types)s::text[] IS NULL OR j.type = ANY(%(types)s::text[]))
+  AND (%(text)s::text IS NULL OR {search})
+ORDER BY j.finished_at DESC, j.id DESC
+LIMIT %(limit)s;
+
+-- name: count_finished_named
+-- count_finished under a name filter, along job_finished_name_idx.
+SELECT count(*) FROM (
+    SELECT 1 FROM {schema}.job AS j
+    WHERE j.name = %(name)s::text AND j.finished_at IS NOT NULL AND j.status = ANY(%(statuses)s::text[])
+      AND (%(finished_after)s::timestamptz IS NULL OR j.finished_at > %(finished_after)s::timestamptz)
+      AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))
+      AND (%(types)s::text[] IS NULL OR j.type = ANY(%(types)s::text[]))
+      AND (%(text)s::text IS NULL OR {search})
+    LIMIT %(cap)s + 1
+) AS c;
