@@ -150,7 +150,7 @@ def build(server: str, rows: int, queued: int) -> None:
     print(f"  built in {time.monotonic() - started:.0f} s", flush=True)
 
 
-async def measure(dsn: str, requests: int) -> list[tuple[str, list[float]]]:
+async def measure(dsn: str, requests: int, only: str | None = None) -> list[tuple[str, list[float]]]:
     app = jobbus.App(dsn=dsn)
     asgi = create_app(app)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=asgi), base_url="http://127.0.0.1") as http:
@@ -196,6 +196,8 @@ async def measure(dsn: str, requests: int) -> list[tuple[str, list[float]]]:
         }
         results = []
         for name, path in pages.items():
+            if only is not None and only not in name:
+                continue
             for _ in range(2):
                 await http.get(path)
             times = []
@@ -228,6 +230,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=20, help="timed requests per page")
     parser.add_argument("--keep", action="store_true", help="reuse the table the last run built")
     parser.add_argument("--search-index", action="store_true", help="build the optional search index first")
+    parser.add_argument("--only", help="measure only the pages whose name holds this text")
     parser.add_argument("--dsn", default=os.environ.get("BENCH_DSN", DEFAULT_DSN), help="server (BENCH_DSN)")
     args = parser.parse_args()
     if not args.keep:
@@ -241,7 +244,7 @@ def main() -> None:
         estimate = conn.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = 'jobbus.job'::regclass").fetchone()
         size = conn.execute("SELECT pg_size_pretty(pg_total_relation_size('jobbus.job'))").fetchone()
     print(f"\njob table: ~{estimate[0] if estimate else 0:,} rows, {size[0] if size else '?'} with indexes")
-    results = asyncio.run(measure(dsn, args.requests))
+    results = asyncio.run(measure(dsn, args.requests, args.only))
     print(f"\n{'page':<28}{'p50 ms':>9}{'p95 ms':>9}{'max ms':>9}")
     worst = 0.0
     for name, times in results:

@@ -4,12 +4,14 @@ and a server without pg_trgm says so."""
 
 from __future__ import annotations
 
+import httpx
 import psycopg
 import pytest
 from psycopg import ClientCursor
 
 import jobbus
 from jobbus import search, views
+from jobbus.dashboard import create_app, pages
 from jobbus.store.views import ViewStore
 from tests.cli import jobbus as run_cli
 
@@ -79,3 +81,45 @@ async def test_without_pg_trgm_the_server_says_so(dsn: str, app: jobbus.App) -> 
     assert await search.search_index_state(app) == "unavailable"
     result = run_cli(dsn, "search-index", "create")
     assert result.returncode == 1 and "no pg_trgm" in result.stderr
+
+
+async def test_a_search_without_the_index_stops_after_its_seconds_and_counts_nothing_it_did_not_finish(
+    dsn: str, app: jobbus.App
+) -> None:
+    _fill(dsn)
+    rare = views.Filters(text="gate 39990")
+    with pytest.raises(views.SearchStopped, match="without the search index"):
+        await views.page(app, "failed", rare, search_seconds=0.001)
+    stopped = await views.count(app, "completed", rare, search_seconds=0.001)
+    assert not stopped.counted and str(stopped) == "?" and stopped.as_json()["count"] is None
+    # Given time, the same search finds and counts its job; without a bound it always does (the CLI).
+    assert len((await views.page(app, "failed", rare, search_seconds=30)).jobs) == 1
+    assert await views.count(app, "failed", rare, search_seconds=30) == views.Count(1)
+    assert len((await views.page(app, "failed", rare)).jobs) == 1
+    # No search, no bound: a list of 36,000 jobs is not cut by a search's seconds.
+    whole = await views.count(app, "completed", views.ANY, search_seconds=0.001)
+    assert whole.counted and whole.estimated
+
+
+async def test_the_jobs_page_says_where_a_search_without_the_index_stopped(
+    dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fill(dsn)
+    monkeypatch.setattr(pages, "SEARCH_SECONDS", 0.001)
+    monkeypatch.setattr(pages, "SEARCH_COUNT_SECONDS", 0.001)
+    app = jobbus.App(dsn=dsn)
+    asgi = create_app(app)
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=asgi), base_url="http://127.0.0.1") as http:
+            html = (await http.get("/jobs?status=completed&q=ORD-1234")).text
+            assert "The search stopped after 0.001 s before it found a page of matches." in html
+            assert "jobbus search-index create</code> builds the index" in html
+            assert 'completed <span class="count" title="not counted' in html
+            assert "No job matches." not in html
+            monkeypatch.setattr(pages, "SEARCH_SECONDS", 30)
+            html = (await http.get("/jobs?status=failed&q=gate 39990")).text
+            # The search ran to its end on one page: its own tab is counted from it.
+            assert html.count('data-job="') == 1 and 'failed <span class="count">1</span>' in html
+            assert "Searched without the search index" in html
+    finally:
+        await asgi.state.dashboard.close()

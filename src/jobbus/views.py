@@ -15,9 +15,11 @@ from dataclasses import dataclass, replace
 from functools import cache
 from typing import TYPE_CHECKING, TypeVar
 
+import psycopg
+
 from jobbus.models import Job
 from jobbus.store.dashboard import DashboardStore, FailureGroup
-from jobbus.store.statements import Statement, run_async
+from jobbus.store.statements import Statement, run_read_async
 from jobbus.store.views import COUNT_CAP, FINISHED, VIEWS, Count, Cursor, Filters, Page, ViewStore
 
 if TYPE_CHECKING:
@@ -30,6 +32,7 @@ __all__ = [
     "Cursor",
     "Filters",
     "Page",
+    "SearchStopped",
     "count",
     "counts",
     "cursor_after",
@@ -44,18 +47,51 @@ ANY = Filters()
 TABS = ("queued", "scheduled", "retrying", "waiting", "running", "completed", "failed", "cancelled")
 
 
-async def page(app: App, view: str, filters: Filters = ANY, *, cursor: Cursor | None = None, limit: int = 50) -> Page:
-    """One page of `view` in its order, from `cursor` (`Page.next` of the page before)."""
-    store = _store(app.settings.schema)
-    indexed = await search_indexed(app, view, filters)
-    return await _run(app, store.page(view, filters, cursor=cursor, limit=limit, search_index=indexed))
+class SearchStopped(Exception):
+    """A search that had no index to read stopped after the seconds it was given: it tests each job of
+    its view, which takes seconds per million jobs (`jobbus search-index create` builds the index)."""
 
 
-async def count(app: App, view: str, filters: Filters = ANY, *, cap: int = COUNT_CAP) -> Count:
-    """How many jobs of `view` match `filters`: exact up to `cap`, else the planner's estimate."""
+async def page(
+    app: App,
+    view: str,
+    filters: Filters = ANY,
+    *,
+    cursor: Cursor | None = None,
+    limit: int = 50,
+    search_seconds: float | None = None,
+) -> Page:
+    """One page of `view` in its order, from `cursor` (`Page.next` of the page before).
+
+    A search without the search index to read stops after `search_seconds` when given, raising
+    `SearchStopped`; without a bound it runs to its end.
+    """
     store = _store(app.settings.schema)
     indexed = await search_indexed(app, view, filters)
-    value, past_cap = await _run(app, store.count(view, filters, cap=cap, search_index=indexed))
+    statement = store.page(view, filters, cursor=cursor, limit=limit, search_index=indexed)
+    if not filters.text or indexed or search_seconds is None:
+        return await _run(app, statement)
+    try:
+        return await _run(app, statement, seconds=search_seconds)
+    except psycopg.errors.QueryCanceled as exc:
+        raise SearchStopped(f"the search stopped after {search_seconds:g} s without the search index") from exc
+
+
+async def count(
+    app: App, view: str, filters: Filters = ANY, *, cap: int = COUNT_CAP, search_seconds: float | None = None
+) -> Count:
+    """How many jobs of `view` match `filters`: exact up to `cap`, else the planner's estimate; not
+    counted (`Count.counted` false) when a search without the search index passes `search_seconds`."""
+    store = _store(app.settings.schema)
+    indexed = await search_indexed(app, view, filters)
+    statement = store.count(view, filters, cap=cap, search_index=indexed)
+    seconds = None if not filters.text or indexed else search_seconds
+    try:
+        value, past_cap = await _run(app, statement, seconds=seconds)
+    except psycopg.errors.QueryCanceled:
+        if seconds is None:
+            raise
+        return Count(0, counted=False)
     if not past_cap:
         return Count(value)
     return Count.estimate(value, await _run(app, store.estimate(view, filters)))
@@ -70,9 +106,11 @@ async def search_indexed(app: App, view: str, filters: Filters) -> bool:
     return valid
 
 
-async def counts(app: App, filters: Filters = ANY, *, views: tuple[str, ...] = TABS) -> dict[str, Count]:
+async def counts(
+    app: App, filters: Filters = ANY, *, views: tuple[str, ...] = TABS, search_seconds: float | None = None
+) -> dict[str, Count]:
     """The count of each of `views` under the same filters (the jobs page's tabs)."""
-    return {view: await count(app, view, filters) for view in views}
+    return {view: await count(app, view, filters, search_seconds=search_seconds) for view in views}
 
 
 async def pairs(app: App, view: str) -> list[tuple[str, str]]:
@@ -185,6 +223,6 @@ def _store(schema: str) -> ViewStore:
     return ViewStore(schema)
 
 
-async def _run(app: App, statement: Statement[_T]) -> _T:
+async def _run(app: App, statement: Statement[_T], *, seconds: float | None = None) -> _T:
     async with app.pool.connection() as conn:
-        return await run_async(conn, statement)
+        return await run_read_async(conn, statement, seconds=seconds)

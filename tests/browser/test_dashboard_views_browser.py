@@ -45,6 +45,10 @@ def test_every_tab_is_complete_and_counted_at_the_size_of_the_review(dsn: str, p
     screenshot(page, "jobs-scheduled-20000")
     page.goto(f"{url}/jobs?status=retrying&q=SKU-2499")
     assert page.locator("tr[data-job]").count() == 1 and "sku-2499 busy" in page.locator("td.error").inner_text()
+    page.goto(f"{url}/jobs?status=failed&q=user 1999 not found")
+    assert page.locator("tr[data-job]").count() == 1 and _tab(page, "failed") == "1"
+    assert "Searched without the search index" in page.locator("p.search-note").inner_text()
+    screenshot(page, "jobs-search-without-index")
     page.goto(f"{url}/jobs?status=waiting")
     sleeps = page.locator("td.when").all_inner_texts()
     assert len(sleeps) == 50 and all(re.match(r"waits for sleep cool-off, until \d{4}-", w) for w in sleeps), sleeps[:3]

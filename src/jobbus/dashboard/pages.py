@@ -25,6 +25,10 @@ PAGE_SIZE = 50
 STATUSES = ("queued", "running", "completed", "failed", "cancelled")
 #: The tabs of the jobs page, the first one shown when none is asked for.
 TABS = views.TABS
+#: How long a search without the search index may look for a page of matches, and then for each tab's
+#: count: it tests each job of the view, about 2.5 s per million (docs/dashboard.md).
+SEARCH_SECONDS = 3.0
+SEARCH_COUNT_SECONDS = 0.5
 
 
 async def queue_rows(dash: Dashboard) -> list[views.QueueStatus]:
@@ -99,12 +103,25 @@ async def jobs(dash: Dashboard, request: Request) -> Response:
         text,
         group,
     )
-    job_page = await views.page(dash.app, status, filters, cursor=cursor, limit=PAGE_SIZE)
-    unindexed_search = bool(text) and status in ("completed", "failed", "cancelled", "finished")
-    unindexed_search = unindexed_search and not await views.search_indexed(dash.app, status, filters)
+    search_stopped = False
+    try:
+        job_page = await views.page(
+            dash.app, status, filters, cursor=cursor, limit=PAGE_SIZE, search_seconds=SEARCH_SECONDS
+        )
+    except views.SearchStopped:
+        job_page, search_stopped = views.Page([], None), True
+    unindexed_search = bool(text) and not await views.search_indexed(dash.app, status, filters)
     query = {k: v for k, v in shown.items() if v}
     next_url = "/jobs?" + urlencode({**query, "after": job_page.next.encode()}) if job_page.next else None
-    counts = await views.counts(dash.app, filters)
+    counts = await views.counts(dash.app, filters, search_seconds=SEARCH_COUNT_SECONDS)
+    if (
+        status in counts
+        and not counts[status].counted
+        and cursor is None
+        and not search_stopped
+        and job_page.next is None
+    ):
+        counts[status] = Count(len(job_page.jobs))  # the whole search fit on this page
     pairs = await views.pairs(dash.app, status)
     tab_query = {k: v for k, v in query.items() if k not in ("status", "group")}
     return dash.render(
@@ -113,6 +130,8 @@ async def jobs(dash: Dashboard, request: Request) -> Response:
         counts=counts,
         count_cap=views.COUNT_CAP,
         unindexed_search=unindexed_search,
+        search_stopped=search_stopped,
+        search_seconds=SEARCH_SECONDS,
         tabs=TABS,
         tab_base="/jobs?" + urlencode(tab_query) + ("&" if tab_query else ""),
         page_jobs=job_page.jobs,

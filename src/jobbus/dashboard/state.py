@@ -20,7 +20,7 @@ from jobbus.dashboard.security import CSRF_FIELD, Guard, Redactor, redact_secret
 from jobbus.dashboard.workflow import parked_without_deadline
 from jobbus.errors import SchemaError
 from jobbus.store.dashboard import DashboardStore
-from jobbus.store.statements import Statement, run_async
+from jobbus.store.statements import Statement, run_read_async
 
 if TYPE_CHECKING:
     from jobbus.app import App
@@ -101,7 +101,7 @@ class Dashboard:
     async def run(self, statement: Statement[T]) -> T:
         await self.ensure_open()
         async with self.app.pool.connection() as conn:
-            return await run_async(conn, statement)
+            return await run_read_async(conn, statement)
 
     # -- rendering ----------------------------------------------------------------------------------
 

@@ -143,6 +143,9 @@ class Count:
     value: int
     estimated: bool = False
     at_least: bool = False
+    #: False when the count was not read: a search without its index stopped before it finished (shown
+    #: as "?", `"count": null` in JSON).
+    counted: bool = True
 
     @classmethod
     def estimate(cls, read: int, estimate: int) -> Count:
@@ -153,15 +156,22 @@ class Count:
     def total(cls, counts: Iterable[Count]) -> Count:
         """The sum of counts: an estimate if any is one, at least its value if any is a lower bound."""
         parts = list(counts)
-        return cls(sum(c.value for c in parts), any(c.estimated for c in parts), any(c.at_least for c in parts))
+        return cls(
+            sum(c.value for c in parts),
+            any(c.estimated for c in parts),
+            any(c.at_least for c in parts),
+            all(c.counted for c in parts),
+        )
 
     def __str__(self) -> str:
+        if not self.counted:
+            return "?"
         if self.at_least:
             return f"> {self.value - 1:,}"
         return f"≈ {self.value:,}" if self.estimated else f"{self.value:,}"
 
     def as_json(self) -> dict[str, Any]:
-        value: dict[str, Any] = {"count": self.value, "estimated": self.estimated}
+        value: dict[str, Any] = {"count": self.value if self.counted else None, "estimated": self.estimated}
         if self.at_least:
             value["at_least"] = True
         return value
