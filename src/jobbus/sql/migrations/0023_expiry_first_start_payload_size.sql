@@ -89,7 +89,7 @@ BEGIN
                 worker_id = CASE WHEN j.expires_at <= v_clock AND j.started_at IS NULL THEN j.worker_id
                                  ELSE p_worker_id END,
                 started_at = CASE WHEN j.expires_at <= v_clock AND j.started_at IS NULL THEN NULL ELSE v_clock END,
-                finished_at = CASE WHEN j.expires_at <= v_clock AND j.started_at IS NULL THEN now()
+                finished_at = CASE WHEN j.expires_at <= v_clock AND j.started_at IS NULL THEN v_clock
                                    ELSE j.finished_at END,
                 last_error = CASE WHEN j.expires_at <= v_clock AND j.started_at IS NULL
                                   THEN {schema}.expired_error(j.expires_at) ELSE j.last_error END
@@ -127,7 +127,7 @@ BEGIN
         v_expired := v_expired + cardinality(v_ids) - v_claimed;
         WITH swept AS (
             UPDATE {schema}.job AS j
-            SET status = 'cancelled', finished_at = now(), last_error = {schema}.expired_error(j.expires_at)
+            SET status = 'cancelled', finished_at = v_clock, last_error = {schema}.expired_error(j.expires_at)
             WHERE j.id IN (
                 SELECT e.id FROM {schema}.job AS e
                 WHERE e.status = 'queued' AND e.expires_at <= v_clock AND e.started_at IS NULL
