@@ -589,3 +589,35 @@ def test_an_error_outcome_written_late_or_left_to_recovery() -> None:
     assert check(h).ok, check(h).text()
     h.jobs[-1] = replace(failed, history=[{"attempt": 1, "outcome": "recovered", "error": "lease expired"}])
     assert broken(h) == {"error_written"}
+
+
+def test_a_delete_that_succeeded_on_a_running_job() -> None:
+    h = clean()
+    h.ops.append(Op("delete", "j1", T0 + 0.4, T0 + 0.45, "ok"))
+    del h.jobs[0]
+    # Running from -3 s: since longer than a transition's stamp can precede its commit (CALL_SKEW).
+    h.transitions += changes(1, (-5.0, "queued"), (-3.0, "running"), (1.0, "completed"))
+    report = check(h)
+    assert "delete" in report.guarantees()
+    assert "while it was running throughout the call" in report.text()
+
+
+def test_a_cancel_that_returns_a_status_the_job_never_had() -> None:
+    h = clean()
+    h.transitions += changes(2, (0.0, "queued"), (0.5, "running"), (1.5, "completed"))
+    h.ops.append(Op("cancel", "j2", T0 + 3.0, T0 + 3.05, "failed"))
+    report = check(h)
+    assert report.guarantees() == {"cancel"}
+    assert "returned 'failed' while the job was completed" in report.text()
+    h.ops[-1] = Op("cancel", "j2", T0 + 3.0, T0 + 3.05, "completed")
+    assert check(h).ok, check(h).text()
+
+
+def test_an_error_outcome_late_around_terminated_backends_is_left_out() -> None:
+    failed = job(20, queue="x", status="failed", finished_at=T0 + 20)
+    h = with_job(clean(), failed, run(20, 1.0, 1.5, outcome="raised", queue="x"), expected="failed")
+    h.transitions += changes(20, (0.0, "queued"), (1.0, "running"), (20.0, "failed"))
+    h.faults.append(Window("terminate", T0 + 4.0, T0 + 4.0))
+    assert check(h).ok, check(h).text()
+    h.faults[-1] = Window("terminate", T0 + 15.0, T0 + 15.0)  # long after the handler's end
+    assert broken(h) == {"error_written"}
