@@ -6,8 +6,8 @@ Creates a scratch database, fills a queue with `--keys` keys that each have one 
 queued, and times claims of a worker that can take nothing (every key at `concurrency_per_key=1`, or
 with its `rate_limit_per_key` spent), then with 5 free keys beside them. Prints the median and the
 range of `--claims` claims per case: the claim statement's time, without its commit (a WAL flush,
-10-20 ms on a shared disk, whatever the claim did). Numbers go to docs/flow-control.md with the commit they were
-measured at.
+10-20 ms on a shared disk, whatever the claim did). Numbers go to docs/benchmarks.md ("Flow control: claims on
+10,000 keys") with the commit they were measured at.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def _claim_ms(app: jobbus.App, conn: psycopg.Connection[Any], limit: int) -> tup
     )
     with conn.transaction():  # the statement alone: its commit (a WAL flush) is not timed
         started = time.perf_counter()
-        jobs = run_sync(conn, statement)
+        jobs = run_sync(conn, statement).jobs
         took = (time.perf_counter() - started) * 1000
     return took, len(jobs)
 

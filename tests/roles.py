@@ -12,6 +12,14 @@ from psycopg.conninfo import make_conninfo
 
 from jobbus import schema
 
+#: The grant of the claim of migration 23, which the grants of an earlier release could not name.
+CLAIM_OF_MIGRATION_23 = "claim_jobs(text, integer, text[], text[], double precision, integer, text[], integer)"
+
+
+def without_lines(script: str, *needles: str) -> str:
+    """The grants without the lines naming any of `needles` (what an earlier release did not grant)."""
+    return "\n".join(line for line in script.splitlines() if not any(needle in line for needle in needles))
+
 
 @contextmanager
 def granted_roles(

@@ -12,7 +12,7 @@ import psycopg
 
 from jobbus import App
 from jobbus.models import ClaimedJob, JobStatus
-from jobbus.store import MaintenanceStore, Outcome, Registration, Statement, run_sync
+from jobbus.store import Claim, MaintenanceStore, Outcome, Registration, Statement, run_sync
 
 T = TypeVar("T")
 
@@ -30,7 +30,7 @@ def claim(
     return run_sync(
         conn,
         claim_statement(app, conn, limit, types=types, queues=queues, worker_id=worker_id, lease_seconds=lease_seconds),
-    )
+    ).jobs
 
 
 def claim_statement(
@@ -42,7 +42,7 @@ def claim_statement(
     queues: Sequence[str] | None = None,
     worker_id: str = "w1",
     lease_seconds: float = 60,
-) -> Statement[list[ClaimedJob]]:
+) -> Statement[Claim]:
     """The claim a worker with these handler types and queues sends now (its pairs read from the table)."""
     pairs = [
         (queue, job_type)

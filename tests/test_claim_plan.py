@@ -17,8 +17,7 @@ import psycopg
 import pytest
 
 import jobbus
-from jobbus.models import ClaimedJob
-from jobbus.store import MaintenanceStore, Statement, run_sync
+from jobbus.store import Claim, MaintenanceStore, Statement, run_sync
 from tests.plans import NEEDS_AUTO_EXPLAIN, auto_explained, generic_plan
 
 SCALE = 200_000 if os.environ.get("JOBBUS_FULL_FAULTS") == "1" else 20_000
@@ -49,7 +48,7 @@ def _loaded(dsn: str) -> tuple[psycopg.Connection[Any], jobbus.App]:
     return conn, app
 
 
-def _claim(app: jobbus.App) -> Statement[list[ClaimedJob]]:
+def _claim(app: jobbus.App) -> Statement[Claim]:
     """What a worker serving the queue "work" with a handler for "t" only (its pairs) claims."""
     return app.store.claim_jobs(
         worker_id="w", limit=50, pairs=[("work", "t")], lease_seconds=60, max_payload_bytes=2**20
@@ -61,7 +60,7 @@ def test_the_claim_never_reads_jobs_the_worker_cannot_take(dsn: str) -> None:
     conn, app = _loaded(dsn)
     with conn:
         claimed, plans = auto_explained(conn, lambda: run_sync(conn, _claim(app)))
-    assert len(claimed) == 10
+    assert len(claimed.jobs) == 10
     scans = re.findall(r"Index (?:Only )?Scan.*? on job .*?\(actual time=[^)]*rows=(\d+) loops=(\d+)\)", plans)
     assert scans, plans
     assert max(int(rows) * int(loops) for rows, loops in scans) <= 10, plans

@@ -1,7 +1,7 @@
 """The examples under examples/ run as the docs say: each section of examples/README.md is followed as
-written, in real processes (its install line is checked, not run). The FastAPI and Django apps are also
-driven by tests/contrib/test_asgi.py and tests/contrib/test_django.py; the pytest plugin's example by
-tests/test_testing.py."""
+written, in real processes (its install line is checked, not run), and it lists every example. The
+FastAPI and Django apps are also driven by tests/contrib/test_asgi.py, tests/contrib/test_fastapi_dashboard.py
+and tests/contrib/test_django.py; the pytest plugin's example by tests/test_testing.py."""
 
 from __future__ import annotations
 
@@ -211,6 +211,20 @@ def test_the_fastapi_readme_installs_seeds_and_serves_as_written(shell: _Shell) 
     assert json.loads(shell.run(order)) == {"detail": "mug is out of stock"}  # the eleventh, as the README says
 
 
+def test_the_fastapi_dashboard_readme_serves_the_dashboard_behind_the_api_key_as_written(shell: _Shell) -> None:
+    setup, requests = _blocks("FastAPI dashboard: `fastapi_dashboard.py`")
+    assert setup[0] == "pip install -e '.[dashboard]' fastapi"
+    for line in setup[1:-1]:
+        shell.run(line)
+    assert setup[-1] == "uvicorn examples.fastapi_dashboard:api"
+    shell.wait_listening(shell.start(setup[-1]))
+
+    without_key, with_key = requests
+    assert "X-API-Key" not in without_key and "X-API-Key: change-me" in with_key
+    assert shell.run(without_key).strip() == "401"  # as the README says
+    assert shell.run(with_key).strip() == "200"
+
+
 @pytest.mark.server  # needs a TCP server (the embedded one listens on a socket only)
 def test_the_django_readme_migrates_seeds_serves_and_works_as_written(shell: _Shell) -> None:
     setup, worker, requests = _blocks("Django: `django_shop`")
@@ -235,3 +249,16 @@ def test_the_django_readme_migrates_seeds_serves_and_works_as_written(shell: _Sh
     _until(receipt_sent, "the receipt task to run")
     listed = shell.run(listing)
     assert placed["receipt_job"] in listed and "django.task" in listed and "completed" in listed
+
+
+def test_the_examples_readme_lists_every_example() -> None:
+    """Each file and directory of examples/ has a section of examples/README.md (`## What: `name``),
+    and each section names one that exists."""
+    listed = set(re.findall(r"^## .*`([^`]+)`$", EXAMPLES_README.read_text(), re.MULTILINE))
+    present = {
+        path.name
+        for path in (ROOT / "examples").iterdir()
+        if path.name not in {"README.md", "__init__.py"} and not path.name.startswith((".", "__"))
+    }
+    assert not present - listed, f"examples/ not listed in examples/README.md: {sorted(present - listed)}"
+    assert not listed - present, f"examples/README.md lists what examples/ lacks: {sorted(listed - present)}"

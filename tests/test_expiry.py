@@ -1,6 +1,7 @@
 """Expiry: a job not started by its `expires` never runs; it ends `cancelled` with an error that says it
-expired. The claim cancels the expired rows it takes and takes again for them, under limits too; the
-leader's rescuer cancels those no claim meets."""
+expired. Only the first start is concerned: retries, durable sleeps and recovery after a crash run as
+without an expiry. The claim cancels the expired rows it takes (a budget of them in bulk) and takes
+again for them, under limits too; the leader's rescuer cancels those no claim meets."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ import pytest
 
 import jobbus
 from jobbus import JobRequest, JobStatus
-from jobbus.store import run_sync
-from tests.storehelpers import claim, write
+from jobbus.store import Claim, run_sync
+from jobbus.store.jobs import CLAIM_EXPIRY_BUDGET
+from tests.processes import eventually
+from tests.storehelpers import claim, claim_statement, write
 
 
 def _expire(conn: psycopg.Connection[Any], *ids: uuid.UUID) -> None:
@@ -122,17 +125,159 @@ def test_expiry_holds_under_limits_and_expired_jobs_take_no_slot(
     assert statuses == {JobStatus.CANCELLED: 2}
 
 
-def test_a_job_retrying_after_its_expiry_does_not_run_again(dsn: str, sync_app: jobbus.App) -> None:
+def _sweep(app: jobbus.App, conn: psycopg.Connection[Any]) -> int:
+    """The rescuer's pass over expired jobs, to the end."""
+    total = 0
+    while cancelled := run_sync(conn, app.store.cancel_expired_jobs(1000)):
+        total += cancelled
+    return total
+
+
+def test_a_job_retrying_after_its_expiry_runs_its_retry(dsn: str, sync_app: jobbus.App) -> None:
+    """Expiry concerns the first start only: a retry that falls after the expiry runs."""
     job_id = sync_app.sync.schedule("t", expires=3600, max_attempts=3)
     with psycopg.connect(dsn, autocommit=True) as conn:
         (job,) = claim(sync_app, conn, 1)
         assert write(sync_app, conn, job, JobStatus.QUEUED, error="boom", delay_seconds=0)
         _expire(conn, job_id)
-        assert claim(sync_app, conn, 1) == []
+        assert _sweep(sync_app, conn) == 0
+        (retry,) = claim(sync_app, conn, 1)
+        assert retry.id == job_id and retry.attempts == 2
+        assert write(sync_app, conn, retry, JobStatus.COMPLETED)
     found = sync_app.sync.find(job_id)
-    assert found is not None
-    assert found.status is JobStatus.CANCELLED and found.attempts == 1
-    assert found.last_error is not None and "expired" in found.last_error
+    assert found is not None and found.status is JobStatus.COMPLETED and found.attempts == 2
+
+
+def test_a_job_recovered_from_a_dead_worker_after_its_expiry_runs_again(dsn: str, sync_app: jobbus.App) -> None:
+    """A worker killed mid-run: the recovered job is not cancelled as expired, by a claim or the sweep."""
+    job_id = sync_app.sync.schedule("t", expires=3600, max_attempts=3)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        claim(sync_app, conn, 1)
+        conn.execute("UPDATE jobbus.job SET lease_expires_at = now() - interval '1 second' WHERE id = %s", (job_id,))
+        _expire(conn, job_id)
+        (recovered,) = run_sync(conn, sync_app.store.recover_expired_leases())
+        assert recovered.status is JobStatus.QUEUED
+        assert _sweep(sync_app, conn) == 0
+        (again,) = claim(sync_app, conn, 1)
+    assert again.id == job_id and again.attempts == 2
+
+
+def test_a_job_given_back_unstarted_is_still_one_never_started(dsn: str, sync_app: jobbus.App) -> None:
+    """A claim whose handler could not start in time gives the job back: expiry still concerns it; a job
+    that had started before keeps its start (and so runs)."""
+    fresh = sync_app.sync.schedule("t", expires=3600)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        (job,) = claim(sync_app, conn, 1)
+        assert write(sync_app, conn, job, JobStatus.QUEUED, released=True, kind="unstarted")
+        (started_at,) = conn.execute("SELECT started_at FROM jobbus.job WHERE id = %s", (fresh,)).fetchone() or (0,)
+        assert started_at is None
+        _expire(conn, fresh)
+        assert claim(sync_app, conn, 1) == []
+    found = sync_app.sync.find(fresh)
+    assert found is not None and found.status is JobStatus.CANCELLED and "expired" in (found.last_error or "")
+
+    retried = sync_app.sync.schedule("t", expires=3600, max_attempts=3)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        (job,) = claim(sync_app, conn, 1)
+        assert write(sync_app, conn, job, JobStatus.QUEUED, error="boom", delay_seconds=0)
+        (job,) = claim(sync_app, conn, 1)
+        assert write(sync_app, conn, job, JobStatus.QUEUED, released=True, kind="unstarted")
+        _expire(conn, retried)
+        assert _sweep(sync_app, conn) == 0
+        (job,) = claim(sync_app, conn, 1)
+    assert job.id == retried
+
+
+async def test_a_workflow_sleeping_past_its_expiry_resumes_and_schedules_its_follow_up(app: jobbus.App) -> None:
+    """The review's case: a workflow charged the card, then slept past its expiry: it must not be cancelled
+    while parked, and its `then=` follow-up (shipping) must come."""
+    from tests.workflows.test_waits import running
+
+    charged: list[int] = []
+
+    @app.job("order.fulfil")
+    async def fulfil(job: jobbus.JobExecution) -> str:
+        await job.step("charge", lambda: charged.append(1))
+        await job.sleep("cool-off", timedelta(seconds=2))
+        return "fulfilled"
+
+    @app.job("order.ship")
+    async def ship(job: jobbus.JobExecution) -> str:
+        return "shipped"
+
+    job_id = await app.schedule("order.fulfil", expires=1, then=JobRequest("order.ship"))
+    async with running(app):
+        done = await app.wait(job_id, timeout=30)
+        assert done.status is JobStatus.COMPLETED and done.result == "fulfilled", done.last_error
+        shipped = await eventually(
+            lambda: app.list_jobs(type="order.ship", status="completed"), what="the follow-up completed"
+        )
+    assert charged == [1] and len(shipped) == 1
+
+
+def test_no_leased_job_says_it_started_after_it_expired(dsn: str, sync_app: jobbus.App) -> None:
+    """20,000 expiries 2 µs apart, crossed by claims: a job is leased only if it started (by the clock the
+    claim compared with) before its expiry, and cancelled only if it had not."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO jobbus.job (id, type, max_attempts, expires_at)"
+            " SELECT jobbus.uuid_generate_v7(), 't', 1, clock_timestamp() + interval '300 ms' + n * interval '2 us'"
+            " FROM generate_series(1, 20000) AS n"
+        )
+        while (
+            claim(sync_app, conn, 500)
+            or conn.execute("SELECT 1 FROM jobbus.job WHERE status = 'queued' LIMIT 1").fetchone()
+        ):
+            pass
+        rows = conn.execute(
+            "SELECT status, count(*), count(*) FILTER (WHERE started_at >= expires_at),"
+            " count(*) FILTER (WHERE started_at IS NOT NULL) FROM jobbus.job GROUP BY status"
+        ).fetchall()
+    by_status = {status: (count, late, started) for status, count, late, started in rows}
+    assert set(by_status) <= {"running", "cancelled"} and sum(c for c, _, _ in by_status.values()) == 20_000
+    assert by_status.get("running", (0, 0, 0))[1] == 0  # none leased at or after its expiry
+    assert by_status.get("cancelled", (0, 0, 0))[2] == 0  # none cancelled as expired after a start
+
+
+def test_a_claim_behind_many_expired_jobs_cancels_a_budget_of_them_and_says_so(dsn: str, sync_app: jobbus.App) -> None:
+    """Expired jobs ahead of a queue are cancelled in bulk, at most CLAIM_EXPIRY_BUDGET per claim (a claim
+    of 10 behind 100,000 of them cancelled all in one quadratic statement), and the claim says that more
+    may be left: claims go on until the live jobs behind them are reached."""
+    expired = 2 * CLAIM_EXPIRY_BUDGET + 500
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO jobbus.job (id, type, max_attempts, priority, expires_at)"
+            " SELECT jobbus.uuid_generate_v7(), 't', 1, 5, now() - interval '1 second' FROM generate_series(1, %s)",
+            (expired,),
+        )
+        live = set(sync_app.sync.schedule_many("t", [{} for _ in range(5)]))
+        claims: list[Claim] = []
+        while not claims or claims[-1].expired_ahead:
+            claims.append(run_sync(conn, claim_statement(sync_app, conn, 10)))
+        cancelled = conn.execute("SELECT count(*) FROM jobbus.job WHERE status = 'cancelled'").fetchone()
+    assert len(claims) == 3 and [c.expired_ahead for c in claims] == [True, True, False]
+    assert {j.id for c in claims for j in c.jobs} == live
+    assert cancelled == (expired,)
+
+
+async def test_a_draining_worker_reaches_the_jobs_behind_many_expired_ones(dsn: str, app: jobbus.App) -> None:
+    """`drain` (and `--stop-when-empty`) does not take a claim cut short by expired jobs for an empty queue."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO jobbus.job (id, type, max_attempts, priority, expires_at)"
+            " SELECT jobbus.uuid_generate_v7(), 't', 1, 5, now() - interval '1 second' FROM generate_series(1, %s)",
+            (3 * CLAIM_EXPIRY_BUDGET,),
+        )
+    ran: list[uuid.UUID] = []
+
+    @app.job("t")
+    async def handler(job: jobbus.JobExecution) -> None:
+        ran.append(job.id)
+
+    live = await app.schedule_many("t", [{} for _ in range(5)])
+    outcomes = await app.drain()
+    assert outcomes["completed"] == 5
+    assert sorted(ran) == sorted(live)
 
 
 def test_the_rescuer_cancels_expired_jobs_no_claim_meets(dsn: str, sync_app: jobbus.App) -> None:

@@ -485,6 +485,21 @@ async def test_a_copy_repeated_after_its_commit_was_lost_writes_nothing_twice(ap
     assert _count(dsn) == len(specs)
 
 
+@pytest.mark.parametrize("size", [1, 3], ids=["one job", "a batch"])
+async def test_a_keyed_insert_repeated_after_its_lost_answer_gets_its_own_id_whatever_the_job_became(
+    app: jobbus.App, dsn: str, size: int
+) -> None:
+    """The answer of a keyed insert was lost after its commit, and the job ran before the App sent the
+    statement again: the repeat answers with the job's own id (it raised "an active job holds it but
+    this transaction cannot see it", and a caller who believed it scheduled the work twice)."""
+    specs, _ = plan.job_specs(app, [JobRequest("mail", {"n": n}, unique_key=f"k{n}") for n in range(size)], None, {})
+    await app.insert_specs(specs)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("UPDATE jobbus.job SET status = 'completed', finished_at = now()")
+    assert await app.insert_specs(specs) == [spec.id for spec in specs]
+    assert _count(dsn) == size
+
+
 async def test_a_copied_batch_belongs_to_the_callers_transaction(app: jobbus.App, dsn: str) -> None:
     size = jobbus_jobs.COPY_MIN_ROWS
     async with await psycopg.AsyncConnection.connect(dsn) as conn:

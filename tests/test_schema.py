@@ -1,10 +1,11 @@
 import threading
+import uuid
 
 import psycopg
 import pytest
 
 import jobbus
-from jobbus import schema
+from jobbus import JobRequest, schema
 
 
 def _tables(dsn: str, name: str = "jobbus") -> set[str]:
@@ -140,6 +141,44 @@ def test_current_code_reads_and_writes_jobs_on_the_previous_schema_version(empty
         assert app.sync.find(failed).status is jobbus.JobStatus.QUEUED  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("behind", [None, 13], ids=["no schema", "schema 13"])
+def test_producers_on_an_outdated_schema_raise_schema_error_saying_to_migrate(
+    empty_dsn: str, behind: int | None
+) -> None:
+    """A verb whose statement meets a missing table, column or function says what to run, instead of
+    psycopg's UndefinedTable or UndefinedColumn (schema 13 has no expires_at)."""
+    if behind is not None:
+        with psycopg.connect(empty_dsn, autocommit=True) as conn:
+            conn.execute(
+                b"CREATE SCHEMA jobbus; CREATE TABLE jobbus.migration (version int PRIMARY KEY, name text,"
+                b" applied_at timestamptz DEFAULT now())"
+            )
+            for migration in schema.migrations()[:behind]:
+                conn.execute(migration.render("jobbus").encode())
+                record = "INSERT INTO jobbus.migration (version, name) VALUES (%s, %s)"
+                conn.execute(record, (migration.version, migration.name))
+    needed = "is missing: run `jobbus migrate`" if behind is None else f"at version {behind}, this code needs"
+    app = jobbus.App(dsn=empty_dsn)
+    with app.sync:
+        with pytest.raises(jobbus.SchemaError, match=needed):
+            app.sync.schedule("t", expires=60)
+        with pytest.raises(jobbus.SchemaError, match=needed):
+            app.sync.schedule_many([JobRequest("t", expires=60), JobRequest("u", expires=60)])
+        if behind is None:
+            with pytest.raises(jobbus.SchemaError, match=needed):
+                app.sync.cancel(uuid.uuid4())
+    with psycopg.connect(empty_dsn) as conn, pytest.raises(jobbus.SchemaError, match=needed):
+        app.sync.schedule("t", expires=60, connection=conn)  # in the caller's transaction, now aborted
+
+
+def test_a_server_older_than_postgresql_14_is_refused_naming_both_versions() -> None:
+    with pytest.raises(jobbus.SchemaError, match=r"PostgreSQL 13\.18 is too old for jobbus: it needs PostgreSQL 14"):
+        schema.check_server(130018)
+    with pytest.raises(jobbus.SchemaError, match=r"PostgreSQL 9\.6 is too old"):
+        schema.check_server(90624)
+    schema.check_server(140000)
+
+
 def test_old_code_accepts_a_newer_schema() -> None:
     schema.check_version("jobbus", schema.latest_version() + 1)  # additive migrations: no error
 
@@ -242,6 +281,6 @@ def test_the_claim_keeps_its_planner_settings(empty_dsn: str) -> None:
         schema.migrate(conn, "jobbus")
         (settings,) = conn.execute(
             "SELECT proconfig FROM pg_proc WHERE oid = 'jobbus.claim_jobs(text, integer, text[], text[],"
-            " double precision, integer, text[])'::regprocedure"
+            " double precision, integer, text[], integer)'::regprocedure"
         ).fetchone()  # type: ignore[misc]
     assert {"enable_bitmapscan=off", "enable_seqscan=off", "plan_cache_mode=force_generic_plan"} <= set(settings)

@@ -26,6 +26,15 @@ from tests.roles import granted_roles
 
 ROOT = Path(__file__).resolve().parent.parent
 
+
+def _nested(levels: int) -> dict[str, Any]:
+    """A configuration whose containers nest `levels` deep, itself included."""
+    value: Any = 0
+    for _ in range(levels - 1):
+        value = [value]
+    return {"tree": value}
+
+
 #: Each case: a job as the SQL API takes it (the keys of schedule_many's objects) and the field a
 #: refusal must name, or None when both front ends accept it.
 CASES: list[tuple[dict[str, Any], str | None]] = [
@@ -49,6 +58,9 @@ CASES: list[tuple[dict[str, Any], str | None]] = [
     ({"configuration": {}}, "type"),
     ({"type": "t", "configuration": [1, 2]}, "configuration"),
     ({"type": "t", "configuration": "text"}, "configuration"),
+    ({"type": "t", "configuration": _nested(200)}, None),
+    ({"type": "t", "configuration": _nested(201)}, "configuration"),
+    ({"type": "t", "configuration": {"deep": [_nested(200)]}}, "configuration"),
     ({"type": "t", "queue": ""}, "queue"),
     ({"type": "t", "queue": "q" * 256}, "queue"),
     ({"type": "t", "queue": 3}, "queue"),
@@ -470,3 +482,23 @@ def test_python_and_sql_agree_on_generated_jobs(
         except psycopg.errors.InvalidParameterValue:
             sql_ok = False
     assert python_request_ok == sql_ok, job
+
+
+def test_a_compressible_configuration_is_measured_as_the_worker_would_load_it(dsn: str, sync_app: jobbus.App) -> None:
+    """60 MB of repetitive JSON is stored as well under a megabyte: the claim compares max_payload_bytes
+    with its JSON text, so the worker is never handed it (it was, by its stored size)."""
+    from tests.storehelpers import claim
+
+    blob = {"rows": ["the same line of an export"] * 2_000_000}
+    small = {"rows": ["x" * 100] * 5}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT jobbus.schedule('t', %s, '{\"priority\": 1}')", (Jsonb(blob),))
+        conn.execute("SELECT jobbus.schedule('t', %s)", (Jsonb(small),))
+        (stored,) = conn.execute(
+            "SELECT pg_column_size(configuration_data) FROM jobbus.job WHERE priority = 1"
+        ).fetchone() or (0,)
+        assert stored < 2**20  # what the guard used to compare
+        big, fine = claim(sync_app, conn, 2)
+    assert big.configuration_data is None
+    assert big.oversized_bytes is not None and big.oversized_bytes > 50_000_000
+    assert fine.oversized_bytes is None and fine.configuration_data == small

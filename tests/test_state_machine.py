@@ -65,7 +65,7 @@ class JobLifecycle(RuleBasedStateMachine):
         claimed = run_sync(
             self.conn,
             claim_statement(self.app, self.conn, 1, worker_id="w", lease_seconds=3600),
-        )
+        ).jobs
         queued = [i for i, j in self.model.items() if j.status is JobStatus.QUEUED]
         if not queued:
             assert claimed == []

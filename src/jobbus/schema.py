@@ -27,6 +27,9 @@ _NO_TRANSACTION = "-- jobbus: no transaction"
 _CONCURRENT_INDEX = re.compile(r"CREATE\s+(?:UNIQUE\s+)?INDEX\s+CONCURRENTLY\s+IF\s+NOT\s+EXISTS\s+(\w+)", re.I)
 #: Advisory lock key space for migrations: one lock per schema name.
 _LOCK_NAMESPACE = "jobbus.migrate."
+#: The oldest PostgreSQL jobbus runs on (`server_version_num`): 13 reached its end of life in November
+#: 2025, and the claim measures compressed payloads with `pg_column_compression` (14).
+MIN_SERVER_VERSION = 140000
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +161,7 @@ def migrate(conn: psycopg.Connection[Any], schema: str) -> list[Migration]:
     """
     if not conn.autocommit:
         raise ValueError("migrate needs a connection in autocommit mode (psycopg.connect(..., autocommit=True))")
+    check_server(conn.info.server_version)
     lock = (_LOCK_NAMESPACE + schema,)
     # Polled, not waited for: a session waiting on the lock would hold a snapshot that a concurrent
     # CREATE INDEX CONCURRENTLY of the holder waits out, and the two would deadlock.
@@ -214,6 +218,7 @@ def pending_sql(conn: psycopg.Connection[Any], schema: str) -> str:
     Like `script`, it creates the schema and the migration table when they are missing and records
     each migration it contains; empty when nothing is pending.
     """
+    check_server(conn.info.server_version)
     current = current_version_sync(conn, schema)
     check_not_newer(schema, current)
     pending = [m for m in migrations() if m.version > current]
@@ -241,6 +246,10 @@ def _migration_script(schema: str, versions: str, chosen: Iterable[Migration]) -
 
 
 VERSION_QUERY = "SELECT coalesce(max(version), 0) FROM {schema}.migration"
+#: The server's `server_version_num` and the schema's version, in one round trip.
+SERVER_AND_VERSION_QUERY = (
+    "SELECT current_setting('server_version_num')::int, coalesce(max(version), 0) FROM {schema}.migration"
+)
 
 
 def current_version_sync(conn: psycopg.Connection[Any], schema: str) -> int:
@@ -250,6 +259,16 @@ def current_version_sync(conn: psycopg.Connection[Any], schema: str) -> int:
     except psycopg.errors.UndefinedTable:
         return 0
     return int(row[0]) if row else 0
+
+
+def check_server(server_version: int) -> None:
+    """Raise `SchemaError` on a PostgreSQL older than `MIN_SERVER_VERSION`, naming both versions."""
+    if server_version < MIN_SERVER_VERSION:
+        major, minor = divmod(server_version, 10000)
+        found = f"{major}.{minor}" if major >= 10 else f"{server_version // 10000}.{server_version // 100 % 100}"
+        raise SchemaError(
+            f"PostgreSQL {found} is too old for jobbus: it needs PostgreSQL {MIN_SERVER_VERSION // 10000} or newer"
+        )
 
 
 def check_version(schema: str, version: int) -> None:

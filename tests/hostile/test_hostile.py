@@ -125,6 +125,13 @@ CASES = [
         attempts=1,
         error="max_payload_bytes",
     ),
+    Case(
+        "configuration of 8 MB that compresses to a few KB",
+        "innocent",
+        stored=json.dumps({"blob": ["the same words again"] * 400_000}),
+        attempts=1,
+        error="max_payload_bytes",
+    ),
 ]
 
 

@@ -159,7 +159,7 @@ def test_a_claim_of_a_queue_without_limits_touches_nothing_of_flow_control(dsn: 
         statement = claim_statement(sync_app, conn, 10, queues=["free"])
         with conn.transaction():
             before = {t: _touched(conn, t) for t in tables}
-            jobs = run_sync(conn, statement)
+            jobs = run_sync(conn, statement).jobs
             touched = {t: _touched(conn, t) - before[t] for t in tables}
     assert [j.queue for j in jobs] == ["free"] * 5
     assert touched == dict.fromkeys(tables, 0)

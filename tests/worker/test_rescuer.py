@@ -12,7 +12,7 @@ import psycopg
 
 import jobbus
 from jobbus.models import ClaimedJob
-from jobbus.store import Statement, WorkerStore, run_async
+from jobbus.store import Claim, Statement, WorkerStore, run_async
 from jobbus.worker.services.rescuer import Rescuer
 from tests.storehelpers import registration
 
@@ -43,7 +43,8 @@ async def _claim(app: jobbus.App) -> ClaimedJob:
     statement = app.store.claim_jobs(
         worker_id=WORKER, limit=1, pairs=PAIRS, lease_seconds=300.0, max_payload_bytes=1_048_576
     )
-    claimed: list[ClaimedJob] = await _runner(app)(statement)
+    claim: Claim = await _runner(app)(statement)
+    claimed = claim.jobs
     assert len(claimed) == 1
     return claimed[0]
 

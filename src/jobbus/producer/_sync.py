@@ -16,7 +16,7 @@ import psycopg
 from jobbus import schema as schema_module
 from jobbus import tracing
 from jobbus.durations import resolve_available_at, seconds_or_none
-from jobbus.errors import InvalidStateError
+from jobbus.errors import InvalidStateError, SchemaError
 from jobbus.events import JobCancelled
 from jobbus.execution import check_event_key
 from jobbus.limits import KEEP, Keep, QueueSettings, RateLimit
@@ -74,7 +74,18 @@ class SyncProducer(ABC):
     ) -> T:
         """Run one statement. On the App's pool, a lost connection or a busy server is waited out for at
         most `database_wait_seconds`, repeating the statement when that is safe (`repeatable`), then
-        `DatabaseUnavailableError`. In the caller's own transaction nothing is repeated."""
+        `DatabaseUnavailableError`. In the caller's own transaction nothing is repeated. A statement that
+        meets a schema older than this code (or none) raises `SchemaError` saying to migrate."""
+        try:
+            return self._execute(statement, connection, repeatable)
+        except plan.SCHEMA_OUTDATED as exc:
+            try:
+                self.check_schema()  # on the pool: the caller's transaction, if any, is aborted
+            except SchemaError as outdated:
+                raise outdated from exc
+            raise
+
+    def _execute(self, statement: Operation[T], connection: psycopg.Connection[Any] | None, repeatable: bool) -> T:
         if connection is not None:
             if not isinstance(connection, psycopg.Connection):
                 raise TypeError(self._WRONG_CONNECTION)
@@ -192,11 +203,7 @@ class SyncProducer(ABC):
 
     def find(self, job_id: uuid.UUID) -> Job | None:
         """The job (with its result, error and steps), or None when no job has this id."""
-        store = self._app.store
-        try:
-            return self._run(store.find_job(plan.as_uuid(job_id)))
-        except plan.SCHEMA_BEHIND:  # the schema is a migration behind (rolling deploy): read without steps
-            return self._run(store.find_job(plan.as_uuid(job_id), legacy=True))
+        return self._run(self._app.store.find_job(plan.as_uuid(job_id)))
 
     def wait(self, job_id: uuid.UUID, timeout: float | timedelta | None = None) -> Job:
         """The job once it is terminal (with its result, error and steps); `TimeoutError` after `timeout`.
@@ -258,11 +265,7 @@ class SyncProducer(ABC):
 
         `status` takes statuses and the views of queued jobs (`scheduled`, `retrying`, `waiting`)."""
         filters = plan.list_filters(status, queue, type, group_id, after, limit, newest_first)
-        store = self._app.store
-        try:
-            return self._run(store.list_jobs(**filters))
-        except plan.SCHEMA_BEHIND:
-            return self._run(store.list_jobs(**filters, legacy=True))
+        return self._run(self._app.store.list_jobs(**filters))
 
     def group_progress(self, group_id: uuid.UUID) -> GroupProgress:
         """How many members of a group are in each status (with their `total` and `completion_percentage`)."""
@@ -280,13 +283,9 @@ class SyncProducer(ABC):
     def retry(self, job_id: uuid.UUID, available_at: datetime | timedelta | None = None) -> None:
         """Requeue a failed job with its attempts reset; anything else raises `InvalidStateError`."""
         at, delay = resolve_available_at(available_at)
-        store = self._app.store
+        statement = self._app.store.retry_job(plan.as_uuid(job_id), at, delay)
         try:
-            try:
-                before, done = self._run(store.retry_job(plan.as_uuid(job_id), at, delay), repeatable=False)
-            except plan.SCHEMA_BEHIND:  # before migration 0015 (rolling deploy): no failure group to clear
-                statement = store.retry_job(plan.as_uuid(job_id), at, delay, legacy=True)
-                before, done = self._run(statement, repeatable=False)
+            before, done = self._run(statement, repeatable=False)
         except psycopg.errors.UniqueViolation:
             raise InvalidStateError(
                 f"job {job_id} cannot be retried: another active job holds its unique_key"
@@ -411,8 +410,10 @@ class SyncProducer(ABC):
     def check_schema(self) -> int:
         """Raise `SchemaError` unless the schema is current; returns its version."""
         try:
-            version = self._run(self._app.store.schema_version())
+            server, version = self._execute(self._app.store.schema_version(), None, True)
         except psycopg.errors.UndefinedTable:
             version = 0
+        else:
+            schema_module.check_server(server)
         schema_module.check_version(self._app.settings.schema, version)
         return version

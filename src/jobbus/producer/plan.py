@@ -42,9 +42,14 @@ Found = dict[tuple[str, str], uuid.UUID]
 TERMINAL = ("completed", "failed", "cancelled")
 #: A keyed insert that meets an active job committed after its snapshot asks again, this many times.
 DEDUPE_ROUNDS = 10
-#: What a statement raises on a schema a migration behind this code (a rolling deploy): a table or column
-#: it names is missing.
-SCHEMA_BEHIND = (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn)
+#: What a statement raises on a schema older than this code, or none: a table, column or function it
+#: names is missing (then `check_schema` says which version is there and what to run).
+SCHEMA_OUTDATED = (
+    psycopg.errors.UndefinedTable,
+    psycopg.errors.UndefinedColumn,
+    psycopg.errors.UndefinedFunction,
+    psycopg.errors.InvalidSchemaName,
+)
 
 
 class ProducerApp(Protocol):

@@ -12,6 +12,7 @@ GRANT EXECUTE ON FUNCTION {schema}.uuid_generate_v7() TO {worker}, {operator};
 GRANT EXECUTE ON FUNCTION {schema}.claim_jobs(text, integer, text[], text[], double precision, integer, text[]),
     {schema}.take_from_queue(text, text[], integer, uuid[]), {schema}.queued_pairs()
     TO {worker}, {operator};
+GRANT EXECUTE ON FUNCTION {schema}.claim_jobs(text, integer, text[], text[], double precision, integer, text[], integer) TO {worker}, {operator};
 -- The leader (any worker may be elected): the leadership lease, queue samples (through a function that
 -- keeps its tallies as the schema owner), and retention through a function that deletes expired finished
 -- jobs and nothing else.

@@ -25,7 +25,7 @@ from jobbus.models import (
     SharedSpecs,
     options_of,
 )
-from jobbus.schema import VERSION_QUERY, render
+from jobbus.schema import SERVER_AND_VERSION_QUERY, render
 from jobbus.store.statements import Chain, Copy, Row, Statement, channel_name, queries
 
 #: SQLSTATE of the schema's refusal of a group (migration 0013): `schedule_group` on an id that has jobs,
@@ -38,6 +38,20 @@ def raise_group_refusal(exc: BaseException) -> None:
     error is left to the caller."""
     if isinstance(exc, psycopg.Error) and exc.sqlstate == GROUP_REFUSED:
         raise InvalidStateError(exc.diag.message_primary or str(exc)) from None
+
+
+#: Expired jobs one claim cancels at most before it hands back what it leased: a claim behind a long run
+#: of expired jobs stays short, and the claims after it (and the rescuer's sweep) take the rest.
+CLAIM_EXPIRY_BUDGET = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What one claim leased; `expired_ahead` when it stopped at its expiry budget with expired jobs
+    possibly left ahead, so a short claim does not mean that nothing is available: claim again."""
+
+    jobs: list[ClaimedJob]
+    expired_ahead: bool = False
 
 
 @dataclass(slots=True)
@@ -185,10 +199,11 @@ class JobStore:
         lease_seconds: float,
         max_payload_bytes: int,
         limited_queues: Sequence[str] = (),
-    ) -> Statement[list[ClaimedJob]]:
+    ) -> Statement[Claim]:
         """Lease up to `limit` jobs of the given (queue, type) pairs; queues are served in the order they
         first appear in `pairs`, each first with an equal share of `limit`. Jobs of `limited_queues` are
-        claimed within their concurrency and rate limits."""
+        claimed within their concurrency and rate limits. Jobs never started and past their expiry
+        that the claim meets are cancelled, at most `CLAIM_EXPIRY_BUDGET` of them (`Claim.expired_ahead`)."""
         params = {
             "worker_id": worker_id,
             "limit": limit,
@@ -197,10 +212,13 @@ class JobStore:
             "lease_seconds": lease_seconds,
             "max_payload_bytes": min(max_payload_bytes, 2**31 - 1),
             "limited_queues": list(limited_queues),
+            "expiry_budget": CLAIM_EXPIRY_BUDGET,
         }
 
-        def decode(rows: list[Row], _: int) -> list[ClaimedJob]:
-            return [_take_trace_context(ClaimedJob(*row)) for row in rows]
+        def decode(rows: list[Row], _: int) -> Claim:
+            if rows and rows[-1][0] is None:  # the claim's last row: it stopped at its expiry budget
+                return Claim([_take_trace_context(ClaimedJob(*row)) for row in rows[:-1]], expired_ahead=True)
+            return Claim([_take_trace_context(ClaimedJob(*row)) for row in rows])
 
         return Statement(self._q["claim_jobs"], params, decode)
 
@@ -340,10 +358,9 @@ class JobStore:
         return Statement(self._q["cancel_job"], {"id": job_id}, decode)
 
     def retry_job(
-        self, job_id: uuid.UUID, available_at: datetime | None, delay_seconds: float, *, legacy: bool = False
+        self, job_id: uuid.UUID, available_at: datetime | None, delay_seconds: float
     ) -> Statement[tuple[JobStatus | None, bool]]:
-        """Requeue a failed job; returns (status before, whether it was requeued). `legacy`: on a schema
-        before migration 0015 (no failure group to clear)."""
+        """Requeue a failed job; returns (status before, whether it was requeued)."""
         params = {"id": job_id, "available_at": available_at, "delay": delay_seconds, "channel": self.channel}
 
         def decode(rows: list[Row], _: int) -> tuple[JobStatus | None, bool]:
@@ -351,7 +368,7 @@ class JobStore:
                 return None, False
             return JobStatus(rows[0][0]), bool(rows[0][1])
 
-        return Statement(self._q["retry_job_legacy" if legacy else "retry_job"], params, decode)
+        return Statement(self._q["retry_job"], params, decode)
 
     def delete_job(self, job_id: uuid.UUID) -> Chain[JobStatus | None]:
         """Delete a queued or terminal job; returns its status before (None: no such job). A queued job is
@@ -376,10 +393,9 @@ class JobStore:
 
         return Statement(self._q["run_job_now"], {"id": job_id, "channel": self.channel}, decode)
 
-    def find_job(self, job_id: uuid.UUID, *, legacy: bool = False) -> Statement[Job | None]:
-        """One job with its steps; `legacy`: on a schema before migration 0010 (no steps, no parent)."""
-        query = self._q["find_job_legacy" if legacy else "find_job"]
-        return Statement(query, {"id": job_id}, lambda rows, _: job_from_row(rows[0]) if rows else None)
+    def find_job(self, job_id: uuid.UUID) -> Statement[Job | None]:
+        """One job with its parent and steps."""
+        return Statement(self._q["find_job"], {"id": job_id}, lambda rows, _: job_from_row(rows[0]) if rows else None)
 
     def list_jobs(
         self,
@@ -392,7 +408,6 @@ class JobStore:
         after: uuid.UUID | None = None,
         limit: int = 100,
         newest_first: bool = False,
-        legacy: bool = False,
     ) -> Statement[list[Job]]:
         """One page in creation order (UUIDv7 ids), along the primary key in either direction."""
         params = {
@@ -404,8 +419,7 @@ class JobStore:
             "after": after,
             "limit": limit,
         }
-        name = "list_jobs_newest" if newest_first else "list_jobs"
-        query = self._q[f"{name}_legacy" if legacy else name]
+        query = self._q["list_jobs_newest" if newest_first else "list_jobs"]
         return Statement(query, params, lambda rows, _: [job_from_row(r) for r in rows], prepare=False)
 
     def group_progress(self, group_id: uuid.UUID) -> Statement[GroupProgress]:
@@ -419,8 +433,11 @@ class JobStore:
         params = {"older_than_seconds": older_than_seconds, "statuses": list(statuses), "limit": limit}
         return Statement(self._q["prune_jobs"], params, lambda _, rowcount: rowcount)
 
-    def schema_version(self) -> Statement[int]:
-        return Statement(render(VERSION_QUERY, self.schema), {}, lambda rows, _: int(rows[0][0]))
+    def schema_version(self) -> Statement[tuple[int, int]]:
+        """The server's `server_version_num` and the schema's version."""
+        return Statement(
+            render(SERVER_AND_VERSION_QUERY, self.schema), {}, lambda rows, _: (int(rows[0][0]), int(rows[0][1]))
+        )
 
 
 #: From this many jobs without unique keys, a batch is copied rather than inserted by one statement. A

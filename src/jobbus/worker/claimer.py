@@ -19,7 +19,7 @@ from typing import Any
 
 from jobbus.models import ClaimedJob
 from jobbus.settings import Settings
-from jobbus.store import JobStore, MaintenanceStore, Statement
+from jobbus.store import Claim, JobStore, MaintenanceStore, Statement
 from jobbus.store.queues import QueueStore
 
 #: With a backlog, a free slot waits at most this long for others to free up before it is claimed
@@ -68,6 +68,8 @@ class Claimer:
         self._rotation = 0
         #: Queues with limits: claimed through take_limited. Read with the pairs.
         self._limited: frozenset[str] = frozenset()
+        #: The last claim stopped at its expiry budget: expired jobs it cancelled may hide available ones.
+        self.expired_ahead = False
         #: Whether the last claim read the pairs from the table (rather than from memory).
         self.read_fresh = False
 
@@ -114,10 +116,11 @@ class Claimer:
         pairs = self._serving_order([pair for pair in self._pairs if pair[0] not in paused_queues])
         sent = time.monotonic()
         if not pairs:
+            self.expired_ahead = False
             self.backlog = False
             self.limited_short = False
             return [], sent
-        jobs: list[ClaimedJob] = await self._run(
+        claim: Claim = await self._run(
             self.store.claim_jobs(
                 worker_id=self.worker_id,
                 limit=free,
@@ -127,7 +130,9 @@ class Claimer:
                 limited_queues=sorted(self._limited.intersection(queue for queue, _ in pairs)),
             )
         )
+        jobs = claim.jobs
         self._last_claim = time.monotonic()
+        self.expired_ahead = claim.expired_ahead
         self.backlog = len(jobs) == free
         self.limited_short = len(jobs) < free and bool(self._limited.intersection(q for q, _ in pairs))
         return jobs, sent

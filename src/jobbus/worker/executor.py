@@ -160,7 +160,7 @@ class Executor:
             self._start_margin,
             extra=self._extra(attempt),
         )
-        return self.policy.release(attempt)
+        return self.policy.unstarted(attempt)
 
     async def _enter_scope(self, attempt: Attempt) -> tuple[AbstractAsyncContextManager[Any] | None, Decision | None]:
         factory = self.registry.job_scope

@@ -152,6 +152,13 @@ class OutcomePolicy:
         outcome = Outcome(claimed.id, claimed.lease_token, JobStatus.QUEUED, released=True, kind="released")
         return Decision(outcome, kind="released")
 
+    def unstarted(self, attempt: Attempt) -> Decision:
+        """A claim whose handler was not started in time: given back as a release is, and a job that
+        never started before is again one never started (its expiry still concerns it)."""
+        claimed = attempt.claimed
+        outcome = Outcome(claimed.id, claimed.lease_token, JobStatus.QUEUED, released=True, kind="unstarted")
+        return Decision(outcome, kind="released")
+
     def snoozed(self, attempt: Attempt, delay: float) -> Decision:
         """Not ready yet: queued again after `delay`, the attempt not counted, the checkpoint kept."""
         claimed = attempt.claimed

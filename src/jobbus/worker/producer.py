@@ -152,6 +152,7 @@ class Producer:
             claimed = 0
             free = 0
             deferred = False
+            expired_ahead = False
             idle_before_claim = False
             try:
                 now = time.monotonic()
@@ -168,6 +169,7 @@ class Producer:
                 if free > 0 and not self.control.paused and not self.monitor.fenced:
                     if self.claimer.worth_claiming(free):
                         claimed = self._start(*await self.claimer.claim(free, self.control.paused_queues))
+                        expired_ahead = self.claimer.expired_ahead
                     else:
                         deferred = True
                 backoff.reset()
@@ -182,14 +184,18 @@ class Producer:
             limit = self.options.job_limit
             if limit is not None and self._claimed_total >= limit and not self.in_flight:
                 break  # --limit / --run-once: every job we may take has finished
-            if self.draining and not self.in_flight and (self.control.paused or (claimed == 0 and idle_before_claim)):
+            if (
+                self.draining
+                and not self.in_flight
+                and (self.control.paused or (claimed == 0 and idle_before_claim and not expired_ahead))
+            ):
                 if not self.control.paused and not self.claimer.read_fresh:
                     self.claimer.forget_pairs()  # look at the table itself before concluding it is empty
                     continue
                 logger.info("no job available: worker %s is done draining", self.worker_id)
                 break
-            if claimed and claimed == free:
-                continue  # the claim was full: there may be more, claim again as soon as slots free up
+            if (claimed and claimed == free) or expired_ahead:
+                continue  # the claim was full, or cut short by expired jobs: there may be more, claim again
             if deferred:
                 await self._sleep(CLAIM_BATCH_WAIT_SECONDS)
                 continue

@@ -1,0 +1,266 @@
+-- Named queries of the operator's views of jobs (jobbus/store/views.py), shared by the dashboard's jobs
+-- page and `jobbus jobs list`. Each block starts with `-- name: <query_name>`; {schema} is the quoted
+-- schema identifier, {summary} the columns a list shows of a job (views.SUMMARY).
+--
+-- Every list reaches every matching job: it walks the index of its view in the view's own order from
+-- a keyset cursor, never a window of recent entries, so a page is empty only when nothing older
+-- matches. A queue and a type are found by index probes (never by walking the jobs of other queues
+-- and types); a name and a text are tested on the rows of the view's walk, so they cost what the walk
+-- meets before it has a page (docs/dashboard.md, "Lists").
+
+-- name: view_finished
+-- Completed, failed or cancelled jobs (%(statuses)s), the most recently finished first. The (status,
+-- queue, type) triples of job_finished_view_idx are found by a loose index scan (one probe each), the
+-- head of each triple's walk in finish order is read after the cursor (finished_at, id), and the heads
+-- are merged: a page costs the number of triples times the page, whatever the table holds.
+WITH RECURSIVE triples AS (
+    SELECT s.status, f.queue, f.type
+    FROM unnest(%(statuses)s::text[]) AS s(status)
+    CROSS JOIN LATERAL (
+        SELECT j.queue, j.type FROM {schema}.job AS j
+        WHERE j.status = s.status AND j.finished_at IS NOT NULL
+        ORDER BY j.status, j.queue, j.type LIMIT 1
+    ) AS f
+    UNION ALL
+    SELECT t.status, n.queue, n.type
+    FROM triples AS t
+    CROSS JOIN LATERAL (
+        SELECT j.queue, j.type FROM {schema}.job AS j
+        WHERE j.status = t.status AND j.finished_at IS NOT NULL AND (j.queue, j.type) > (t.queue, t.type)
+        ORDER BY j.status, j.queue, j.type LIMIT 1
+    ) AS n
+), page AS (
+    SELECT r.id, r.finished_at
+    FROM triples AS t
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.finished_at FROM {schema}.job AS j
+        WHERE j.status = t.status AND j.queue = t.queue AND j.type = t.type AND j.finished_at IS NOT NULL
+          AND (%(at)s::timestamptz IS NULL OR (j.finished_at, j.id) < (%(at)s::timestamptz, %(id)s::uuid))
+          AND (%(name)s::text IS NULL OR j.name = %(name)s::text)
+          AND (%(text)s::text IS NULL OR {search})
+        ORDER BY j.finished_at DESC, j.id DESC
+        LIMIT %(limit)s
+    ) AS r
+    WHERE (%(queues)s::text[] IS NULL OR t.queue = ANY(%(queues)s::text[])) AND (%(types)s::text[] IS NULL OR t.type = ANY(%(types)s::text[]))
+    ORDER BY r.finished_at DESC, r.id DESC
+    LIMIT %(limit)s
+)
+SELECT {summary}
+FROM page AS p JOIN {schema}.job AS j ON j.id = p.id
+ORDER BY j.finished_at DESC, j.id DESC;
+
+-- name: view_queued
+-- Queued jobs by when they run next (available_at, id); with %(scheduled)s only those available later,
+-- never attempted and not parked. The (queue, type) pairs come from queued_pairs() and their priority
+-- levels from probes of job_queue_claim_idx, whose (queue, type, priority) ranges are each in
+-- (available_at, id) order: the head of each range after the cursor is read, and the heads merged.
+WITH RECURSIVE levels AS (
+    SELECT p.queue, p.type, top.priority
+    FROM {schema}.queued_pairs() AS p
+    CROSS JOIN LATERAL (
+        SELECT j.priority FROM {schema}.job AS j
+        WHERE j.status = 'queued' AND j.queue = p.queue AND j.type = p.type
+        ORDER BY j.priority DESC LIMIT 1
+    ) AS top
+    WHERE (%(queues)s::text[] IS NULL OR p.queue = ANY(%(queues)s::text[])) AND (%(types)s::text[] IS NULL OR p.type = ANY(%(types)s::text[]))
+    UNION ALL
+    SELECT l.queue, l.type, lower.priority
+    FROM levels AS l
+    CROSS JOIN LATERAL (
+        SELECT j.priority FROM {schema}.job AS j
+        WHERE j.status = 'queued' AND j.queue = l.queue AND j.type = l.type AND j.priority < l.priority
+        ORDER BY j.priority DESC LIMIT 1
+    ) AS lower
+), page AS (
+    SELECT r.id, r.available_at
+    FROM levels AS l
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.available_at FROM {schema}.job AS j
+        WHERE j.status = 'queued' AND j.queue = l.queue AND j.type = l.type AND j.priority = l.priority
+          AND (NOT %(scheduled)s OR (j.available_at > now() AND j.attempts = 0
+                                     AND (j.history -> -1 ->> 'outcome') IS DISTINCT FROM 'waiting'))
+          AND (%(at)s::timestamptz IS NULL OR (j.available_at, j.id) > (%(at)s::timestamptz, %(id)s::uuid))
+          AND (%(name)s::text IS NULL OR j.name = %(name)s::text)
+          AND (%(text)s::text IS NULL OR {search})
+        ORDER BY j.available_at, j.id
+        LIMIT %(limit)s
+    ) AS r
+    ORDER BY r.available_at, r.id
+    LIMIT %(limit)s
+)
+SELECT {summary}
+FROM page AS p JOIN {schema}.job AS j ON j.id = p.id
+ORDER BY j.available_at, j.id;
+
+-- name: view_retrying
+-- Queued after a failed attempt and not parked, by when they run next, along job_retrying_view_idx.
+SELECT {summary}
+FROM {schema}.job AS j
+WHERE j.status = 'queued' AND j.attempts > 0 AND (j.history -> -1 ->> 'outcome') IS DISTINCT FROM 'waiting'
+  AND (%(at)s::timestamptz IS NULL OR (j.available_at, j.id) > (%(at)s::timestamptz, %(id)s::uuid))
+  AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))
+  AND (%(types)s::text[] IS NULL OR j.type = ANY(%(types)s::text[]))
+  AND (%(name)s::text IS NULL OR j.name = %(name)s::text)
+  AND (%(text)s::text IS NULL OR {search})
+ORDER BY j.available_at, j.id
+LIMIT %(limit)s;
+
+-- name: view_waiting
+-- Parked in a durable sleep or wait, by when they wake, along job_waiting_view_idx.
+SELECT {summary}
+FROM {schema}.job AS j
+WHERE j.status = 'queued' AND (j.history -> -1 ->> 'outcome') = 'waiting'
+  AND (%(at)s::timestamptz IS NULL OR (j.available_at, j.id) > (%(at)s::timestamptz, %(id)s::uuid))
+  AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))
+  AND (%(types)s::text[] IS NULL OR j.type = ANY(%(types)s::text[]))
+  AND (%(name)s::text IS NULL OR j.name = %(name)s::text)
+  AND (%(text)s::text IS NULL OR {search})
+ORDER BY j.available_at, j.id
+LIMIT %(limit)s;
+
+-- name: view_running
+-- Running jobs, the latest start first: as many as the fleet's concurrency, never millions.
+SELECT {summary}
+FROM {schema}.job AS j
+WHERE j.status = 'running'
+  AND (%(at)s::timestamptz IS NULL OR (j.started_at, j.id) < (%(at)s::timestamptz, %(id)s::uuid))
+  AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))
+  AND (%(types)s::text[] IS NULL OR j.type = ANY(%(types)s::text[]))
+  AND (%(name)s::text IS NULL OR j.name = %(name)s::text)
+  AND (%(text)s::text IS NULL OR {search})
+ORDER BY j.started_at DESC, j.id DESC
+LIMIT %(limit)s;
+
+-- name: view_group
+-- One group's jobs, the newest first, along job_group_idx.
+SELECT {summary}
+FROM {schema}.job AS j
+WHERE j.group_id = %(group_id)s::uuid
+  AND (%(id)s::uuid IS NULL OR j.id < %(id)s::uuid)
+  AND (%(statuses)s::text[] IS NULL OR j.status = ANY(%(statuses)s::text[]))
+  AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))
+  AND (%(types)s::text[] IS NULL OR j.type = ANY(%(types)s::text[]))
+  AND (%(name)s::text IS NULL OR j.name = %(name)s::text)
+  AND (%(text)s::text IS NULL OR {search})
+ORDER BY j.id DESC
+LIMIT %(limit)s;
+
+-- name: count_finished
+-- How many completed, failed or cancelled jobs (%(statuses)s) match, read along the triples of
+-- job_finished_view_idx (as view_finished finds them), at most %(cap)s + 1.
+WITH RECURSIVE triples AS (
+    SELECT s.status, f.queue, f.type
+    FROM unnest(%(statuses)s::text[]) AS s(status)
+    CROSS JOIN LATERAL (
+        SELECT j.queue, j.type FROM {schema}.job AS j
+        WHERE j.status = s.status AND j.finished_at IS NOT NULL
+        ORDER BY j.status, j.queue, j.type LIMIT 1
+    ) AS f
+    UNION ALL
+    SELECT t.status, n.queue, n.type
+    FROM triples AS t
+    CROSS JOIN LATERAL (
+        SELECT j.queue, j.type FROM {schema}.job AS j
+        WHERE j.status = t.status AND j.finished_at IS NOT NULL AND (j.queue, j.type) > (t.queue, t.type)
+        ORDER BY j.status, j.queue, j.type LIMIT 1
+    ) AS n
+)
+SELECT count(*) FROM (
+    SELECT 1
+    FROM triples AS t
+    CROSS JOIN LATERAL (
+        SELECT 1 FROM {schema}.job AS j
+        WHERE j.status = t.status AND j.queue = t.queue AND j.type = t.type AND j.finished_at IS NOT NULL
+          AND (%(name)s::text IS NULL OR j.name = %(name)s::text)
+          AND (%(text)s::text IS NULL OR {search})
+        LIMIT %(cap)s + 1
+    ) AS r
+    WHERE (%(queues)s::text[] IS NULL OR t.queue = ANY(%(queues)s::text[])) AND (%(types)s::text[] IS NULL OR t.type = ANY(%(types)s::text[]))
+    LIMIT %(cap)s + 1
+) AS c;
+
+-- name: count_queued
+-- How many queued jobs (with %(scheduled)s: those of the scheduled view) match, read along the
+-- (queue, type, priority) ranges of job_queue_claim_idx (as view_queued reads them), at most %(cap)s + 1.
+WITH RECURSIVE levels AS (
+    SELECT p.queue, p.type, top.priority
+    FROM {schema}.queued_pairs() AS p
+    CROSS JOIN LATERAL (
+        SELECT j.priority FROM {schema}.job AS j
+        WHERE j.status = 'queued' AND j.queue = p.queue AND j.type = p.type
+        ORDER BY j.priority DESC LIMIT 1
+    ) AS top
+    WHERE (%(queues)s::text[] IS NULL OR p.queue = ANY(%(queues)s::text[])) AND (%(types)s::text[] IS NULL OR p.type = ANY(%(types)s::text[]))
+    UNION ALL
+    SELECT l.queue, l.type, lower.priority
+    FROM levels AS l
+    CROSS JOIN LATERAL (
+        SELECT j.priority FROM {schema}.job AS j
+        WHERE j.status = 'queued' AND j.queue = l.queue AND j.type = l.type AND j.priority < l.priority
+        ORDER BY j.priority DESC LIMIT 1
+    ) AS lower
+)
+SELECT count(*) FROM (
+    SELECT 1
+    FROM levels AS l
+    CROSS JOIN LATERAL (
+        SELECT 1 FROM {schema}.job AS j
+        WHERE j.status = 'queued' AND j.queue = l.queue AND j.type = l.type AND j.priority = l.priority
+          AND (NOT %(scheduled)s OR (j.available_at > now() AND j.attempts = 0
+                                     AND (j.history -> -1 ->> 'outcome') IS DISTINCT FROM 'waiting'))
+          AND (%(name)s::text IS NULL OR j.name = %(name)s::text)
+          AND (%(text)s::text IS NULL OR {search})
+        LIMIT %(cap)s + 1
+    ) AS r
+    LIMIT %(cap)s + 1
+) AS c;
+
+-- name: count_retrying
+SELECT count(*) FROM (
+    SELECT 1 FROM {schema}.job AS j
+    WHERE j.status = 'queued' AND j.attempts > 0 AND (j.history -> -1 ->> 'outcome') IS DISTINCT FROM 'waiting'
+      AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))
+      AND (%(types)s::text[] IS NULL OR j.type = ANY(%(types)s::text[]))
+      AND (%(name)s::text IS NULL OR j.name = %(name)s::text)
+      AND (%(text)s::text IS NULL OR {search})
+    LIMIT %(cap)s + 1
+) AS c;
+
+-- name: count_waiting
+SELECT count(*) FROM (
+    SELECT 1 FROM {schema}.job AS j
+    WHERE j.status = 'queued' AND (j.history -> -1 ->> 'outcome') = 'waiting'
+      AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))
+      AND (%(types)s::text[] IS NULL OR j.type = ANY(%(types)s::text[]))
+      AND (%(name)s::text IS NULL OR j.name = %(name)s::text)
+      AND (%(text)s::text IS NULL OR {search})
+    LIMIT %(cap)s + 1
+) AS c;
+
+-- name: count_running
+SELECT count(*) FROM (
+    SELECT 1 FROM {schema}.job AS j
+    WHERE j.status = 'running'
+      AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))
+      AND (%(types)s::text[] IS NULL OR j.type = ANY(%(types)s::text[]))
+      AND (%(name)s::text IS NULL OR j.name = %(name)s::text)
+      AND (%(text)s::text IS NULL OR {search})
+    LIMIT %(cap)s + 1
+) AS c;
+
+-- name: count_group
+SELECT count(*) FROM (
+    SELECT 1 FROM {schema}.job AS j
+    WHERE j.group_id = %(group_id)s::uuid
+      AND (%(statuses)s::text[] IS NULL OR j.status = ANY(%(statuses)s::text[]))
+      AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))
+      AND (%(types)s::text[] IS NULL OR j.type = ANY(%(types)s::text[]))
+      AND (%(name)s::text IS NULL OR j.name = %(name)s::text)
+      AND (%(text)s::text IS NULL OR {search})
+    LIMIT %(cap)s + 1
+) AS c;
+
+-- name: estimate_rows
+-- The planner's estimate of the rows of a view past the count's bound, from its statistics (those over
+-- status, queue and type together of migration 25): EXPLAIN of the view's predicate, {predicate}.
+EXPLAIN (FORMAT JSON) SELECT 1 FROM {schema}.job AS j WHERE {predicate};

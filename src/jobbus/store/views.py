@@ -1,0 +1,293 @@
+"""The operator's views of jobs (`sql/queries/views.sql`): complete lists and honest counts.
+
+Shared by the dashboard's jobs page, its overview and failures, and `jobbus jobs list` / `jobbus
+status`, so they show the same jobs and the same numbers. A list walks the index of its view in the
+view's order from a keyset cursor: it reaches every matching job, and a page is empty only when
+nothing further matches. A count is exact up to `COUNT_CAP` rows read along an index; past it, it is
+the planner's estimate of the same rows, and says so (`Count.estimated`).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from jobbus.store.statements import Row, Statement, queries
+
+#: Every view a list or a count can be asked for: the five statuses, the views of queued jobs, and
+#: `finished` (completed, failed and cancelled together).
+STATUSES = ("queued", "running", "completed", "failed", "cancelled")
+QUEUED_VIEWS = ("scheduled", "retrying", "waiting")
+VIEWS = (*STATUSES, *QUEUED_VIEWS, "finished")
+FINISHED = ("completed", "failed", "cancelled")
+#: Rows a count reads along an index before it gives the planner's estimate instead.
+COUNT_CAP = 10_000
+#: A job's configuration is previewed in lists when it is stored in at most this many bytes.
+PREVIEW_BYTES = 2048
+
+#: The columns of a job that a list shows (`JobSummary`, in this order).
+SUMMARY = (
+    "j.id, j.status, j.queue, j.type, j.name, j.unique_key, j.attempts, j.max_attempts, j.priority, j.created_at,"
+    " j.available_at, j.started_at, j.finished_at, left(j.last_error, 300), j.worker_id, j.progress_current,"
+    " j.progress_total, j.group_id,"
+    f" CASE WHEN pg_column_size(j.configuration_data) <= {PREVIEW_BYTES} THEN j.configuration_data END,"
+    " pg_column_size(j.configuration_data),"
+    " CASE WHEN j.status = 'queued' THEN j.history -> -1 ->> 'outcome' END,"
+    " CASE WHEN j.status = 'queued' THEN j.history -> -1 ->> 'waiting_for' END"
+)
+#: What a search looks in: type, name, unique_key, last error, configuration (and the id).
+SEARCH = (
+    "(j.type ILIKE %(text)s OR j.name ILIKE %(text)s OR j.unique_key ILIKE %(text)s OR j.last_error ILIKE %(text)s"
+    " OR j.configuration_data::text ILIKE %(text)s OR j.id::text ILIKE %(text)s)"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class JobSummary:
+    """A job as a list shows it (no payload beyond a small configuration's preview)."""
+
+    id: uuid.UUID
+    status: str
+    queue: str
+    type: str
+    name: str | None
+    unique_key: str | None
+    attempts: int
+    max_attempts: int
+    priority: int
+    created_at: datetime
+    available_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    last_error: str | None
+    worker_id: str | None
+    progress_current: float | None
+    progress_total: float | None
+    group_id: uuid.UUID | None
+    #: The configuration when it is stored in at most `PREVIEW_BYTES`, else None.
+    configuration: dict[str, Any] | None
+    configuration_bytes: int
+    #: A queued job's last history outcome (`waiting` while parked, `retried`, ...), else None.
+    last_outcome: str | None
+    #: What a parked job waits for (a sleep's step, `event <key>`, `children`), else None.
+    waiting_for: str | None
+
+    @property
+    def view(self) -> str:
+        """The status, or for a queued job the view it is in: `waiting`, `retrying`, `scheduled` (from
+        the job's own columns, so a list and the job's page name it alike)."""
+        if self.status != "queued":
+            return self.status
+        if self.last_outcome == "waiting":
+            return "waiting"
+        if self.attempts > 0:
+            return "retrying"
+        return "queued"
+
+    @property
+    def next_run_at(self) -> datetime | None:
+        """When a queued job becomes available (a retry its next attempt, a parked job its wake-up)."""
+        return self.available_at if self.status == "queued" else None
+
+
+@dataclass(frozen=True, slots=True)
+class Cursor:
+    """Where a list's next page starts: the sort key of the last job of the page before."""
+
+    id: uuid.UUID
+    at: datetime | None = None
+
+    def encode(self) -> str:
+        """An opaque, URL-safe token."""
+        raw = json.dumps([str(self.id), self.at.isoformat() if self.at else None])
+        return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+    @classmethod
+    def decode(cls, text: str) -> Cursor | None:
+        """The cursor of a token; None for anything that is not one (a stale or edited link)."""
+        try:
+            job_id, at = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+            return cls(uuid.UUID(job_id), datetime.fromisoformat(at) if at else None)
+        except (ValueError, TypeError):
+            return None
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    jobs: list[JobSummary]
+    #: Where the next page starts; None when nothing further matches.
+    next: Cursor | None
+
+
+@dataclass(frozen=True, slots=True)
+class Count:
+    """A count as shown: exact, or the planner's estimate (shown with ≈, `"estimated": true` in JSON)."""
+
+    value: int
+    estimated: bool = False
+
+    def as_json(self) -> dict[str, Any]:
+        return {"count": self.value, "estimated": self.estimated}
+
+
+@dataclass(frozen=True, slots=True)
+class Filters:
+    """What narrows a list or a count: a job of one of `queues` (any when empty), of one of `types`,
+    named `name`, holding `text` (in its type, name, unique_key, last error or configuration), of
+    `group_id`."""
+
+    queues: tuple[str, ...] = ()
+    types: tuple[str, ...] = ()
+    name: str | None = None
+    text: str | None = None
+    group_id: uuid.UUID | None = None
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "queues": list(self.queues) or None,
+            "types": list(self.types) or None,
+            "name": self.name,
+            "text": f"%{escape_like(self.text)}%" if self.text else None,
+            "group_id": self.group_id,
+        }
+
+
+class ViewStore:
+    """Builds the statements of the job views for one schema."""
+
+    def __init__(self, schema: str) -> None:
+        self.schema = schema
+        self._q = {
+            name: text.replace("{summary}", SUMMARY).replace("{search}", SEARCH)
+            for name, text in queries(schema).items()
+            if name.startswith(("view_", "count_", "estimate_"))
+        }
+
+    def page(self, view: str, filters: Filters, *, cursor: Cursor | None = None, limit: int = 50) -> Statement[Page]:
+        """One page of `view` (see `VIEWS`), in the view's order: finished jobs the most recently
+        finished first, queued ones (and each view of them) by when they run next, running ones the
+        latest start first, a group's jobs (`filters.group_id`) the newest first."""
+        if view not in VIEWS:
+            raise ValueError(f"unknown view {view!r}: one of {', '.join(VIEWS)}")
+        params: dict[str, Any] = {
+            **filters.params(),
+            "id": cursor.id if cursor else None,
+            "at": cursor.at if cursor else None,
+            "limit": limit + 1,
+            "statuses": None,
+            "scheduled": view == "scheduled",
+        }
+        if filters.group_id is not None:
+            name = "view_group"
+            params["statuses"] = list(FINISHED) if view == "finished" else [view if view in STATUSES else "queued"]
+        elif view in (*FINISHED, "finished"):
+            name = "view_finished"
+            params["statuses"] = list(FINISHED) if view == "finished" else [view]
+        elif view in ("queued", "scheduled"):
+            name = "view_queued"
+        else:
+            name = f"view_{view}"
+        if cursor is not None and cursor.at is None and name != "view_group":
+            params["id"] = params["at"] = None  # not a cursor of this list: start from its beginning
+
+        def decode(rows: list[Row], _: int) -> Page:
+            jobs = [JobSummary(*row) for row in rows]
+            if len(jobs) <= limit:
+                return Page(jobs, None)
+            jobs = jobs[:limit]
+            return Page(jobs, _cursor_of(name, jobs[-1]))
+
+        return Statement(self._q[name], params, decode, prepare=False)
+
+    def count(self, view: str, filters: Filters, *, cap: int = COUNT_CAP) -> Statement[tuple[int, bool]]:
+        """How many jobs of `view` match, read along the view's index: (the count, whether it went past
+        `cap`, when it is `cap` + 1 and only `estimate` can say more)."""
+        params = self._params(view, filters)
+        params["cap"] = cap
+        name = "count_group" if filters.group_id is not None else f"count_{_FAMILY[view]}"
+        return Statement(self._q[name], params, lambda rows, _: (int(rows[0][0]), int(rows[0][0]) > cap), prepare=False)
+
+    def estimate(self, view: str, filters: Filters) -> Statement[int]:
+        """The planner's estimate of how many jobs of `view` match (EXPLAIN of its predicate)."""
+        predicate = _PREDICATES["group" if filters.group_id is not None else view] + _FILTERED
+        query = self._q["estimate_rows"].replace("{predicate}", predicate)
+
+        def decode(rows: list[Row], _: int) -> int:
+            plan = rows[0][0]
+            if isinstance(plan, str):
+                plan = json.loads(plan)
+            return int(plan[0]["Plan"]["Plan Rows"])
+
+        return Statement(query, self._params(view, filters), decode, prepare=False)
+
+    @staticmethod
+    def _params(view: str, filters: Filters) -> dict[str, Any]:
+        if view not in VIEWS:
+            raise ValueError(f"unknown view {view!r}: one of {', '.join(VIEWS)}")
+        statuses: list[str] | None = None
+        if view == "finished":
+            statuses = list(FINISHED)
+        elif view in FINISHED or (filters.group_id is not None and view in STATUSES):
+            statuses = [view]
+        elif filters.group_id is not None:
+            statuses = ["queued"]
+        return {**filters.params(), "statuses": statuses, "scheduled": view == "scheduled"}
+
+
+#: The statement family that counts each view.
+_FAMILY = {
+    "queued": "queued",
+    "scheduled": "queued",
+    "retrying": "retrying",
+    "waiting": "waiting",
+    "running": "running",
+    "completed": "finished",
+    "failed": "finished",
+    "cancelled": "finished",
+    "finished": "finished",
+}
+#: Each view's rows, for the planner's estimate (the conditions of its list, without the cursor).
+_PREDICATES = {
+    "queued": "j.status = 'queued'",
+    "scheduled": "j.status = 'queued' AND j.available_at > now() AND j.attempts = 0",
+    "retrying": "j.status = 'queued' AND j.attempts > 0 AND (j.history -> -1 ->> 'outcome') IS DISTINCT FROM 'waiting'",
+    "waiting": "j.status = 'queued' AND (j.history -> -1 ->> 'outcome') = 'waiting'",
+    "running": "j.status = 'running'",
+    **dict.fromkeys((*FINISHED, "finished"), "j.status = ANY(%(statuses)s::text[]) AND j.finished_at IS NOT NULL"),
+    "group": (
+        "j.group_id = %(group_id)s::uuid AND (%(statuses)s::text[] IS NULL OR j.status = ANY(%(statuses)s::text[]))"
+    ),
+}
+_FILTERED = (
+    " AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))"
+    " AND (%(types)s::text[] IS NULL OR j.type = ANY(%(types)s::text[]))"
+    " AND (%(name)s::text IS NULL OR j.name = %(name)s::text) AND (%(text)s::text IS NULL OR " + SEARCH + ")"
+)
+
+
+def _cursor_of(name: str, job: JobSummary) -> Cursor:
+    if name == "view_finished":
+        return Cursor(job.id, job.finished_at)
+    if name == "view_running":
+        return Cursor(job.id, job.started_at)
+    if name == "view_group":
+        return Cursor(job.id)
+    return Cursor(job.id, job.available_at)
+
+
+def escape_like(text: str) -> str:
+    """`text` for a LIKE pattern, its wildcards taken literally."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def views_of(statuses: Sequence[str]) -> list[str]:
+    """Unknown views refused, naming the known ones."""
+    unknown = [s for s in statuses if s not in VIEWS]
+    if unknown:
+        raise ValueError(f"unknown view {unknown[0]!r}: one of {', '.join(VIEWS)}")
+    return list(statuses)
