@@ -52,6 +52,12 @@ ERROR_WRITE_BOUND = 15.0
 #: Backends terminated this close to a handler's end may cost its worker its lease before the outcome is
 #: written (the run's leases are 6 s, reconnecting takes up to 5 s).
 ERROR_FAULT_SETTLE = 8.0
+#: A worker writes a raised handler's outcome within milliseconds: a kill or freeze of its process that
+#: began later than this after the handler raised does not excuse an outcome still unwritten.
+OUTCOME_GRACE = 5.0
+#: The run's lease and dead-worker timeouts (`WORKER_ENV` of run.py): a worker silent this long has its
+#: jobs recovered.
+LEASE_LAPSE = 6.0
 
 
 @dataclass(frozen=True)
@@ -1005,46 +1011,58 @@ class _Checker:
     def errors_written(self) -> Iterator[Violation]:
         """A handler that raised has its outcome written by its own worker within ERROR_WRITE_BOUND, a huge
         error too (SPEC 17: redaction takes time linear in the text): not left to a lease's recovery.
-        Left out: runs whose process was killed, frozen or gone between their start and the outcome's
-        write, and runs that ended while backends were being terminated (ERROR_FAULT_SETTLE around)."""
+        A late or recovered outcome is excused by a fault that could have caused it (`excused`)."""
         worst = 0.0
-        terminated = [w for w in self.h.faults if w.subject == "terminate"]
         for r in self.h.runs:
             if r.outcome != "raised" or r.end is None or r.job_id not in self.transitions:
                 continue
             claim = self.claim_of(r)
             written = next((t for t in self.transitions[r.job_id] if t.old == "running" and t.at >= claim), None)
             written_at = written.at if written is not None else self.end_time()
-            if self.hit(r.pid, r.start - 1.0, max(written_at, r.end)) or any(
-                r.end - ERROR_FAULT_SETTLE <= w.start <= r.end + ERROR_FAULT_SETTLE for w in terminated
-            ):
-                continue
+            delay = written_at - r.end
             job = self.jobs.get(r.job_id)
             recovered = job is not None and any(
                 e.get("attempt") == r.attempt and e.get("outcome") == "recovered" for e in job.history
             )
-            delay = written_at - r.end
+            if not (delay > ERROR_WRITE_BOUND or recovered):
+                worst = max(worst, delay)
+                continue
+            if self.excused(r, written_at, recovered):
+                continue
             worst = max(worst, delay)
-            if delay > ERROR_WRITE_BOUND or recovered:
-                how = "recovered after its lease expired" if recovered else "written"
-                yield Violation(
-                    "error_written",
-                    f"job {r.job_id} ({r.type}): its handler raised at {_fmt(r.end, self.origin)} and its outcome was "
-                    f"{how} {delay:.1f} s later (bound {ERROR_WRITE_BOUND:g} s, no fault on its worker): "
-                    f"{self.interval(r)}",
-                )
+            how = "recovered after its lease lapsed" if recovered else "written"
+            yield Violation(
+                "error_written",
+                f"job {r.job_id} ({r.type}): its handler raised at {_fmt(r.end, self.origin)} and its outcome was "
+                f"{how} {delay:.1f} s later (bound {ERROR_WRITE_BOUND:g} s), no fault on its worker that could "
+                f"cause it: {self.interval(r)}",
+            )
         self.measures["error_write_max_s"] = worst
 
-    def hit(self, pid: int, start: float, end: float) -> bool:
-        """Whether process `pid` was killed, frozen or gone at some moment of [start, end]."""
-        gone = self.gone.get(pid)
-        if gone is not None and start <= gone <= end:
+    def excused(self, r: Run, written_at: float, recovered: bool) -> bool:
+        """Whether a fault explains why `r`'s outcome was late or recovered: its process killed or gone
+        between its start and OUTCOME_GRACE after it raised (a restart under its id reclaims its jobs at
+        once); frozen from a moment before then (a freeze makes a lease lapse only LEASE_LAPSE later, so
+        for a recovered outcome the freeze must have begun LEASE_LAPSE before the recovery, a heartbeat
+        to spare); or backends terminated from its start until ERROR_FAULT_SETTLE after its end."""
+        assert r.end is not None
+        start = r.start - 1.0
+        until = min(written_at, r.end + OUTCOME_GRACE)
+        frozen_by = min(until, written_at - LEASE_LAPSE + 1.0) if recovered else until
+        gone = self.gone.get(r.pid)
+        if gone is not None and start <= gone <= until:
             return True
-        return any(
-            w.subject.split()[-1] == str(pid) and w.start <= end and w.end >= start
-            for w in self.h.faults
-            if w.subject != "terminate"
-        )
+        for w in self.h.faults:
+            kind, _, subject = w.subject.partition(" ")
+            if kind == "terminate" and start <= w.start <= r.end + ERROR_FAULT_SETTLE:
+                return True
+            if subject != str(r.pid):
+                continue
+            if kind == "kill" and start <= w.start <= until:
+                return True
+            if kind == "freeze" and w.start <= frozen_by and w.end >= start:
+                return True
+        return False
 
     # -- the end ------------------------------------------------------------------------------------
 

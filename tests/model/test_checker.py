@@ -621,3 +621,20 @@ def test_an_error_outcome_late_around_terminated_backends_is_left_out() -> None:
     assert check(h).ok, check(h).text()
     h.faults[-1] = Window("terminate", T0 + 15.0, T0 + 15.0)  # long after the handler's end
     assert broken(h) == {"error_written"}
+
+
+def test_a_fault_long_after_the_handler_raised_does_not_excuse_its_unwritten_outcome() -> None:
+    # The worker's event loop was stuck (a huge error redacted in quadratic time): its lease expired and
+    # the job was recovered; the worker was frozen only 7 s after the handler raised.
+    failed = job(20, queue="x", status="failed", finished_at=T0 + 9)
+    h = with_job(clean(), failed, run(20, 1.0, 1.5, outcome="raised", queue="x"), expected="failed")
+    h.transitions += changes(20, (0.0, "queued"), (1.0, "running"), (9.0, "failed"))
+    h.jobs[-1] = replace(failed, history=[{"attempt": 1, "outcome": "recovered", "error": "lease expired"}])
+    h.frozen = [Window(str(PID), T0 + 8.5, T0 + 12)]
+    h.faults = [Window(f"freeze {PID}", T0 + 8.5, T0 + 12)]
+    report = check(h)
+    assert "error_written" in report.guarantees()
+    assert "recovered after its lease lapsed 7.5 s later" in report.text()
+    h.frozen = [Window(str(PID), T0 + 2.0, T0 + 12)]  # frozen right after it raised: excused
+    h.faults = [Window(f"freeze {PID}", T0 + 2.0, T0 + 12)]
+    assert "error_written" not in broken(h)
