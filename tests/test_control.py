@@ -160,9 +160,11 @@ async def test_queue_status_counts_jobs_and_measures_the_oldest_wait(app: jobbus
     await _execute(app, WORKERS)
     report = await control.queue_status(app)
     mail, pdf = report.queues
-    assert (mail.queue, mail.available, mail.scheduled, mail.queued, mail.total) == ("mail", 1, 1, 2, 2)
+    counts = (mail.available, mail.scheduled, mail.queued, mail.completed)
+    assert (mail.queue, *(c.value for c in counts)) == ("mail", 1, 1, 2, 0)
+    assert not any(c.estimated for c in counts)
     assert mail.oldest_waiting_seconds is not None and 300 <= mail.oldest_waiting_seconds < 400
-    assert (pdf.completed, pdf.completed_last_minute, pdf.oldest_waiting_seconds) == (1, 1, None)
+    assert (pdf.completed.value, pdf.completed_last_minute.value, pdf.oldest_waiting_seconds) == (1, 1, None)
     assert (report.workers.live, report.workers.gone, report.workers.stopped) == (3, 1, 1)
     assert report.workers.by_state == {"running": 2, "paused": 1}
     assert not report.paused_all

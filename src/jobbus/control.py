@@ -33,10 +33,12 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 
 import psycopg
 
+from jobbus import views
 from jobbus.limits import QueueSettings
 from jobbus.periodic import Periodic
-from jobbus.store.control import ControlStore, PauseTarget, QueueStatus, UnhandledWork, WorkerInfo
+from jobbus.store.control import ControlStore, PauseTarget, UnhandledWork, WorkerInfo
 from jobbus.store.statements import Statement, run_async
+from jobbus.views import QueueStatus
 
 if TYPE_CHECKING:
     from jobbus.app import App
@@ -259,13 +261,16 @@ async def list_workers(app: App, *, forget_after: timedelta | None = FORGET_WORK
 
 
 async def queue_status(app: App) -> StatusReport:
-    """Per queue: counts by status, oldest waiting job, throughput; plus the workers and the pauses."""
+    """Per queue: counts by status (read now, as the dashboard reads them), the oldest waiting job,
+    throughput; plus the workers and the pauses."""
     store = _store(app)
-    queues = await _run(app, store.queue_status())
     pauses = await _run(app, store.pause_targets())
+    limits = await app.list_queues()
+    queues = await views.queue_table(
+        app, paused=[p.target for p in pauses if p.kind == "queue"], also=[q.queue for q in limits]
+    )
     workers = await list_workers(app)
     periodics = await app.list_periodic()
-    limits = await app.list_queues()
     usage = await app.queue_usage() if limits else {}
     unhandled = await unhandled_work(app)
     return StatusReport(

@@ -77,6 +77,31 @@ class Job:
     #: after the columns above, so reads of a schema before that migration still work.
     expires_at: datetime | None = None
 
+    @property
+    def view(self) -> str:
+        """The status, or for a queued job what it waits as: `waiting` (parked in a durable sleep or
+        wait), `retrying` (after a failed attempt), else `queued`."""
+        if self.status is not JobStatus.QUEUED:
+            return self.status.value
+        if self.history and self.history[-1].get("outcome") == "waiting":
+            return "waiting"
+        return "retrying" if self.attempts > 0 else "queued"
+
+    @property
+    def next_run_at(self) -> datetime | None:
+        """When a queued job becomes available: a retry's next attempt, a parked job's wake-up (None for
+        a wait without a timeout, and for a job that is not queued)."""
+        if self.status is not JobStatus.QUEUED or self.available_at.year >= 9000:
+            return None
+        return self.available_at
+
+    @property
+    def waiting_for(self) -> str | None:
+        """What a parked job waits for (a sleep's step, `event <key>`, ...), else None."""
+        if self.view != "waiting":
+            return None
+        return str(self.history[-1].get("waiting_for") or "") or None
+
 
 #: The columns of the job table, in `Job`'s order (reads add `parent_id` and `steps` after them).
 JOB_COLUMNS: tuple[str, ...] = tuple(

@@ -138,16 +138,32 @@ def processing(job: ClaimedJob, tracer: Tracer) -> Iterator[Span]:
         yield span
 
 
-def attempt_ended(span: Span | None, outcome: str, error: BaseException | None) -> None:
-    """Record how the attempt ended on its span: the outcome, and the exception of a failed attempt."""
+def attempt_ended(
+    span: Span | None,
+    outcome: str,
+    error: BaseException | None,
+    stored_error: str | None = None,
+    stored_traceback: str | None = None,
+) -> None:
+    """Record how the attempt ended on its span: the outcome, and the exception of a failed attempt as
+    the worker stored it (`stored_error`, `stored_traceback`: secrets masked, bounded), so a span
+    carries no more of an error than the job's history, and formatting it costs nothing more."""
     if span is None:
         return
     span.set_attribute("jobbus.job.outcome", outcome)
     if error is not None and outcome != "completed":
-        span.record_exception(error)
+        module, name = type(error).__module__, type(error).__qualname__
+        span.add_event(  # what `Span.record_exception` writes, from the stored texts
+            "exception",
+            {
+                "exception.type": f"{module}.{name}" if module and module != "builtins" else name,
+                "exception.message": stored_error or name,
+                "exception.stacktrace": stored_traceback or "",
+                "exception.escaped": "False",
+            },
+        )
     if outcome in ERROR_OUTCOMES:
-        description = f"{type(error).__name__}: {error}" if error is not None else outcome
-        span.set_status(Status(StatusCode.ERROR, description))
+        span.set_status(Status(StatusCode.ERROR, stored_error or outcome))
 
 
 __all__ = ["TRACE_KEY", "attempt_ended", "current_tracer", "processing", "producing"]

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -88,6 +89,8 @@ class Processes:
             try:
                 with urllib.request.urlopen(f"{url}/health", timeout=2):
                     return url
+            except urllib.error.HTTPError:  # it answers: 503 on a database it cannot read yet
+                return url
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise AssertionError(f"the dashboard did not start: {proc.communicate()[0]}") from None

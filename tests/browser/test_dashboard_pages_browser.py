@@ -1,5 +1,6 @@
-"""A workflow on the job page, the groups' stacked bar, folded failures, an error page and the login
-page, in headless Chromium against real dashboard and worker processes."""
+"""A workflow on the job page, the groups' stacked bar, folded failures, an error page, the login page
+and the page of a database without the schema, in headless Chromium against real dashboard and worker
+processes."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from playwright.sync_api import expect
 
 import jobbus
+from jobbus import schema
 from tests.browser.conftest import Processes, screenshot
 from tests.processes import query, wait_until
 
@@ -157,3 +159,28 @@ def test_an_error_page_and_the_login_page(dsn: str, processes: Processes, page: 
     assert "unknown status 'bogus'" in page.locator("p.flash.bad").inner_text()
     # The browser reports the page's own status (404, 400) as a failed load; nothing else went wrong.
     assert [e for e in page.errors if not re.search(r"status of 40[04]", e)] == []
+
+
+@pytest.mark.browser(slice=True)
+def test_a_database_without_the_schema_gets_a_page_saying_to_migrate(empty_dsn: str, page: Any) -> None:
+    processes = Processes(empty_dsn)
+    try:
+        url = processes.dashboard()
+        page.goto(f"{url}/jobs")
+        expect(page.locator("main h1")).to_contain_text("Schema not ready")
+        assert "schema jobbus is missing: run `jobbus migrate`" in page.locator("p.flash.bad").inner_text()
+        expect(page.locator('nav a[aria-current="page"]')).to_have_text("Jobs")
+        screenshot(page, "schema-missing")
+        with psycopg.connect(empty_dsn, autocommit=True) as conn:
+            schema.migrate(conn, "jobbus")
+        page.reload()
+        expect(page.locator("main h1")).to_contain_text("Jobs")
+        page.wait_for_selector("#live.on")
+    finally:
+        log = processes.procs[0].stdout
+        processes.stop()
+    output = log.read() if log is not None else ""
+    assert "Traceback" not in output, output
+    assert "schema jobbus is missing: run `jobbus migrate`" in output
+    # The browser reports the page's own status (503) as a failed load; nothing else went wrong.
+    assert [e for e in page.errors if not re.search(r"status of 503", e)] == []

@@ -48,6 +48,31 @@ async def leak(job: jobbus.JobExecution) -> None:
     raise RuntimeError(f"could not reach {SECRET_DSN} (password=hunter2-s3cret)")
 
 
+#: Error messages with a secret of every shape the worker masks; each secret starts with "SV" and is
+#: unique, so a test finds any that leaks. The last is 600 KiB of what once froze the worker.
+SECRET_MESSAGES = [
+    "token=SVtoken01",
+    "api_key=SVkey02 and client_secret=SVsecret03",
+    "upstream refused Authorization: Bearer SVbearer04 (and Authorization: Basic SVbasic05)",
+    'login failed for password="correct SVhorse06 battery"',
+    'the API answered {"password": "a SVjson07 c", "user": "bob"}',
+    "cannot reach postgresql://billing:SVdsn08@db.internal/billing",
+    "GET https://api.example.com/v1/items?access_token=SVquery09&page=2 failed",
+    "the proxy sent Bearer SVbare10 along",
+    "api_key=SVhead11 " + "a://b:" * 50_000 + '{"url":"https://h:443/x"},' * 12_000 + " token=SVtail12",
+]
+
+
+@app.job("leak_shapes")
+async def leak_shapes(job: jobbus.JobExecution) -> None:
+    """Raises one of `SECRET_MESSAGES` (its index is the configuration's `case`), caused by another."""
+    message = SECRET_MESSAGES[int(job.configuration["case"])]
+    try:
+        raise ConnectionError(f"first try: {message}")
+    except ConnectionError as exc:
+        raise ValueError(message) from exc
+
+
 def broken_factory() -> jobbus.App:
     """An --app factory that blows up: the worker exits 70 (internal error)."""
     raise RuntimeError("the factory exploded")

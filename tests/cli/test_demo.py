@@ -35,6 +35,7 @@ def test_demo_runs_to_the_end_on_the_embedded_server(tmp_path: Path) -> None:
     out = result.stdout
     assert "what happened" in out and "jobs that did not complete" in out
     assert "NonRetryableError" in out and "550 mailbox unavailable" in out and "cancelled while running" in out
+    assert "demo --dashboard  (jobbus[dashboard])" in out  # the extra to install, not read as markup
     steps = _next_commands(out)
     assert steps[:2] == ["createdb app", "export JOBBUS_DSN=postgresql://localhost/app"]
     assert "in a second terminal" in out
@@ -101,6 +102,13 @@ def test_the_demo_data_lives_in_the_users_cache_directory(
     else:
         monkeypatch.setenv("XDG_CACHE_HOME", cache)
     assert embedded.demo_data_dir() == expected
+
+
+def test_the_demo_prints_square_brackets_as_written(tmp_path: Path) -> None:
+    data = tmp_path / "demo[data]"
+    result = jobbus(None, "demo", "--reset", "--data-dir", str(data))
+    assert result.returncode == 0, result.stderr
+    assert f"nothing to remove: {data} does not exist" in result.stdout
 
 
 def test_reset_removes_only_a_postgresql_data_directory_no_server_runs_on(tmp_path: Path) -> None:

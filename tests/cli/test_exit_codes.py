@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
+import time
 import uuid
 
 import psycopg
 import pytest
 
 from jobbus.cli.errors import run
+from jobbus.cli.worker import MAX_LOG_MESSAGE_BYTES, RedactingFormatter
+from jobbus.redaction import MASK
+from jobbus.worker.outcomes import MAX_TRACEBACK_BYTES
 from tests.cli import ROOT, UNREACHABLE_DSN, cli_env, job_status, jobbus, query_value
 from tests.cli.apps import SECRET_DSN
 from tests.test_producer import RANDOM_CJK
@@ -25,6 +30,9 @@ from tests.test_producer import RANDOM_CJK
         pytest.param(["schedule", "t", "--config", "[1, 2]"], id="config-not-an-object"),
         pytest.param(["schedule", "t", "--at", "2030-01-01T09:00:00"], id="naive-at"),
         pytest.param(["schedule", "t", "--at", "next tuesday"], id="unparseable-at"),
+        pytest.param(["schedule", "t", "--in", "soon"], id="unparseable-in"),
+        pytest.param(["schedule", "t", "--in", "36501d"], id="in-over-100-years"),
+        pytest.param(["schedule", "t", "--at", "2030-01-01T09:00:00Z", "--in", "1h"], id="at-and-in"),
         pytest.param(["prune", "--older-than", "seven days"], id="bad-duration"),
         pytest.param(["prune", "--older-than", "1d", "--status", "queued"], id="prune-active-status"),
         pytest.param(["jobs", "show", "not-a-uuid"], id="bad-job-id"),
@@ -68,6 +76,20 @@ def test_bad_usage_exits_64_with_one_error_line_before_touching_the_database(arg
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("error: ") and lines[0].endswith(" --help)"), lines[0]
     assert "Traceback" not in result.stderr and "Usage:" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--in", "soon"], "--in 'soon' is not a duration"),
+        (["--in", "-5m"], "--in '-5m' is not a duration"),
+        (["--at", "2030-01-01T09:00:00Z", "--in", "1h"], "--at and --in exclude each other"),
+    ],
+)
+def test_schedule_names_the_flag_it_refuses(args: list[str], named: str) -> None:
+    result = jobbus(UNREACHABLE_DSN, "schedule", "t", *args)
+    assert result.returncode == 64, result.stderr
+    assert result.stderr.startswith(f"error: {named}"), result.stderr
 
 
 def test_a_usage_error_names_the_command_to_ask_for_help() -> None:
@@ -193,8 +215,37 @@ def test_worker_logs_never_show_a_password(dsn: str) -> None:
     assert result.returncode == 0, result.stderr
     assert job_status(dsn, job_id) == "failed"
     assert f"job {job_id} failed on its last attempt" in result.stderr
-    assert "could not reach postgresql://app:***@db.internal:5432/app (password=***" in result.stderr
+    assert f"could not reach postgresql://app:{MASK}@db.internal:5432/app (password={MASK}" in result.stderr
     assert "hunter2-s3cret" not in result.stdout + result.stderr
+
+
+def _huge_record(size: int) -> logging.LogRecord:
+    try:
+        raise ValueError("token=SVexc " + "a://b:" * (size // 6) + " api_key=SVend")
+    except ValueError:
+        raised = sys.exc_info()
+    message = "password=SVmsg " + '{"url":"https://h:443/x"},' * (size // 26)
+    return logging.LogRecord("app", logging.ERROR, __file__, 1, "failed: %s", (message,), raised)
+
+
+@pytest.mark.timeout(60)  # a guard, not a measure: before, formatting one such record took hours
+def test_the_worker_log_formatter_masks_and_bounds_a_record_of_any_size() -> None:
+    formatter = RedactingFormatter("%(levelname)s %(name)s: %(message)s")
+    line = formatter.format(_huge_record(16 << 20))
+    assert "SV" not in line and f"password={MASK}" in line and line.rstrip().endswith(f"api_key={MASK}")
+    assert len(line.encode()) <= MAX_LOG_MESSAGE_BYTES + MAX_TRACEBACK_BYTES + 1
+
+    def cpu(size: int) -> float:
+        records = [_huge_record(size) for _ in range(3)]  # each formats its exception once, then keeps it
+        spent = []
+        for record in records:
+            started = time.process_time()
+            formatter.format(record)
+            spent.append(time.process_time() - started)
+        return max(min(spent), 1e-6)
+
+    ratio = cpu(16 << 20) / cpu(1 << 20)
+    assert ratio < 40, f"a record 16 times longer took {ratio:.0f} times the CPU time (linear: ~16 at most)"
 
 
 def test_database_errors_after_the_start_never_show_a_password(capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,8 +6,12 @@ import json
 import re
 import uuid
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
+from jobbus.redaction import MASK
 from tests.cli import execute, job_status, jobbus, jobbus_json, query_value
+from tests.cli.apps import SECRET_MESSAGES
+from tests.processes import query
 
 
 def _schedule(dsn: str, *args: str) -> str:
@@ -180,30 +184,42 @@ def test_prune_deletes_old_finished_jobs_by_status(dsn: str) -> None:
     assert job_status(dsn, queued) == "queued"
 
 
-def test_jobs_show_prints_the_latest_traceback_and_json_has_every_attempts(dsn: str) -> None:
-    job_id = _schedule(dsn, "noop", "--max-attempts", "2")
+def _failed_with(dsn: str, job_id: str, *attempts: tuple[str, str, str, str]) -> list[dict[str, Any]]:
+    """Make the job failed after these attempts, each (outcome, at, error, traceback), the last one's
+    error its `last_error`: written directly, as any release may have written them. Returns its history."""
     history = [
-        {
-            "attempt": 1,
-            "outcome": "retried",
-            "at": "2026-12-02T02:00:00+00:00",
-            "error": "ValueError: first",
-            "traceback": 'Traceback (most recent call last):\n  File "a.py", line 1, in h\nValueError: first\n',
-        },
-        {
-            "attempt": 2,
-            "outcome": "failed",
-            "at": "2026-12-02T02:00:05+00:00",
-            "error": "KeyError: 'second'",
-            "traceback": "Traceback (most recent call last):\n  File \"b.py\", line 9, in h\nKeyError: 'second'\n",
-        },
+        {"attempt": number, "outcome": outcome, "at": at, "error": error, "traceback": trace}
+        for number, (outcome, at, error, trace) in enumerate(attempts, start=1)
     ]
     execute(
         dsn,
-        "UPDATE jobbus.job SET status = 'failed', attempts = 2, finished_at = now(), history = %s::jsonb,"
-        " last_error = 'KeyError: ''second''' WHERE id = %s",
+        "UPDATE jobbus.job SET status = 'failed', attempts = %s, finished_at = now(), history = %s::jsonb,"
+        " last_error = %s WHERE id = %s",
+        len(history),
         json.dumps(history),
+        history[-1]["error"],
         job_id,
+    )
+    return history
+
+
+def test_jobs_show_prints_the_latest_traceback_and_json_has_every_attempts(dsn: str) -> None:
+    job_id = _schedule(dsn, "noop", "--max-attempts", "2")
+    history = _failed_with(
+        dsn,
+        job_id,
+        (
+            "retried",
+            "2026-12-02T02:00:00+00:00",
+            "ValueError: first",
+            'Traceback (most recent call last):\n  File "a.py", line 1, in h\nValueError: first\n',
+        ),
+        (
+            "failed",
+            "2026-12-02T02:00:05+00:00",
+            "KeyError: 'second'",
+            "Traceback (most recent call last):\n  File \"b.py\", line 9, in h\nKeyError: 'second'\n",
+        ),
     )
     human = jobbus(dsn, "jobs", "show", job_id, TZ="Europe/Paris")
     assert human.returncode == 0, human.stderr
@@ -233,3 +249,87 @@ def test_schedule_without_queue_warns_when_live_workers_handle_the_type_elsewher
     execute(dsn, "UPDATE jobbus.worker SET queues = NULL WHERE id = 'mailer'")
     everywhere = jobbus(dsn, "schedule", "mail.send")
     assert everywhere.returncode == 0 and everywhere.stderr == ""
+
+
+MAIL_APP = "tests.cli.mistaken_apps:app"  # handles mail.welcome, mail.password_reset, report.render
+
+
+def test_schedule_with_an_app_warns_of_a_type_it_has_no_handler_for_and_schedules_it(dsn: str) -> None:
+    result = jobbus(dsn, "schedule", "mail.welcom", "--app", MAIL_APP)
+    assert result.returncode == 0, result.stderr
+    assert job_status(dsn, result.stdout.strip()) == "queued"  # stdout stays the id alone
+    assert result.stderr.splitlines() == [
+        f"warning: the app {MAIL_APP} has no handler for mail.welcom (closest: mail.welcome); scheduled anyway"
+    ]
+
+
+def test_without_a_close_type_the_warning_lists_what_the_app_handles(dsn: str) -> None:
+    few = jobbus(dsn, "schedule", "invoice.send", "--app", MAIL_APP)
+    assert few.returncode == 0 and job_status(dsn, few.stdout.strip()) == "queued"
+    assert few.stderr.splitlines() == [
+        f"warning: the app {MAIL_APP} has no handler for invoice.send (no close match; it handles "
+        "mail.password_reset, mail.welcome, report.render); scheduled anyway"
+    ]
+    many = jobbus(dsn, "schedule", "invoice.send", "--app", "tests.cli.mistaken_apps:many")
+    assert many.returncode == 0 and job_status(dsn, many.stdout.strip()) == "queued"
+    assert "it handles batch.step_0, batch.step_1, batch.step_2, batch.step_3, batch.step_4 and 3 more)" in many.stderr
+
+
+def test_schedule_warns_of_no_type_with_nothing_to_compare_it_with(dsn: str) -> None:
+    handled = jobbus(dsn, "schedule", "mail.welcome", "--app", MAIL_APP)
+    without_app = jobbus(dsn, "schedule", "mail.welcom")
+    producer_app = jobbus(dsn, "schedule", "mail.welcom", "--app", "tests.cli.mistaken_apps:producer")
+    for result in (handled, without_app, producer_app):
+        assert result.returncode == 0 and result.stderr == ""
+        assert job_status(dsn, result.stdout.strip()) == "queued"
+
+
+def test_schedule_in_a_duration_makes_the_job_available_that_long_after_its_creation(dsn: str) -> None:
+    job_id = _schedule(dsn, "noop", "--in", "1h30m")
+    delay = query_value(dsn, "SELECT available_at - created_at FROM jobbus.job WHERE id = %s", job_id)
+    assert timedelta(hours=1, minutes=30) <= delay < timedelta(hours=1, minutes=30, seconds=5)
+    listed = jobbus_json(dsn, "jobs", "list", "--status", "scheduled")
+    assert [job["id"] for job in listed] == [job_id]
+
+
+def test_schedule_in_zero_seconds_is_available_now(dsn: str) -> None:
+    job_id = _schedule(dsn, "noop", "--in", "0s")
+    assert query_value(dsn, "SELECT available_at <= now() FROM jobbus.job WHERE id = %s", job_id) is True
+
+
+def test_no_secret_a_handler_raises_is_stored_printed_or_logged(dsn: str) -> None:
+    ids = [
+        _schedule(dsn, "leak_shapes", "--config", json.dumps({"case": case}), "--max-attempts", "2")
+        for case in range(len(SECRET_MESSAGES))
+    ]
+    worker = jobbus(dsn, "worker", "--app", "tests.cli.apps:app", "--stop-when-empty", "--log-level", "DEBUG")
+    assert worker.returncode == 0, worker.stderr[-3000:]
+    secrets = re.findall(r"\bSV\w+", " ".join(SECRET_MESSAGES))
+    assert len(secrets) == 12
+    seen = [worker.stdout, worker.stderr]
+    rows = query(dsn, "SELECT status, last_error, error_group, history FROM jobbus.job WHERE id = ANY(%s)", (ids,))
+    for status, last_error, group, history in rows:
+        assert status == "failed" and [entry["outcome"] for entry in history] == ["retried", "failed"]
+        assert MASK in last_error and len(last_error.encode()) <= 4096
+        assert all(len(entry["traceback"].encode()) <= 16 * 1024 for entry in history)
+        seen += [last_error, group, *(entry["error"] for entry in history), *(entry["traceback"] for entry in history)]
+    for job_id in ids:
+        shown = jobbus(dsn, "jobs", "show", job_id)
+        assert shown.returncode == 0 and "traceback of attempt 2:" in shown.stdout, shown.stderr
+        seen.append(shown.stdout)
+    seen += [jobbus(dsn, "jobs", "show", job_id, "--json").stdout for job_id in (ids[0], ids[-1])]
+    seen += [jobbus(dsn, "jobs", "list").stdout, jobbus(dsn, "jobs", "list", "--json").stdout]  # every history
+    assert [secret for secret in secrets if any(secret in text for text in seen)] == []
+
+
+def test_errors_stored_in_clear_by_an_earlier_release_are_masked_when_printed(dsn: str) -> None:
+    job_id = _schedule(dsn, "noop", "--max-attempts", "1")
+    trace = "Traceback (most recent call last):\nValueError: token=SVold01\n"
+    _failed_with(dsn, job_id, ("failed", "2026-12-02T02:00:00+00:00", "ValueError: token=SVold01", trace))
+    for args in (["jobs", "show", job_id], ["jobs", "list"], ["jobs", "list", "--status", "failed"]):
+        result = jobbus(dsn, *args)
+        assert result.returncode == 0 and "token=" in result.stdout and "SVold01" not in result.stdout, args
+    for document in (jobbus_json(dsn, "jobs", "show", job_id), *jobbus_json(dsn, "jobs", "list")):
+        assert document["last_error"] == f"ValueError: token={MASK}"
+        assert document["history"][0]["error"] == f"ValueError: token={MASK}"
+        assert document["history"][0]["traceback"].endswith(f"ValueError: token={MASK}\n")

@@ -23,7 +23,7 @@ def test_ids_and_headers_stay_whole_at_any_width(dsn: str, columns: str) -> None
     assert "narrow-terminal-worker" in views["workers",].stdout
     assert "reports-of-the-quarter" in views["status",].stdout
     if columns == "200":
-        for header in ("type", "queue", "attempts", "created", "finished", "last error"):
+        for header in ("type", "queue", "attempts", "created", "when", "last error"):
             assert header in views["jobs", "list"].stdout
         for header in ("host", "pid", "last seen"):
             assert header in views["workers",].stdout

@@ -37,6 +37,7 @@ from django.utils import timezone  # noqa: E402
 from jobbus.contrib.django import JobbusBackend, get_app  # noqa: E402
 from jobbus.contrib.django import tasks_api as api  # noqa: E402
 from jobbus.contrib.django.handler import DJANGO_TASK_TYPE  # noqa: E402
+from jobbus.redaction import MASK  # noqa: E402
 from tests.contrib import django_task_functions as fns  # noqa: E402
 
 if api.FRAMEWORK == "django.tasks":
@@ -155,6 +156,15 @@ def test_a_failing_task_is_failed_with_its_exception(django_db: str) -> None:
     assert "raise ValueError(message)" in error.traceback
     with pytest.raises(ValueError, match="failed"):
         result.return_value  # noqa: B018
+
+
+def test_a_failing_tasks_traceback_is_kept_masked_and_bounded(django_db: str) -> None:
+    result = fns.failing.enqueue("refused: api_key=" + "k" * 200 + " " + "x" * 100_000 + " token=" + "t" * 200)
+    assert _drain() == {"failed": 1}
+    result.refresh()
+    [error] = result.errors
+    assert len(error.traceback.encode()) <= 16 * 1024 and error.traceback.startswith("... (cut to its last")
+    assert error.traceback.rstrip().endswith(f"token={MASK}") and "t" * 200 not in error.traceback
 
 
 def test_with_max_attempts_in_options_a_failing_task_is_retried_and_ready_between_attempts(django_db: str) -> None:

@@ -100,6 +100,22 @@ def raise_sync(job: jobbus.SyncJobExecution) -> None:
     raise RAISED[job.configuration["kind"]]
 
 
+def huge_message(size: int) -> str:
+    """About `size` characters of what once froze the worker's event loop for minutes (`a://b:` over
+    and over, compact JSON full of URLs), with a secret at its start, in its middle and at its end;
+    each secret starts with "SV"."""
+    url = '{"id":1,"url":"https://api.example.com:443/v1/items/1?page=2","next":"http://h:8080/2"},'
+    half = size // 2
+    body = ("a://b:" * (half // 6)) + " token=SVmiddle " + (url * (half // len(url)))
+    return f"api_key=SVstart {body} postgresql://app:SVdsn@db/app client_secret=SVend"
+
+
+@app.job("raise_huge")
+async def raise_huge(job: jobbus.JobExecution) -> None:
+    await _started(job)
+    raise ValueError(huge_message(int(job.configuration["size"])))
+
+
 def _circular() -> list[Any]:
     loop: list[Any] = []
     loop.append(loop)

@@ -21,6 +21,7 @@ import psycopg
 import pytest
 
 import jobbus
+from jobbus.redaction import MASK
 from tests.hostile.apps import DDL
 from tests.processes import finish, query, start_worker, wait_until
 
@@ -238,6 +239,42 @@ def test_a_producer_transaction_held_open_on_a_running_jobs_key_blocks_nothing(d
         app.sync.close()
     assert code == 0, out
     assert query(db, "SELECT count(*) FROM public.runs WHERE job_id = %s", (job_id,))[0][0] == 1
+
+
+@pytest.mark.parametrize("size", [300 * 1024, 10 * 1024 * 1024], ids=["300 KiB", "10 MiB"])
+def test_a_handler_raising_a_huge_message_again_and_again_costs_no_other_job_its_lease(db: str, size: int) -> None:
+    """Before, masking one such traceback held the event loop for minutes: the leases of the worker's
+    other jobs lapsed and they ran a second time elsewhere while their first run went on."""
+    app = jobbus.App(dsn=db)
+    long_job = app.sync.schedule("innocent", {"sleep": 4 * LEASE})  # four leases long, renewed as usual
+    worker = start_worker(db, "--concurrency", "4", env=ENV, app=APP)
+    try:
+        wait_until(lambda: _status(db, long_job) == "running", what="the long job to start")
+        hostile = app.sync.schedule("raise_huge", {"size": size}, max_attempts=5)
+        app.sync.close()
+        wait_until(lambda: _status(db, hostile) in TERMINAL, timeout=60, what="the huge errors to end their job")
+        wait_until(lambda: _status(db, long_job) in TERMINAL, timeout=60, what="the long job to end")
+        worker.send_signal(signal.SIGTERM)
+        code, output = finish(worker, timeout=30)
+    finally:
+        worker.kill()
+    assert code == 0, output[-3000:]
+    assert _status(db, long_job) == "completed"
+    assert query(db, "SELECT count(*) FROM public.runs WHERE job_id = %s", (long_job,))[0][0] == 1
+    for trouble in ("lease lost", "lease expired", "was not started", "the event loop is blocked"):
+        assert trouble not in output, output[-3000:]
+    status, attempts, last_error, group, history = query(
+        db, "SELECT status, attempts, last_error, error_group, history FROM jobbus.job WHERE id = %s", (hostile,)
+    )[0]
+    assert (status, attempts, len(history)) == ("failed", 5, 5)
+    assert len(last_error.encode()) <= 4096 and last_error.startswith(f"ValueError: api_key={MASK} a://b:")
+    for entry in history:
+        assert len(entry["error"].encode()) <= 4096 and len(entry["traceback"].encode()) <= 16 * 1024
+        assert entry["traceback"].rstrip().endswith(f"postgresql://app:{MASK}@db/app client_secret={MASK}")
+    stored = [last_error, group, *(e["error"] for e in history), *(e["traceback"] for e in history)]
+    for secret in ("SVstart", "SVmiddle", "SVdsn", "SVend"):
+        assert secret not in "".join(stored) and secret not in output, secret
+    assert max(map(len, output.splitlines())) < 32 * 1024  # each log line bounded, whatever the message
 
 
 def _status(dsn: str, job_id: uuid.UUID) -> str | None:

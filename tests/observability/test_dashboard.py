@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import pytest
 import jobbus
 from jobbus.dashboard import MASK, create_app
 from jobbus.dashboard.live import LiveUpdates
-from jobbus.store.dashboard import Cursor, DashboardStore
+from jobbus.store.dashboard import DashboardStore
 from jobbus.store.statements import run_async
 from tests.processes import ROOT
 
@@ -130,6 +131,33 @@ async def test_secrets_are_masked_and_a_redaction_hook_decides(dsn: str) -> None
     await custom.state.dashboard.close()
 
 
+async def test_errors_stored_in_clear_by_an_earlier_release_are_masked_on_every_page(
+    dsn: str, dashboard: tuple[jobbus.App, Any]
+) -> None:
+    app, asgi = dashboard
+    async with app:
+        job_id = await app.schedule("report.render", {})
+    history = [
+        {
+            "attempt": 1,
+            "outcome": "failed",
+            "at": "2026-12-02T02:00:00+00:00",
+            "error": "token=SVold01 was refused",
+            "traceback": "Traceback (most recent call last):\nValueError: api_key=SVold02\n",
+        }
+    ]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "UPDATE jobbus.job SET status = 'failed', attempts = 1, finished_at = now(), last_error = %s, "
+            "error_group = %s, history = %s::jsonb WHERE id = %s",
+            ("token=SVold01 was refused", "token=SVold01 was refused", json.dumps(history), job_id),
+        )
+    async with client(asgi) as http:
+        for path in ("/failures", f"/jobs/{job_id}", "/jobs?status=failed"):
+            page = (await http.get(path)).text
+            assert "SVold" not in page and f"token={MASK} was refused" in page, path
+
+
 async def test_keyset_pages_walk_every_job_once(dsn: str, dashboard: tuple[jobbus.App, Any]) -> None:
     app, asgi = dashboard
     async with app:
@@ -143,42 +171,7 @@ async def test_keyset_pages_walk_every_job_once(dsn: str, dashboard: tuple[jobbu
             found = re.search(r'href="([^"]+)" rel="next"', html)
             url = found.group(1).replace("&amp;", "&") if found else None
     assert len(seen) == 120 and set(seen) == {str(i) for i in ids}
-    assert seen == sorted(seen, reverse=True)  # newest first
-
-
-async def test_a_list_request_walks_a_bounded_window_and_the_next_page_goes_on_from_it(dsn: str) -> None:
-    app = jobbus.App(dsn=dsn)
-    store = DashboardStore("jobbus")
-    async with app:
-        await app.schedule_many("needle", [{}], name="needle")
-        await app.schedule_many("hay", [{} for _ in range(30)])
-        async with app.pool.connection() as conn:
-            first = await run_async(
-                conn,
-                store.list_jobs(
-                    status=None, queue=None, type=None, group_id=None, text="needle", cursor=None, limit=5, window=10
-                ),
-            )
-            assert first.jobs == [] and first.scanned == 10 and first.next is not None
-            cursor: Cursor | None = first.next
-            found = []
-            while cursor is not None:
-                page = await run_async(
-                    conn,
-                    store.list_jobs(
-                        status=None,
-                        queue=None,
-                        type=None,
-                        group_id=None,
-                        text="needle",
-                        cursor=cursor,
-                        limit=5,
-                        window=10,
-                    ),
-                )
-                found += page.jobs
-                cursor = page.next
-    assert [job.name for job in found] == ["needle"]
+    assert seen == sorted(seen)  # the queued tab, in the order they run: all due at once, by id
 
 
 async def test_actions_need_the_csrf_token_of_the_browser(dsn: str, dashboard: tuple[jobbus.App, Any]) -> None:
@@ -421,16 +414,16 @@ async def test_job_page_shows_each_attempts_traceback_collapsed_and_redacted(dsn
     for number, block in enumerate(blocks, start=1):
         assert f"OSError: attempt {number}: connection refused" in block
         assert "The above exception was the direct cause of the following exception" in block
-        assert "ConnectionError: smtp://mailer:***@smtp.example is down" in block
+        assert "ConnectionError: smtp://mailer:••••••@smtp.example is down" in block
     assert "hunter2" not in html
     # Times in one format, with their zone: UTC with Z, as the command line shows them in UTC.
     assert re.search(r"<td>\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ</td>", html)
     assert re.search(r"<dt>created</dt><dd>\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ \(", html)
 
 
-async def test_with_stale_samples_the_counts_are_read_now_and_said_to_be(
-    dsn: str, dashboard: tuple[jobbus.App, Any]
-) -> None:
+async def test_counts_are_read_now_whatever_the_samples_say(dsn: str, dashboard: tuple[jobbus.App, Any]) -> None:
+    """The overview and the queues page count the jobs now, as `jobbus status` does: a stale or wrong
+    sample changes no count, and the charts' note says how old the samples are."""
     app, asgi = dashboard
     async with app:
         await app.schedule_many("mail.send", [{"n": n} for n in range(5)], queue="mail")
@@ -438,72 +431,31 @@ async def test_with_stale_samples_the_counts_are_read_now_and_said_to_be(
     async with client(asgi) as http:
         # No worker ever ran: no sample at all.
         overview = (await http.get("/")).text
-        assert re.search(r"<b>5</b> available <span class=\"note\">\(read now\)</span>", overview)
-        assert re.search(r"<b>1</b> scheduled", overview)
-        assert "queue samples are stale (none yet" in overview
+        assert re.search(r"<b>5</b> available", overview) and re.search(r"<b>1</b> scheduled", overview)
+        assert "(none yet: is a worker running?)" in overview
         queues = (await http.get("/queues")).text
-        assert "queue samples are stale" in queues
         row = re.search(r'<tr data-queue="mail">(.*?)</tr>', queues, re.S)
-        assert row and re.findall(r'<td class="num">([^<]*)</td>', row.group(1)) == ["5", "1", "0"]
+        cells = re.findall(r'<td class="num">(?:<a [^>]*>)?([^<]*)', row.group(1)) if row else []
+        assert cells == ["5", "1", "0", "0"]
         # Nobody is alive to take them: the overview names them.
         assert "Queued jobs nobody can take" in overview and "no worker is alive" in overview
         assert "6 of type <code>mail.send</code> in queue <code>mail</code>" in overview
-        # A sample older than three sampling intervals (a leader that died) is stale too.
+        # A sample older than three sampling intervals (a leader that died): the charts say so.
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(
                 "INSERT INTO jobbus.queue_stat (sampled_at, queue, available, scheduled, running, completed, failed,"
                 " cancelled) VALUES (now() - interval '1 hour', 'mail', 0, 0, 0, 0, 0, 0)"
             )
         overview = (await http.get("/")).text
-        assert "<b>5</b> available" in overview and "the latest 60 min old" in overview
-        # A fresh sample is shown as it is, without the notice.
+        assert "<b>5</b> available" in overview and "60 min old: <b>stale</b>" in overview
+        # A fresh sample that disagrees changes no count.
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(
                 "INSERT INTO jobbus.queue_stat (sampled_at, queue, available, scheduled, running, completed, failed,"
                 " cancelled) VALUES (now(), 'mail', 4, 1, 0, 0, 0, 0)"
             )
         overview = (await http.get("/")).text
-        assert "<b>4</b> available" in overview and "stale" not in overview
-        assert "stale" not in (await http.get("/queues")).text
-
-
-async def test_queued_jobs_page_through_queues_types_and_priorities_in_claim_order(dsn: str) -> None:
-    app = jobbus.App(dsn=dsn)
-    store = DashboardStore("jobbus")
-    async with app:
-        for queue in ("b-queue", "A-queue", "c"):
-            for job_type in ("x", "Y"):
-                for priority in (0, 5, -1):
-                    await app.schedule_many(job_type, [{} for _ in range(4)], queue=queue, priority=priority)
-        async with app.pool.connection() as conn:
-            pages = []
-            cursor: Cursor | None = None
-            while True:
-                page = await run_async(
-                    conn,
-                    store.list_jobs(
-                        status="queued",
-                        queue=None,
-                        type=None,
-                        group_id=None,
-                        text=None,
-                        cursor=cursor,
-                        limit=7,
-                        window=9,
-                    ),
-                )
-                pages.append(page.jobs)
-                if page.next is None:
-                    break
-                cursor = Cursor.decode(page.next.encode())
-            found = await conn.execute(
-                "SELECT id FROM jobbus.job WHERE status = 'queued' "
-                "ORDER BY queue, type, priority DESC, available_at, id"
-            )
-            expected = await found.fetchall()
-    seen = [job.id for page in pages for job in page]
-    assert seen == [row[0] for row in expected]
-    assert len(seen) == 72
+        assert "<b>5</b> available" in overview and "stale" not in overview
 
 
 async def test_mounted_under_a_path_its_links_actions_and_cookies_follow(dsn: str) -> None:

@@ -10,8 +10,10 @@ import psycopg
 import pytest
 
 import jobbus
-from jobbus.store import WorkerStore, run_async, run_sync
-from jobbus.store.dashboard import DashboardStore
+from jobbus import views
+from jobbus.redaction import MASK
+from jobbus.store import WorkerStore, run_sync
+from jobbus.store.views import Count
 from tests.storehelpers import claim, expire_lease, registration
 
 
@@ -48,6 +50,20 @@ async def test_a_failure_the_worker_writes_stores_its_group(app: jobbus.App, con
         "failed",
         "LookupError: user 123 not found in 'accounts-2'",
         "LookupError: user <n> not found in <str>",
+    )
+
+
+async def test_a_failure_group_holds_no_secret_of_the_error_it_folds(app: jobbus.App, conn: Any) -> None:
+    @app.job("login")
+    async def login(job: jobbus.JobExecution) -> None:
+        raise PermissionError(f"user {job.configuration['user']} refused: password=SVgroup Authorization: Bearer SVb")
+
+    job_id = await app.schedule("login", {"user": 7}, max_attempts=1)
+    assert await app.drain() == {"failed": 1}
+    assert _group(conn, job_id) == (
+        "failed",
+        f"PermissionError: user 7 refused: password={MASK} Authorization: Bearer {MASK}",
+        f"PermissionError: user <n> refused: password={MASK} Authorization: Bearer {MASK}",
     )
 
 
@@ -142,11 +158,11 @@ async def test_failed_rows_without_a_group_group_with_rows_that_have_one(app: jo
         (older,),
     )
     assert [_group(conn, i)[2] is None for i in [*stored, *older]] == [False, False, True, True, True]
-    async with app.pool.connection() as reader:
-        (group,) = await run_async(reader, DashboardStore("jobbus").failures())
+    (group,) = await views.failure_groups(app)
     assert (group.pattern, group.count, group.error_class) == (
         "LookupError: user <n> not found in <str>",
-        5,
+        Count(5),
         "LookupError",
     )
-    assert set(group.ids) == {*stored, *older}
+    assert await views.retry_failure_group(app, group.pattern) == (5, 0)
+    assert {job.id for job in await app.list_jobs(status="queued")} == {*stored, *older}

@@ -13,7 +13,6 @@ import pytest
 
 import jobbus
 from jobbus.store import run_sync
-from jobbus.store.dashboard import DashboardStore
 from tests.cli import jobbus_json
 from tests.observability.test_dashboard import client, dashboard
 from tests.storehelpers import claim, write
@@ -85,8 +84,14 @@ async def test_the_jobs_page_has_a_tab_per_status_and_view_with_bounded_counts(
         assert (await http.get("/jobs?status=sleeping")).status_code == 400
 
 
-def test_counts_say_when_they_reached_their_bound(sync_app: jobbus.App, dsn: str) -> None:
-    sync_app.sync.schedule_many("t", [{"n": n} for n in range(5)])
+async def test_counts_say_when_they_passed_their_bound(dsn: str, app: jobbus.App) -> None:
+    """Past its bound a count is the planner's estimate and says so; below it, exact."""
+    from jobbus import views
+
+    await app.schedule_many("t", [{"n": n} for n in range(5)])
     with psycopg.connect(dsn, autocommit=True) as conn:
-        counts = run_sync(conn, DashboardStore("jobbus").job_counts(queue=None, type=None, cap=3))
-    assert counts.counts["queued"] == 3 and "queued" in counts.capped and "running" not in counts.capped
+        conn.execute("ANALYZE jobbus.job")
+    estimated = await views.count(app, "queued", cap=3)
+    assert estimated.estimated and estimated.value >= 4
+    assert await views.count(app, "queued", cap=5) == views.Count(5)
+    assert await views.count(app, "running", cap=3) == views.Count(0)

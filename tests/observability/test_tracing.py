@@ -89,7 +89,7 @@ async def test_each_failed_attempt_records_its_exception_and_checkpoints_keep_th
     @app.job("report.render", max_attempts=2)
     async def render(job: jobbus.JobExecution) -> None:
         await job.checkpoint({"page": job.attempt})
-        raise ReportMissingError(f"attempt {job.attempt}: report 7 is missing")
+        raise ReportMissingError(f"attempt {job.attempt}: report 7 is missing (api_key=SVspan)")
 
     async with app:
         job_id = await app.schedule("report.render", {})
@@ -106,7 +106,12 @@ async def test_each_failed_attempt_records_its_exception_and_checkpoints_keep_th
         assert span.status.status_code is StatusCode.ERROR
         (event,) = [e for e in span.events if e.name == "exception"]
         assert str(dict(event.attributes or {})["exception.type"]).endswith("ReportMissingError")
-        assert f"attempt {number}" in str(dict(event.attributes or {})["exception.message"])
+        attributes = dict(event.attributes or {})
+        assert f"attempt {number}" in str(attributes["exception.message"])
+        # What the job's history keeps of the error, secrets masked: nothing more leaves in a span.
+        assert attributes["exception.message"] == job.history[number - 1]["error"]
+        assert attributes["exception.stacktrace"] == job.history[number - 1]["traceback"]
+        assert "SVspan" not in str(attributes) + str(span.status.description)
 
 
 async def test_a_batch_gets_one_create_span_per_queue_and_every_job_its_context(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -80,7 +83,7 @@ async def test_a_huge_traceback_is_cut_to_16_kib_keeping_its_tail(app: jobbus.Ap
     assert job is not None and job.status is JobStatus.FAILED
     trace = job.history[-1]["traceback"]
     assert len(trace.encode()) <= MAX_TRACEBACK_BYTES
-    assert trace.startswith("... (") and "bytes of the traceback cut" in trace.splitlines()[0]
+    assert trace.splitlines()[0] == "... (cut to its last 16,384 bytes)"
     assert trace.rstrip().endswith("RuntimeError: gave up at the end")  # the tail is what is kept
 
 
@@ -95,8 +98,8 @@ async def test_a_100_kib_message_is_cut_to_its_tail_and_masked_without_stalling_
     job = await app.find(job_id)
     assert job is not None and job.status is JobStatus.FAILED
     trace = job.history[-1]["traceback"]
-    assert len(trace.encode()) <= MAX_TRACEBACK_BYTES and "bytes of the traceback cut" in trace.splitlines()[0]
-    assert trace.rstrip().endswith(f"postgresql://billing:***@db.internal/billing api_key={MASK}")
+    assert len(trace.encode()) <= MAX_TRACEBACK_BYTES and "cut to its last" in trace.splitlines()[0]
+    assert trace.rstrip().endswith(f"postgresql://billing:{MASK}@db.internal/billing api_key={MASK}")
     assert "hunter2" not in trace and "ak_99" not in trace
 
 
@@ -136,8 +139,9 @@ def test_formatting_survives_a_hostile_exception_and_nul_characters() -> None:
     text.encode("utf-8")  # storable: no unpaired surrogate left
 
 
+#: Secret values; the mask's own character is left out (a "secret" of "•" is found in the mask).
 _SECRETS = st.text(
-    alphabet=st.characters(blacklist_categories=("Cs", "Cc", "Z"), blacklist_characters="'\"/?#[]@:,;&)}*"),
+    alphabet=st.characters(blacklist_categories=("Cs", "Cc", "Z"), blacklist_characters="'\"/?#[]@:,;&)}*•"),
     min_size=1,
     max_size=30,
 )
@@ -148,4 +152,49 @@ _SECRETS = st.text(
 def test_redacted_text_never_keeps_a_dsn_password_or_a_secret_value(secret: str, around: str) -> None:
     assert f":{secret}@" not in redact_text(f"{around} postgresql://user:{secret}@host:5432/db {around}")
     assert secret not in redact_text(f"password={secret}").removeprefix("password=")
-    assert redact_text(f"{around}, api_key: '{secret}'").endswith(f"api_key: '{MASK}'")
+    # A secret ending in a backslash escapes its closing quote: masked to the end of the line.
+    assert redact_text(f"{around}, api_key: '{secret}'").endswith((f"api_key: '{MASK}'", f"api_key: '{MASK}"))
+
+
+async def test_a_retry_logs_one_line_and_a_final_failure_the_traceback_it_stored(
+    app: jobbus.App, caplog: pytest.LogCaptureFixture
+) -> None:
+    @app.job("flaky")
+    async def flaky(job: jobbus.JobExecution) -> None:
+        raise ConnectionError(f"cannot reach postgresql://billing:SVpw@db/billing token={'SV' * 1000} " + "x" * 100_000)
+
+    caplog.set_level(logging.DEBUG, logger="jobbus.worker")
+    job_id = await app.schedule("flaky", max_attempts=2)
+    assert await drain(app) == 0
+    job = await app.find(job_id)
+    assert job is not None and job.status is JobStatus.FAILED
+    records = [record for record in caplog.records if str(job_id) in record.getMessage()]
+    assert all(record.exc_info is None for record in records)  # never formatted again from the exception
+    assert all("SV" not in record.getMessage() and len(record.getMessage()) < 24 * 1024 for record in records)
+    [retry] = [record for record in records if record.levelno == logging.WARNING]
+    assert "\n" not in retry.getMessage() and retry.getMessage().endswith(job.history[0]["error"])
+    [trace] = [record for record in records if record.levelno == logging.DEBUG and "traceback" in record.msg]
+    assert trace.getMessage().endswith(job.history[0]["traceback"].rstrip("\n"))
+    [final] = [record for record in records if record.levelno == logging.ERROR]
+    assert final.getMessage().endswith(job.history[1]["traceback"].rstrip("\n"))
+
+
+async def test_a_job_scope_that_fails_on_exit_is_logged_masked_and_bounded(
+    app: jobbus.App, caplog: pytest.LogCaptureFixture
+) -> None:
+    @contextlib.asynccontextmanager
+    async def scope(job: jobbus.JobExecution) -> AsyncIterator[None]:
+        yield None
+        raise RuntimeError("session close failed: password=SVscope " + "x" * 1_000_000)
+
+    app.job_scope = scope
+
+    @app.job("fine")
+    async def fine(job: jobbus.JobExecution) -> str:
+        return "done"
+
+    job_id = await app.schedule("fine")
+    assert await drain(app) == 0
+    [record] = [record for record in caplog.records if "exiting the job scope failed" in record.getMessage()]
+    assert record.exc_info is None and str(job_id) in record.getMessage()
+    assert "SVscope" not in record.getMessage() and len(record.getMessage()) < 24 * 1024

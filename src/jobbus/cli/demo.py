@@ -36,7 +36,7 @@ from jobbus.app import App
 from jobbus.cli import exit_codes
 from jobbus.cli.dashboard import StopSignals, bind_port, require_dashboard_extra, serve_dashboard, url_of
 from jobbus.cli.errors import PortInUse, UsageProblem, fail, probe_database, run
-from jobbus.cli.output import console, one_line, styled
+from jobbus.cli.output import console, errors_masked, one_line, shown, styled
 from jobbus.errors import NonRetryableError, Snooze
 from jobbus.execution import JobExecution, SyncJobExecution
 from jobbus.models import GroupProgress, JobStatus
@@ -229,7 +229,7 @@ def _reset(data_dir: Path) -> int:
         removed = remove_data_dir(data_dir)
     except RuntimeError as exc:
         return fail(str(exc), exit_codes.FAILURE)
-    console().print(f"removed {data_dir}" if removed else f"nothing to remove: {data_dir} does not exist")
+    console().print(shown(f"removed {data_dir}" if removed else f"nothing to remove: {data_dir} does not exist"))
     return exit_codes.OK
 
 
@@ -240,7 +240,7 @@ async def _demo(
     async with app:
         applied = await app.migrate()
         if applied:
-            out.print(f"migrated schema {app.settings.schema} to version {applied[-1].version}")
+            out.print(shown(f"migrated schema {app.settings.schema} to version {applied[-1].version}"))
         if embedded:  # the demo's own database: forget what earlier runs left
             await app.prune(timedelta(0), ("completed", "failed", "cancelled"))
         groups, long_job = await _schedule(app)
@@ -275,7 +275,7 @@ async def _demo(
         out.print(Text(f"done in {elapsed:.1f} s (worker exit code {code})", style="bold"))
         jobbus = _jobbus_command()
         if embedded and dashboard is None:
-            out.print(f"look at these jobs in the dashboard: {jobbus} demo --dashboard  (jobbus[dashboard])")
+            out.print(shown(f"look at these jobs in the dashboard: {jobbus} demo --dashboard  (jobbus[dashboard])"))
         out.print(_next_steps(embedded, jobbus, dashboard=dashboard is not None))
         if problem is not None:
             return fail(problem, exit_codes.FAILURE)
@@ -419,8 +419,13 @@ async def _notable(app: App, groups: list[_Group]) -> Table:
     table.add_column("why")
     for group in groups:
         for job in await app.list_jobs(group_id=group.id, status=["failed", "cancelled"], limit=20):
-            why = one_line(job.last_error, 90) if job.status is JobStatus.FAILED else "cancelled while running"
-            table.add_row(str(job.id), job.type, styled(job.status.value), f"{job.attempts}/{job.max_attempts}", why)
+            why = (
+                one_line(errors_masked(job).last_error, 90)
+                if job.status is JobStatus.FAILED
+                else "cancelled while running"
+            )
+            status, attempts = styled(job.status.value), f"{job.attempts}/{job.max_attempts}"
+            table.add_row(str(job.id), shown(job.type), status, attempts, shown(why))
     return table
 
 

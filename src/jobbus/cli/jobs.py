@@ -12,6 +12,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from jobbus import views
+from jobbus.app import App
 from jobbus.cli import exit_codes
 from jobbus.cli.errors import UsageProblem, fail, run
 from jobbus.cli.options import check_names, dsn_option, json_option
@@ -19,7 +21,9 @@ from jobbus.cli.output import (
     Column,
     admin_app,
     console,
+    errors_masked,
     fitted_table,
+    human_seconds,
     human_time,
     job_dict,
     job_status_text,
@@ -29,7 +33,9 @@ from jobbus.cli.output import (
     shown,
 )
 from jobbus.cli.schedule import parse_when
+from jobbus.cli.suggest import SuggestingGroup
 from jobbus.models import JOB_VIEWS, Job, JobStatus
+from jobbus.views import Cursor, Filters
 
 STATUSES = [s.value for s in JobStatus]
 #: What `jobs list --status` accepts: the statuses, and the views of queued jobs.
@@ -43,7 +49,7 @@ def _job_id(text: str) -> uuid.UUID:
         raise UsageProblem(f"{text!r} is not a job id (a UUID like 0190f3c4-...)") from None
 
 
-@click.group("jobs")
+@click.group("jobs", cls=SuggestingGroup)
 def jobs_group() -> None:
     """List jobs, show one, cancel one, retry a failed one, delete one, run a queued one now.
 
@@ -68,16 +74,24 @@ def jobs_group() -> None:
 )
 @click.option("--queue", "queues", multiple=True, metavar="Q", help="Filter by queue (repeatable).")
 @click.option("--type", "types", multiple=True, metavar="T", help="Filter by job type (repeatable).")
+@click.option("--name", metavar="NAME", help="Only jobs of this name (a periodic job's, a Django task's path, ...).")
+@click.option(
+    "--search",
+    metavar="TEXT",
+    help="Only jobs holding TEXT (any case) in their type, name, unique key, last error or configuration.",
+)
 @click.option("--group-id", metavar="UUID", help="Only jobs of this group.")
 @click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True, help="At most N jobs.")
-@click.option("--after", metavar="ID", help="Start after this job id (the last id of the previous page).")
-@click.option("--oldest", is_flag=True, help="The oldest jobs first (default: the newest first).")
+@click.option("--after", metavar="CURSOR", help="Where the previous page ended (what it printed, or its last job id).")
+@click.option("--oldest", is_flag=True, help="Without one --status: the oldest jobs first (default: the newest).")
 @json_option
 @dsn_option
 def list_command(
     statuses: tuple[str, ...],
     queues: tuple[str, ...],
     types: tuple[str, ...],
+    name: str | None,
+    search: str | None,
     group_id: str | None,
     limit: int,
     after: str | None,
@@ -85,7 +99,12 @@ def list_command(
     as_json: bool,
     dsn: str | None,
 ) -> None:
-    """List jobs, the newest first (as the dashboard), filtered; page with --after.
+    """List jobs, filtered; page with --after. Every matching job is reached, page after page.
+
+    \b
+    With one --status, in the order of the dashboard's tab of that status: queued jobs and their
+    views by when they run next, running ones the latest start first, finished ones the latest
+    finish first. Without, or with several, in creation order, the newest first.
 
     \b
     Statuses: queued, running, completed, failed, cancelled (as `jobbus status` and the dashboard),
@@ -94,30 +113,39 @@ def list_command(
 
     \b
     Examples:
-      jobbus jobs list --status failed
-      jobbus jobs list --queue emails --status queued --status running --limit 20
+      jobbus jobs list --status failed --search "not found"
+      jobbus jobs list --status scheduled --queue emails --limit 20
       jobbus jobs list --type report.render --json | jq -r '.[].id'
-      jobbus jobs list --after 0190f3c4-8f2e-7a71-9c1e-2b1f0e6d4a10   # the next (older) page
-      jobbus jobs list --oldest                                       # creation order
+      jobbus jobs list --status failed --after 'WyIwMTkw...'   # the next page: what the last one printed
+      jobbus jobs list --oldest                               # creation order
 
-    --json prints a list of objects with every column of the job (ids as strings, ISO 8601 times).
+    --json prints a list of objects with every column of the job (ids as strings, ISO 8601 times),
+    its view (`retrying`, `waiting`, ...), `next_run_at` (a queued job's next start) and
+    `waiting_for` (what a parked job waits for).
     """
     check_names("--queue", queues)
     check_names("--type", types)
-    after_id = _job_id(after) if after else None
     group = _job_id(group_id) if group_id else None
+    in_view = len(statuses) == 1
 
     async def body() -> int:
         async with admin_app(dsn) as app:
-            jobs = await app.list_jobs(
-                status=list(statuses) or None,
-                queue=list(queues) or None,
-                type=list(types) or None,
-                group_id=group,
-                after=after_id,
-                limit=limit,
-                newest_first=not oldest,
-            )
+            if in_view:
+                jobs, more = await _view_page(app, statuses[0], queues, types, name, search, group, after, limit)
+            else:
+                jobs = await app.list_jobs(
+                    status=list(statuses) or None,
+                    queue=list(queues) or None,
+                    type=list(types) or None,
+                    group_id=group,
+                    after=_job_id(after) if after else None,
+                    limit=limit,
+                    newest_first=not oldest,
+                    name=name,
+                    search=search,
+                )
+                more = str(jobs[-1].id) if len(jobs) == limit else None
+        jobs = [errors_masked(job) for job in jobs]
         if as_json:
             print_json([job_dict(job) for job in jobs])
             return exit_codes.OK
@@ -126,11 +154,45 @@ def list_command(
             con.print(Text("no jobs match", style="dim"))
             return exit_codes.OK
         con.print(_jobs_table(jobs, con.width))
-        if len(jobs) == limit:
-            con.print(Text(f"more may follow: --after {jobs[-1].id}", style="dim"))
+        if more is not None:
+            con.print(Text(f"more: --after {more}", style="dim"))
         return exit_codes.OK
 
     sys.exit(run(body))
+
+
+async def _view_page(
+    app: App,
+    view: str,
+    queues: tuple[str, ...],
+    types: tuple[str, ...],
+    name: str | None,
+    search: str | None,
+    group: uuid.UUID | None,
+    after: str | None,
+    limit: int,
+) -> tuple[list[Job], str | None]:
+    """One page of a view, read whole, and the cursor of the next one (None: nothing further)."""
+    filters = Filters(queues, types, name, search, group)
+    cursor = await _cursor(app, view, after) if after else None
+    page = await views.page(app, view, filters, cursor=cursor, limit=limit)
+    jobs = await views.jobs_of(app, page)
+    return jobs, page.next.encode() if page.next is not None else None
+
+
+async def _cursor(app: App, view: str, after: str) -> Cursor:
+    """A cursor as a page printed it, or the id of the last job seen (read again for its place)."""
+    try:
+        job_id = uuid.UUID(after)
+    except ValueError:
+        cursor = Cursor.decode(after)
+        if cursor is None:
+            raise UsageProblem(f"--after {after!r} is neither a cursor a page printed nor a job id") from None
+        return cursor
+    job = await app.find(job_id)
+    if job is None:
+        raise UsageProblem(f"--after {after}: no job has this id (any more); start again without --after")
+    return views.cursor_after(view, job)
 
 
 _JOB_COLUMNS = [
@@ -139,9 +201,9 @@ _JOB_COLUMNS = [
     Column("queue", rank=3),
     Column("status", rank=1),
     Column("attempts", rank=4, justify="right"),
-    Column("created", rank=6),
-    Column("finished", rank=5),
-    Column("last error", rank=7, flexible=True),
+    Column("created", rank=7),
+    Column("when", rank=5),
+    Column("last error", rank=6, flexible=True),
 ]
 
 
@@ -154,12 +216,25 @@ def _jobs_table(jobs: list[Job], width: int) -> Table:
             job_status_text(job),
             f"{job.attempts}/{job.max_attempts}",
             human_time(job.created_at),
-            human_time(job.finished_at),
+            _when(job),
             shown(one_line(job.last_error, 60), style="red"),
         ]
         for job in jobs
     ]
     return fitted_table(width, _JOB_COLUMNS, rows)
+
+
+def _when(job: Job) -> str:
+    """The moment that matters for the job's status: when a queued one runs next (what a parked one
+    waits for), when a running one started, when a finished one finished."""
+    if job.view == "waiting":
+        until = f"until {human_time(job.next_run_at)}" if job.next_run_at else "until woken"
+        return f"waits for {job.waiting_for or '?'} {until}"
+    if job.status is JobStatus.QUEUED:
+        return f"runs {human_time(job.available_at)}"
+    if job.status is JobStatus.RUNNING:
+        return f"started {human_time(job.started_at)}"
+    return f"finished {human_time(job.finished_at)}"
 
 
 @jobs_group.command("show")
@@ -182,6 +257,7 @@ def show_command(job_id: str, as_json: bool, dsn: str | None) -> None:
             job = await app.find(ident)
         if job is None:
             return fail(f"job {ident} does not exist", exit_codes.FAILURE)
+        job = errors_masked(job)
         if as_json:
             print_json(job_dict(job))
         else:
@@ -261,14 +337,16 @@ def latest_traceback(job: Job) -> tuple[str, str] | None:
 def _history_table(job: Job) -> Table:
     """How each attempt ended, oldest first."""
     table = Table(box=None, pad_edge=False)
-    for column in ("attempt", "outcome", "at", "worker", "detail"):
+    for column in ("attempt", "outcome", "at", "took", "worker", "detail"):
         table.add_column(column, no_wrap=column != "detail")
     for entry in job.history:
         detail = entry.get("error") or (f"for {entry['delay_seconds']:g} s" if "delay_seconds" in entry else "")
+        took = entry.get("seconds")
         table.add_row(
             str(entry.get("attempt", "")),
             shown(str(entry.get("outcome", ""))),
             human_time(_moment(entry.get("at"))),
+            human_seconds(float(took)) if isinstance(took, int | float) else "-",
             shown(str(entry.get("worker_id", ""))),
             shown(one_line(str(detail), 80)),
         )

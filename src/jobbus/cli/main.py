@@ -9,6 +9,7 @@ import click
 
 from jobbus.cli import exit_codes
 from jobbus.cli.errors import fail, internal_error, usage_error
+from jobbus.cli.suggest import SuggestingGroup, closest
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
 
@@ -36,7 +37,7 @@ COMMANDS = {
 }
 
 
-class LazyGroup(click.Group):
+class LazyGroup(SuggestingGroup):
     """A group whose commands are imported when asked for by name (click's lazy-loading pattern)."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
@@ -49,6 +50,18 @@ class LazyGroup(click.Group):
         module, attribute = where.split(":")
         command: click.Command = getattr(importlib.import_module(module), attribute)
         return command
+
+    def suggestions(self, ctx: click.Context, name: str) -> list[str]:
+        """`jobbus retry` means `jobbus jobs retry` (a command of a group, given without its group);
+        `jobbus wroker` means `jobbus worker` (the commands, and those of the groups, spelt most like it)."""
+        paths: dict[str, list[str]] = {}
+        for top in self.list_commands(ctx):
+            paths.setdefault(top, []).append(top)
+            if isinstance(command := self.get_command(ctx, top), click.Group):
+                for sub in command.list_commands(ctx):
+                    paths.setdefault(sub, []).append(f"{top} {sub}")
+        meant = paths[name] if name in paths else [path for match in closest(name, paths) for path in paths[match]]
+        return [f"{ctx.command_path} {command}" for command in meant]
 
 
 @click.group(cls=LazyGroup, context_settings=CONTEXT)

@@ -8,7 +8,9 @@ that, and every module a worker process imports delays its first job.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable
+from datetime import timedelta
 from typing import Any, TypeVar
 
 import click
@@ -54,3 +56,24 @@ def check_names(option: str, values: Iterable[str], limit: int = MAX_TYPE_BYTES)
 def seconds_range(bounds: Bounds) -> FiniteFloatRange:
     """The option type of a duration in seconds that feeds the setting with these bounds."""
     return FiniteFloatRange(min=bounds.low, max=bounds.high, min_open=bounds.low_open, max_open=bounds.high_open)
+
+
+_PART = re.compile(r"(\d+)([smhdw])")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+#: The longest duration accepted: a hundred years is "everything" for jobs, and `now() - interval`
+#: stays far inside what PostgreSQL and Python can compute.
+MAX_DURATION_DAYS = 36_500
+
+
+def parse_duration(text: str, option: str) -> timedelta:
+    """The value of a DURATION option: `30s`, `15m`, `12h`, `7d`, `2w`, or combined like `1h30m`; `0s` is
+    zero; at most 36500d. Anything else is bad usage (exit 64) naming `option`."""
+    compact = text.strip().lower().replace(" ", "")
+    if not compact or _PART.sub("", compact):
+        raise UsageProblem(f"{option} {text!r} is not a duration: write e.g. 30s, 15m, 12h, 7d or 1h30m")
+    parts = [(number.lstrip("0") or "0", unit) for number, unit in _PART.findall(compact)]
+    # More than 12 digits is too long in any unit, and int() would refuse thousands of them.
+    seconds = sum(int(number) * _UNITS[unit] for number, unit in parts if len(number) <= 12)
+    if seconds > MAX_DURATION_DAYS * _UNITS["d"] or any(len(number) > 12 for number, _ in parts):
+        raise UsageProblem(f"{option} {text!r} is too long: at most {MAX_DURATION_DAYS}d (100 years)")
+    return timedelta(seconds=seconds)

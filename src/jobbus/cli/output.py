@@ -30,6 +30,7 @@ from jobbus.cli.errors import UsageProblem, probe_database
 from jobbus.cli.text import visible
 from jobbus.control import StatusReport, WorkerInfo
 from jobbus.models import Job, JobStatus
+from jobbus.redaction import redact_secrets
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -176,9 +177,21 @@ def iso(value: datetime | None) -> str | None:
     return None if value is None else value.astimezone(UTC).isoformat()
 
 
+def errors_masked(job: Job) -> Job:
+    """The job as the command line prints it: its last error and each attempt's error and traceback
+    masked as the dashboard masks them (`redaction.redact_secrets`), also in rows that a release
+    before the worker masked them stored in clear."""
+    last_error = redact_secrets("last_error", job.last_error)
+    return dataclasses.replace(job, last_error=last_error, history=redact_secrets("history", job.history))
+
+
 def job_dict(job: Job) -> dict[str, Any]:
-    """Every column of the job, in table order."""
+    """Every column of the job, in table order, then its view (`retrying`, `waiting`, ...), when a queued
+    one runs next and what a parked one waits for."""
     values: dict[str, Any] = to_jsonable(job)
+    values["view"] = job.view
+    values["next_run_at"] = iso(job.next_run_at)
+    values["waiting_for"] = job.waiting_for
     return values
 
 
@@ -207,33 +220,34 @@ def worker_dict(worker: WorkerInfo) -> dict[str, Any]:
 
 
 STATUS_COUNTS = ("queued", "available", "scheduled", "running", "completed", "failed", "cancelled")
+TERMINAL = ("completed", "failed", "cancelled")
 
 
 def status_dict(report: StatusReport) -> dict[str, Any]:
+    """`jobbus status --json`: counts are numbers; a queue (and the totals) whose counts include an
+    estimate carries `"estimated": true` and names them in `estimated_counts` (docs/cli.md)."""
     queues = []
     for q in report.queues:
+        counts = {name: getattr(q, name) for name in (*STATUS_COUNTS, "completed_last_minute", "failed_last_hour")}
+        estimated = [name for name, count in counts.items() if count.estimated]
         queues.append(
             {
                 "queue": q.queue,
                 "paused": q.paused or report.paused_all,
-                "queued": q.queued,
-                "available": q.available,
-                "scheduled": q.scheduled,
-                "running": q.running,
-                "completed": q.completed,
-                "failed": q.failed,
-                "cancelled": q.cancelled,
-                "total": q.total,
+                **{name: count.value for name, count in counts.items()},
+                "total": sum(counts[name].value for name in ("queued", "running", *TERMINAL)),
                 "oldest_waiting_seconds": _round(q.oldest_waiting_seconds),
-                "completed_last_minute": q.completed_last_minute,
-                "failed_last_hour": q.failed_last_hour,
+                "estimated": bool(estimated),
+                "estimated_counts": estimated,
             }
         )
-    totals: dict[str, Any] = {key: sum(q[key] for q in queues) for key in (*STATUS_COUNTS, "total")}
-    totals["completed_last_minute"] = sum(q["completed_last_minute"] for q in queues)
-    totals["failed_last_hour"] = sum(q["failed_last_hour"] for q in queues)
+    keys = (*STATUS_COUNTS, "total", "completed_last_minute", "failed_last_hour")
+    totals: dict[str, Any] = {key: sum(q[key] for q in queues) for key in keys}
     waits = [q.oldest_waiting_seconds for q in report.queues if q.oldest_waiting_seconds is not None]
     totals["oldest_waiting_seconds"] = _round(max(waits)) if waits else None
+    totals_estimated = sorted({name for q in queues for name in q["estimated_counts"]})
+    totals["estimated"] = bool(totals_estimated)
+    totals["estimated_counts"] = totals_estimated
     w = report.workers
     return {
         "queues": queues,
@@ -339,7 +353,7 @@ def local_zone() -> tzinfo:
 
 
 def job_status_text(job: Job) -> Text:
-    text = styled(job.status.value)
+    text = styled(job.view)
     if job.status is JobStatus.RUNNING and job.cancellation_requested_at is not None:
         text.append(" (cancel requested)", style="magenta")
     return text

@@ -11,15 +11,15 @@ from rich.text import Text
 
 from jobbus.cli import exit_codes
 from jobbus.cli.errors import UsageProblem, run
-from jobbus.cli.options import check_names, dsn_option, json_option
+from jobbus.cli.options import check_names, dsn_option, json_option, parse_duration
 from jobbus.cli.output import admin_app, console, human_time, print_json, shown
-from jobbus.cli.prune import parse_duration
 from jobbus.cli.schedule import parse_config
+from jobbus.cli.suggest import SuggestingGroup
 from jobbus.errors import InvalidJobError
 from jobbus.periodic import Periodic
 
 
-@click.group("periodic")
+@click.group("periodic", cls=SuggestingGroup)
 def periodic_group() -> None:
     """Periodic jobs: list them, add one at run time, remove, pause, resume, or run one now.
 

@@ -2,37 +2,17 @@
 
 from __future__ import annotations
 
-import re
 import sys
-from datetime import timedelta
 
 import click
 
 from jobbus import control
 from jobbus.cli import exit_codes
-from jobbus.cli.errors import UsageProblem, run
-from jobbus.cli.options import dsn_option, json_option
+from jobbus.cli.errors import run
+from jobbus.cli.options import dsn_option, json_option, parse_duration
 from jobbus.cli.output import admin_app, console, print_json, shown
 
-_PART = re.compile(r"(\d+)([smhdw])")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-#: The longest duration accepted: a hundred years is "everything" for jobs, and `now() - interval`
-#: stays far inside what PostgreSQL and Python can compute.
-MAX_DURATION_DAYS = 36_500
 FINISHED = ("completed", "failed", "cancelled")
-
-
-def parse_duration(text: str, option: str = "--older-than") -> timedelta:
-    """`30s`, `15m`, `12h`, `7d`, `2w`, or combined like `1h30m`; `0s` is zero; at most 36500d."""
-    compact = text.strip().lower().replace(" ", "")
-    if not compact or _PART.sub("", compact):
-        raise UsageProblem(f"{option} {text!r} is not a duration: write e.g. 30s, 15m, 12h, 7d or 1h30m")
-    parts = [(number.lstrip("0") or "0", unit) for number, unit in _PART.findall(compact)]
-    # More than 12 digits is too long in any unit, and int() would refuse thousands of them.
-    seconds = sum(int(number) * _UNITS[unit] for number, unit in parts if len(number) <= 12)
-    if seconds > MAX_DURATION_DAYS * _UNITS["d"] or any(len(number) > 12 for number, _ in parts):
-        raise UsageProblem(f"{option} {text!r} is too long: at most {MAX_DURATION_DAYS}d (100 years)")
-    return timedelta(seconds=seconds)
 
 
 @click.command("prune")
@@ -63,7 +43,7 @@ def prune_command(older_than: str, statuses: tuple[str, ...], dry_run: bool, as_
 
     Exit codes: 0 ok, 64 bad usage (a bad duration), 69 database unreachable, 78 schema missing.
     """
-    age = parse_duration(older_than)
+    age = parse_duration(older_than, "--older-than")
     chosen = statuses or ("completed", "cancelled")
 
     async def body() -> int:

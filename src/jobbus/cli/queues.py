@@ -13,11 +13,12 @@ from jobbus.cli import exit_codes
 from jobbus.cli.errors import UsageProblem, run
 from jobbus.cli.options import check_names, dsn_option, json_option
 from jobbus.cli.output import admin_app, console, print_json, shown
+from jobbus.cli.suggest import SuggestingGroup
 from jobbus.errors import InvalidJobError
 from jobbus.limits import KEEP, Keep, QueueSettings, RateLimit
 
 
-@click.group("queue")
+@click.group("queue", cls=SuggestingGroup)
 def queue_group() -> None:
     """Limits of queues, fleet-wide: concurrency, per-key concurrency, rate limits.
 

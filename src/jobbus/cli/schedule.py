@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import click
@@ -15,8 +15,9 @@ from jobbus.app import App
 from jobbus.cli import exit_codes
 from jobbus.cli.errors import UsageProblem, probe_database, run
 from jobbus.cli.loading import open_app
-from jobbus.cli.options import dsn_option
+from jobbus.cli.options import dsn_option, parse_duration
 from jobbus.cli.output import admin_app
+from jobbus.cli.suggest import closest
 from jobbus.cli.text import visible
 from jobbus.durations import resolve_available_at
 from jobbus.errors import InvalidJobError
@@ -30,6 +31,9 @@ from jobbus.requests import (
     JobRequest,
     build_spec,
 )
+
+#: How many of its types a warning lists when none is spelt like the one scheduled.
+TYPES_LISTED = 5
 
 
 def parse_when(text: str, option: str = "--at") -> datetime:
@@ -81,6 +85,7 @@ def parse_config(text: str | None) -> dict[str, Any]:
 @click.option("--queue", metavar="Q", help="Queue (default: the handler's with --app, else 'default').")
 @click.option("--unique-key", metavar="K", help="Deduplicate: while a job of TYPE with K is active, print its id.")
 @click.option("--at", "at_text", metavar="ISO8601", help="Run no earlier than this (with a timezone offset).")
+@click.option("--in", "in_text", metavar="DURATION", help="Run no earlier than this long from now: 30s, 15m, 1h, 2d.")
 @click.option(
     "--priority",
     type=click.IntRange(INT32_MIN, INT32_MAX),
@@ -111,6 +116,7 @@ def schedule_command(
     queue: str | None,
     unique_key: str | None,
     at_text: str | None,
+    in_text: str | None,
     priority: int | None,
     max_attempts: int | None,
     expires_text: str | None,
@@ -131,14 +137,24 @@ def schedule_command(
       jobbus schedule catalog.reindex --config '{"catalog_id": "summer"}' --queue catalog \\
           --unique-key catalog:summer --at 2026-05-01T02:00:00Z
       jobbus schedule digest.send --config '{"user_id": 7}' --expires 3600
+      jobbus schedule invoice.remind --config '{"invoice": 1042}' --in 2d
       echo '{"to": "a@example.com"}' | jobbus schedule email.send --config -
 
+    With --app, a TYPE that the App has no handler for is scheduled all the same, with a warning on
+    stderr naming the types it handles that are spelt most like TYPE.
+
     Exit codes: 0 scheduled, 64 bad usage (invalid JSON, a config that is not an object, a naive
-    --at or --expires, a value out of range, an --expires that is neither seconds nor a timestamp),
-    69 database unreachable, 78 schema missing or bad --app.
+    --at or --expires, --at with --in, a bad --in duration, a value out of range, an --expires that
+    is neither seconds nor a timestamp), 69 database unreachable, 78 schema missing or bad --app.
     """
     configuration = parse_config(config_json)
-    available_at = parse_when(at_text) if at_text else None
+    if at_text is not None and in_text is not None:
+        raise UsageProblem("--at and --in exclude each other: give a time with --at or a delay with --in")
+    available_at: datetime | timedelta | None = None
+    if at_text:
+        available_at = parse_when(at_text)
+    elif in_text is not None:
+        available_at = parse_duration(in_text, "--in")
     try:
         group = uuid.UUID(group_id) if group_id else None
     except ValueError:
@@ -161,6 +177,8 @@ def schedule_command(
     async def schedule(app: App) -> int:
         job_id = await app.schedule(job_type, configuration, **options)
         click.echo(str(job_id))
+        if app_spec is not None:
+            _warn_if_unhandled(app, app_spec, job_type)
         if queue is None:
             await _warn_if_elsewhere(app, job_id, job_type)
         return exit_codes.OK
@@ -178,6 +196,21 @@ def schedule_command(
     sys.exit(run(body))
 
 
+def _warn_if_unhandled(app: App, app_spec: str, job_type: str) -> None:
+    """With --app: when its App has handlers but none for TYPE (a typo?), say so on stderr and name the
+    types spelt most like it. The job is scheduled all the same: another process may handle TYPE."""
+    known = sorted(app.handlers)
+    if not known or job_type in app.handlers:
+        return  # an App without handlers is a producer's: it knows no types to compare with
+    near = closest(job_type, known)
+    if near:
+        found = f"closest: {', '.join(near)}"
+    else:
+        more = len(known) - TYPES_LISTED
+        found = f"no close match; it handles {', '.join(known[:TYPES_LISTED])}{f' and {more} more' if more > 0 else ''}"
+    warn(f"warning: the app {app_spec} has no handler for {job_type} ({found}); scheduled anyway")
+
+
 async def _warn_if_elsewhere(app: App, job_id: uuid.UUID, job_type: str) -> None:
     """Without --queue: when live workers handle the type only in other queues than the one the job
     landed in, say so (on stderr), so that a job does not wait where nobody looks."""
@@ -193,8 +226,9 @@ async def _warn_if_elsewhere(app: App, job_id: uuid.UUID, job_type: str) -> None
         f"queue {', '.join(elsewhere)} only: it waits until a worker serves {job.queue} "
         f"(pass --queue {elsewhere[0]} to schedule it there)"
     )
-    click.secho(
-        visible(message),
-        fg="yellow",
-        err=True,
-    )
+    warn(message)
+
+
+def warn(message: str) -> None:
+    """One warning line on stderr (stdout holds the job's id alone)."""
+    click.secho(visible(message), fg="yellow", err=True)

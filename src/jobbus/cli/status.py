@@ -20,6 +20,7 @@ from jobbus.cli.options import FiniteFloatRange, dsn_option, json_option
 from jobbus.cli.output import Column, admin_app, console, fitted_table, human_seconds, print_json, shown, status_dict
 from jobbus.cli.periodic import periodic_table
 from jobbus.cli.queues import limits_table
+from jobbus.views import Count
 
 
 @click.command("status")
@@ -109,22 +110,22 @@ _QUEUE_COLUMNS = [
 def render_status(report: control.StatusReport, width: int) -> Group:
     data = status_dict(report)
     rows: list[list[str | Text]] = []
-    for q in data["queues"]:
-        name = shown(q["queue"])
-        if q["paused"]:
+    for q in report.queues:
+        name = shown(q.queue)
+        if q.paused or report.paused_all:
             name.append(" (paused)", style="yellow")
         rows.append(
             [
                 name,
-                _count(q["available"], "cyan"),
-                _count(q["scheduled"], "cyan"),
-                _count(q["running"], "yellow"),
-                _count(q["completed"], "green"),
-                _count(q["failed"], "red"),
-                _count(q["cancelled"], "magenta"),
-                human_seconds(q["oldest_waiting_seconds"]),
-                str(q["completed_last_minute"]),
-                _count(q["failed_last_hour"], "red"),
+                _count(q.available, "cyan"),
+                _count(q.scheduled, "cyan"),
+                _count(q.running, "yellow"),
+                _count(q.completed, "green"),
+                _count(q.failed, "red"),
+                _count(q.cancelled, "magenta"),
+                human_seconds(q.oldest_waiting_seconds),
+                str(q.completed_last_minute),
+                _count(q.failed_last_hour, "red"),
             ]
         )
     footer: list[str | Text] | None = None
@@ -132,17 +133,21 @@ def render_status(report: control.StatusReport, width: int) -> Group:
         rows.append([Text("no jobs yet", style="dim"), *[""] * 9])
     else:
         t = data["totals"]
+
+        def total(name: str) -> str:
+            return str(Count.total(getattr(q, name) for q in report.queues))
+
         footer = [
             Text("total", style="bold"),
-            str(t["available"]),
-            str(t["scheduled"]),
-            str(t["running"]),
-            str(t["completed"]),
-            str(t["failed"]),
-            str(t["cancelled"]),
+            total("available"),
+            total("scheduled"),
+            total("running"),
+            total("completed"),
+            total("failed"),
+            total("cancelled"),
             human_seconds(t["oldest_waiting_seconds"]),
-            str(t["completed_last_minute"]),
-            str(t["failed_last_hour"]),
+            total("completed_last_minute"),
+            total("failed_last_hour"),
         ]
     table = fitted_table(width, _QUEUE_COLUMNS, rows, title="queues", footer=footer)
     w = data["workers"]
@@ -174,5 +179,5 @@ def render_status(report: control.StatusReport, width: int) -> Group:
     return Group(*parts)
 
 
-def _count(value: int, style: str) -> Text:
-    return Text(str(value), style=style if value else "dim")
+def _count(value: Count, style: str) -> Text:
+    return Text(str(value), style=style if value.value else "dim")

@@ -6,18 +6,20 @@ import logging
 import os
 import sys
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from jobbus.cli.errors import UsageProblem, probe_database, run
 from jobbus.cli.loading import open_app
 from jobbus.cli.options import FiniteFloatRange, check_names, seconds_range
+from jobbus.redaction import redact_error
 from jobbus.requests import INT32_MAX
-from jobbus.settings import BOUNDS, DAY, redact
+from jobbus.settings import BOUNDS, DAY
 from jobbus.worker import Worker, WorkerOptions
 from jobbus.worker.memory import parse_size
 from jobbus.worker.observer import WorkerObserver
+from jobbus.worker.outcomes import MAX_TRACEBACK_BYTES, traceback_text
 
 if TYPE_CHECKING:
     from jobbus.metrics import MetricsServer
@@ -142,11 +144,27 @@ def worker_command(
     sys.exit(code)
 
 
-class RedactingFormatter(logging.Formatter):
-    """Log lines (tracebacks included) without the password of any DSN they mention."""
+#: A log record's message keeps at most this many bytes, its head: room for a final failure's error and
+#: stored traceback, which the worker logs together.
+MAX_LOG_MESSAGE_BYTES = 32 * 1024
 
-    def format(self, record: logging.LogRecord) -> str:
-        return redact(super().format(record))
+
+class RedactingFormatter(logging.Formatter):
+    """Log lines as jobbus prints errors (`redaction.redact_error`): secrets masked, the message at most
+    `MAX_LOG_MESSAGE_BYTES` and a traceback or stack at most `MAX_TRACEBACK_BYTES` (its tail), each cut
+    before it is masked. The worker logs from its event loop: a record of any size, from jobbus or from
+    the application's code, costs what its bounded part does."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return redact_error(super().formatMessage(record), MAX_LOG_MESSAGE_BYTES)
+
+    def formatException(self, ei: Any) -> str:
+        if isinstance(ei[1], BaseException):  # formatted as the worker stores it: long messages cut first
+            return traceback_text(ei[1]).rstrip("\n")
+        return redact_error(super().formatException(ei), MAX_TRACEBACK_BYTES, keep="tail")
+
+    def formatStack(self, stack_info: str) -> str:
+        return redact_error(super().formatStack(stack_info), MAX_TRACEBACK_BYTES, keep="tail")
 
 
 def _exit_now(code: int) -> None:

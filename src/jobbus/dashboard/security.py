@@ -26,7 +26,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse
+from starlette.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from jobbus.redaction import MASK as MASK
@@ -35,6 +35,18 @@ from jobbus.redaction import redact_secrets as redact_secrets
 SESSION_COOKIE = "jobbus_session"
 CSRF_COOKIE = "jobbus_csrf"
 CSRF_FIELD = "csrf"
+CSRF_REFUSED = "missing or wrong CSRF token: reload the page and try again"
+#: No framing (a page of buttons in someone else's frame is a clickjacking target), no script or style
+#: from anywhere but this dashboard, no referrer leaving it.
+SECURITY_HEADERS = {
+    "content-security-policy": (
+        "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; "
+        "frame-ancestors 'none'; form-action 'self'; base-uri 'none'"
+    ),
+    "x-frame-options": "DENY",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "same-origin",
+}
 
 #: A redaction hook: (field, value) -> what the dashboard shows. Fields: configuration, execution_data,
 #: result, last_error, steps, traceback.
@@ -94,6 +106,21 @@ class Guard:
             return False  # another site (or an opaque "null" origin) posting into this one
         cookie = request.cookies.get(CSRF_COOKIE, "")
         return bool(cookie) and bool(submitted) and hmac.compare_digest(cookie.encode(), (submitted or "").encode())
+
+
+def set_csrf_cookie(request: Request, response: Response) -> None:
+    """Set the CSRF cookie when `Guard.csrf_token` made a new token for this request."""
+    new = request.state.__dict__.get("new_csrf")
+    if new:
+        base = request.scope.get("root_path", "")
+        response.set_cookie(CSRF_COOKIE, new, httponly=True, samesite="strict", path=base or "/")
+
+
+def safe_next(value: Any) -> str | None:
+    """A local path to go back to; anything that could leave this site is dropped."""
+    if not isinstance(value, str) or not value.startswith("/") or value.startswith("//") or "\\" in value:
+        return None
+    return value
 
 
 # -- the names the dashboard answers to -------------------------------------------------------------

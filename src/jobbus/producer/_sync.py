@@ -259,12 +259,16 @@ class SyncProducer(ABC):
         after: uuid.UUID | None = None,
         limit: int = 100,
         newest_first: bool = False,
+        name: str | None = None,
+        search: str | None = None,
     ) -> list[Job]:
         """Jobs in creation order (the newest first with `newest_first`), filtered; pass the last id
         seen as `after` for the next page in the same order.
 
-        `status` takes statuses and the views of queued jobs (`scheduled`, `retrying`, `waiting`)."""
-        filters = plan.list_filters(status, queue, type, group_id, after, limit, newest_first)
+        `status` takes statuses and the views of queued jobs (`scheduled`, `retrying`, `waiting`);
+        `name` keeps the jobs of that name, `search` those holding the text (case-insensitively) in
+        their type, name, unique_key, last error or configuration."""
+        filters = plan.list_filters(status, queue, type, group_id, after, limit, newest_first, name, search)
         return self._run(self._app.store.list_jobs(**filters))
 
     def group_progress(self, group_id: uuid.UUID) -> GroupProgress:

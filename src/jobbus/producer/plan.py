@@ -19,6 +19,7 @@ from jobbus.limits import Keep, RateLimit, check_count, check_rate
 from jobbus.models import JOB_VIEWS, JobSpec, JobStatus, SharedSpecs
 from jobbus.registry import Registry
 from jobbus.requests import (
+    MAX_NAME_BYTES,
     MAX_TYPE_BYTES,
     JobRequest,
     follow_up_groups,
@@ -286,6 +287,8 @@ def list_filters(
     after: uuid.UUID | None,
     limit: int,
     newest_first: bool,
+    name: str | None = None,
+    search: str | None = None,
 ) -> dict[str, Any]:
     def many(value: Any) -> list[str] | None:  # JobStatus is a StrEnum: str() gives its value
         if value is None:
@@ -309,6 +312,8 @@ def list_filters(
         "after": as_uuid(after) if after is not None else None,
         "limit": limit,
         "newest_first": bool(newest_first),
+        "name": validate_text("name", name, MAX_NAME_BYTES) if name is not None else None,
+        "search": search or None,
     }
 
 

@@ -75,31 +75,6 @@ class WorkerInfo:
 
 
 @dataclass(frozen=True, slots=True)
-class QueueStatus:
-    """One queue at one instant (`queued` = `available` now + `scheduled` for later)."""
-
-    queue: str
-    paused: bool
-    available: int
-    scheduled: int
-    running: int
-    completed: int
-    failed: int
-    cancelled: int
-    oldest_waiting_seconds: float | None  # the oldest available job has waited this long; None: none waits
-    completed_last_minute: int
-    failed_last_hour: int
-
-    @property
-    def queued(self) -> int:
-        return self.available + self.scheduled
-
-    @property
-    def total(self) -> int:
-        return self.queued + self.running + self.completed + self.failed + self.cancelled
-
-
-@dataclass(frozen=True, slots=True)
 class UnhandledWork:
     """Queued jobs of one (queue, type) that no live worker can take: none handles the type in that
     queue, or none serves the queue, or no worker is alive at all. `queued` counts at most the cap
@@ -176,27 +151,6 @@ class ControlStore:
             ]
 
         return Statement(self._q["list_workers"], {}, decode)
-
-    def queue_status(self) -> Statement[list[QueueStatus]]:
-        def decode(rows: list[Row], _: int) -> list[QueueStatus]:
-            return [
-                QueueStatus(
-                    queue=r[0],
-                    paused=bool(r[1]),
-                    available=int(r[2]),
-                    scheduled=int(r[3]),
-                    running=int(r[4]),
-                    completed=int(r[5]),
-                    failed=int(r[6]),
-                    cancelled=int(r[7]),
-                    oldest_waiting_seconds=None if r[8] is None else max(0.0, float(r[8])),
-                    completed_last_minute=int(r[9]),
-                    failed_last_hour=int(r[10]),
-                )
-                for r in rows
-            ]
-
-        return Statement(self._q["queue_status"], {}, decode)
 
     def unhandled_work(self, *, cap: int | None = None) -> Statement[list[UnhandledWork]]:
         """Every (queue, type) with queued jobs that no live worker takes, with its count (at most `cap`).

@@ -27,6 +27,7 @@ from jobbus.models import (
 )
 from jobbus.schema import SERVER_AND_VERSION_QUERY, render
 from jobbus.store.statements import Chain, Copy, Row, Statement, channel_name, queries
+from jobbus.store.views import SEARCH, escape_like
 
 #: SQLSTATE of the schema's refusal of a group (migration 0013): `schedule_group` on an id that has jobs,
 #: or a job added to a group that has a callback.
@@ -370,6 +371,20 @@ class JobStore:
 
         return Statement(self._q["retry_job"], params, decode)
 
+    def retry_failure_group(
+        self, pattern: str, *, skip: Sequence[uuid.UUID] = (), limit: int = 1000
+    ) -> Statement[tuple[int, int, list[uuid.UUID]]]:
+        """Requeue up to `limit` failed jobs of a failure group (not those of `skip`); returns how many
+        were chosen, how many requeued, and the ids left failed because another active job holds their
+        unique key."""
+
+        def decode(rows: list[Row], _: int) -> tuple[int, int, list[uuid.UUID]]:
+            chosen, done, kept, _notified = rows[0]
+            return int(chosen), int(done), list(kept or [])
+
+        params = {"group": pattern, "skip": list(skip), "limit": limit, "channel": self.channel}
+        return Statement(self._q["retry_failure_group"], params, decode, prepare=False)
+
     def delete_job(self, job_id: uuid.UUID) -> Chain[JobStatus | None]:
         """Delete a queued or terminal job; returns its status before (None: no such job). A queued job is
         first ended as cancelled in the same transaction, so its group and its parent count it as done."""
@@ -397,6 +412,15 @@ class JobStore:
         """One job with its parent and steps."""
         return Statement(self._q["find_job"], {"id": job_id}, lambda rows, _: job_from_row(rows[0]) if rows else None)
 
+    def find_jobs(self, ids: Sequence[uuid.UUID]) -> Statement[list[Job]]:
+        """The jobs of `ids` that exist, in the order of `ids`."""
+
+        def decode(rows: list[Row], _: int) -> list[Job]:
+            found = {job.id: job for job in map(job_from_row, rows)}
+            return [found[job_id] for job_id in ids if job_id in found]
+
+        return Statement(self._q["find_jobs"], {"ids": list(ids)}, decode, prepare=False)
+
     def list_jobs(
         self,
         *,
@@ -408,9 +432,13 @@ class JobStore:
         after: uuid.UUID | None = None,
         limit: int = 100,
         newest_first: bool = False,
+        name: str | None = None,
+        search: str | None = None,
     ) -> Statement[list[Job]]:
         """One page in creation order (UUIDv7 ids), along the primary key in either direction."""
         params = {
+            "name": name,
+            "text": f"%{escape_like(search)}%" if search else None,
             "statuses": list(statuses) if statuses else None,
             "views": list(views) if views else None,
             "queues": list(queues) if queues else None,
@@ -419,7 +447,7 @@ class JobStore:
             "after": after,
             "limit": limit,
         }
-        query = self._q["list_jobs_newest" if newest_first else "list_jobs"]
+        query = self._q["list_jobs_newest" if newest_first else "list_jobs"].replace("{search}", SEARCH)
         return Statement(query, params, lambda rows, _: [job_from_row(r) for r in rows], prepare=False)
 
     def group_progress(self, group_id: uuid.UUID) -> Statement[GroupProgress]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -91,8 +91,9 @@ class JobSummary:
 
     @property
     def next_run_at(self) -> datetime | None:
-        """When a queued job becomes available (a retry its next attempt, a parked job its wake-up)."""
-        return self.available_at if self.status == "queued" else None
+        """When a queued job becomes available (a retry its next attempt, a parked job its wake-up; None
+        for a wait without a timeout, and for a job that is not queued)."""
+        return self.available_at if self.status == "queued" and self.available_at.year < 9000 else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,13 +127,35 @@ class Page:
 
 @dataclass(frozen=True, slots=True)
 class Count:
-    """A count as shown: exact, or the planner's estimate (shown with ≈, `"estimated": true` in JSON)."""
+    """A count as shown: exact, or an estimate (shown with ≈, `"estimated": true` in JSON). An estimate
+    below what was read is no estimate of it: then the count says only that there are at least `value`
+    (shown as "> N-1", `"at_least": true`)."""
 
     value: int
     estimated: bool = False
+    at_least: bool = False
+
+    @classmethod
+    def estimate(cls, read: int, estimate: int) -> Count:
+        """What to show when `read` rows were read before the bound and the planner estimates `estimate`."""
+        return cls(read, estimated=True, at_least=True) if estimate < read else cls(estimate, estimated=True)
+
+    @classmethod
+    def total(cls, counts: Iterable[Count]) -> Count:
+        """The sum of counts: an estimate if any is one, at least its value if any is a lower bound."""
+        parts = list(counts)
+        return cls(sum(c.value for c in parts), any(c.estimated for c in parts), any(c.at_least for c in parts))
+
+    def __str__(self) -> str:
+        if self.at_least:
+            return f"> {self.value - 1:,}"
+        return f"≈ {self.value:,}" if self.estimated else f"{self.value:,}"
 
     def as_json(self) -> dict[str, Any]:
-        return {"count": self.value, "estimated": self.estimated}
+        value: dict[str, Any] = {"count": self.value, "estimated": self.estimated}
+        if self.at_least:
+            value["at_least"] = True
+        return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +188,7 @@ class ViewStore:
         self._q = {
             name: text.replace("{summary}", SUMMARY).replace("{search}", SEARCH)
             for name, text in queries(schema).items()
-            if name.startswith(("view_", "count_", "estimate_"))
+            if name.startswith(("view_", "count_", "estimate_", "pairs_", "queue_counts"))
         }
 
     def page(self, view: str, filters: Filters, *, cursor: Cursor | None = None, limit: int = 50) -> Statement[Page]:
@@ -217,13 +240,26 @@ class ViewStore:
         predicate = _PREDICATES["group" if filters.group_id is not None else view] + _FILTERED
         query = self._q["estimate_rows"].replace("{predicate}", predicate)
 
-        def decode(rows: list[Row], _: int) -> int:
-            plan = rows[0][0]
-            if isinstance(plan, str):
-                plan = json.loads(plan)
-            return int(plan[0]["Plan"]["Plan Rows"])
+        return Statement(query, self._params(view, filters), decode_estimate, prepare=False)
 
-        return Statement(query, self._params(view, filters), decode, prepare=False)
+    def queue_counts(self, *, cap: int = COUNT_CAP) -> Statement[list[tuple[str, str, int, bool]]]:
+        """Per queue, each of `QUEUE_COUNTS` read now (queue_counts): (queue, what, n, past `cap`)."""
+
+        def decode(rows: list[Row], _: int) -> list[tuple[str, str, int, bool]]:
+            return [(r[0], r[1], int(r[2]), bool(r[3])) for r in rows if r[2] is not None]
+
+        return Statement(self._q["queue_counts"], {"cap": cap}, decode, prepare=False)
+
+    def queue_estimate(self, what: str, queue: str) -> Statement[int]:
+        """The planner's estimate of one of `QUEUE_COUNTS` of one queue."""
+        query = self._q["estimate_rows"].replace("{predicate}", _QUEUE_PREDICATES[what])
+        return Statement(query, {"queue": queue, "status": what.split("_", 1)[0]}, decode_estimate, prepare=False)
+
+    def pairs(self, view: str) -> Statement[list[tuple[str, str]]]:
+        """Every (queue, type) pair of `view`'s jobs (for the queued views: of every queued job), sorted."""
+        family = {"finished": "finished", "running": "running"}.get(_FAMILY[view], "queued")
+        params = self._params(view, Filters())
+        return Statement(self._q[f"pairs_{family}"], params, lambda rows, _: [(r[0], r[1]) for r in rows])
 
     @staticmethod
     def _params(view: str, filters: Filters) -> dict[str, Any]:
@@ -268,6 +304,28 @@ _FILTERED = (
     " AND (%(types)s::text[] IS NULL OR j.type = ANY(%(types)s::text[]))"
     " AND (%(name)s::text IS NULL OR j.name = %(name)s::text) AND (%(text)s::text IS NULL OR " + SEARCH + ")"
 )
+
+
+#: What the queue table counts per queue (`ViewStore.queue_counts`), and the rows each stands for.
+_QUEUE_PREDICATES = {
+    "queued": "j.status = 'queued' AND j.queue = %(queue)s",
+    "available": "j.status = 'queued' AND j.queue = %(queue)s AND j.available_at <= now()",
+    "scheduled": "j.status = 'queued' AND j.queue = %(queue)s AND j.available_at > now() AND j.attempts = 0",
+    **dict.fromkeys(FINISHED, "j.status = %(status)s AND j.queue = %(queue)s AND j.finished_at IS NOT NULL"),
+    "completed_minute": (
+        "j.status = %(status)s AND j.queue = %(queue)s AND j.finished_at > now() - interval '1 minute'"
+    ),
+    "failed_hour": "j.status = %(status)s AND j.queue = %(queue)s AND j.finished_at > now() - interval '1 hour'",
+}
+QUEUE_COUNTS = ("queued", "available", "scheduled", "running", *FINISHED, "completed_minute", "failed_hour")
+
+
+def decode_estimate(rows: list[Row], _: int) -> int:
+    """The rows an `EXPLAIN (FORMAT JSON)` says its statement returns."""
+    plan = rows[0][0]
+    if isinstance(plan, str):
+        plan = json.loads(plan)
+    return int(plan[0]["Plan"]["Plan Rows"])
 
 
 def _cursor_of(name: str, job: JobSummary) -> Cursor:

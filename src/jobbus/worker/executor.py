@@ -29,10 +29,12 @@ from jobbus.models import JobStatus
 from jobbus.registry import Registry
 from jobbus.worker.attempt import Attempt, Phase
 from jobbus.worker.completer import Completer, Written
-from jobbus.worker.outcomes import Decision, OutcomePolicy
+from jobbus.worker.outcomes import Decision, OutcomePolicy, error_text, traceback_text
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
+
+    from jobbus.store import Outcome
 
 logger = logging.getLogger("jobbus.worker")
 
@@ -76,6 +78,7 @@ class Executor:
         status: JobStatus | None = None
         kind = "lost"
         error: BaseException | None = None
+        decision: Decision | None = None
         handed_over = False
         try:
             scope: AbstractAsyncContextManager[Any] | None = None
@@ -112,7 +115,7 @@ class Executor:
             logger.exception("job %s: internal error in the worker", attempt.id, extra=self._extra(attempt))
         finally:
             if not handed_over:
-                self._end(attempt, status, kind, span, error)
+                self._end(attempt, status, kind, span, error, decision.outcome if decision is not None else None)
 
     def _written(self, attempt: Attempt, decision: Decision, written: Written) -> None:
         """The end of an attempt handed to the completer by `submit`, once its round is written."""
@@ -121,11 +124,19 @@ class Executor:
         self._end(attempt, status, _kind(decision, status), None, None)
 
     def _end(
-        self, attempt: Attempt, status: JobStatus | None, kind: str, span: Span | None, error: BaseException | None
+        self,
+        attempt: Attempt,
+        status: JobStatus | None,
+        kind: str,
+        span: Span | None,
+        error: BaseException | None,
+        outcome: Outcome | None = None,
     ) -> None:
         attempt.stop_timers()
         attempt.signals.close()
-        tracing.attempt_ended(span, kind, error)
+        if span is not None:
+            stored = (outcome.error, outcome.traceback) if outcome is not None else (None, None)
+            tracing.attempt_ended(span, kind, error, *stored)
         self._on_finished(attempt, status, kind)
 
     # -- steps --------------------------------------------------------------------------------------
@@ -303,8 +314,14 @@ class Executor:
             await scope.__aexit__(type(error) if error else None, error, error.__traceback__ if error else None)
         except asyncio.CancelledError:
             raise
-        except BaseException:
-            logger.exception("job %s: exiting the job scope failed", attempt.id, extra=self._extra(attempt))
+        except BaseException as exc:  # the application's code: logged masked and bounded, as a handler's error
+            logger.error(
+                "job %s: exiting the job scope failed: %s\n%s",
+                attempt.id,
+                error_text(exc),
+                traceback_text(exc).rstrip("\n"),
+                extra=self._extra(attempt),
+            )
 
     def _extra(self, attempt: Attempt) -> dict[str, Any]:
         return attempt.log_extra(self.worker_id)
@@ -323,7 +340,7 @@ class _Raised(Exception):
     `GeneratorExit` or `KeyboardInterrupt` would be mistaken for the loop's own."""
 
     def __init__(self, raised: BaseException) -> None:
-        super().__init__(repr(raised))
+        super().__init__(type(raised).__name__)  # not its repr: a message of any length would be copied
         self.raised = raised
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import traceback
 from typing import Any
 
 from django.db import close_old_connections
@@ -18,10 +17,11 @@ from jobbus.app import App
 from jobbus.contrib.django import tasks_api as api
 from jobbus.execution import SyncJobExecution
 from jobbus.models import Job
+from jobbus.worker.outcomes import traceback_text
 
 #: The job type of every Django task.
 DJANGO_TASK_TYPE = "django.task"
-#: Where a failed attempt's exception is kept in `execution_data`.
+#: Where a failed attempt's exception is kept in `execution_data` (its traceback masked and bounded).
 ERRORS_KEY = "django_task_errors"
 #: This process, as `TaskResult.worker_ids` shows it while a task runs here.
 WORKER_ID = f"{socket.gethostname()}-{os.getpid()}"
@@ -50,7 +50,8 @@ def run_django_task(job: SyncJobExecution) -> Any:
                 value = task.call(*args, **kwargs)
             value = json_value(value, "the return value")
         except BaseException as exc:
-            error = {"exception_class_path": _path(type(exc)), "traceback": "".join(traceback.format_exception(exc))}
+            # Stored in the checkpoint: bounded and masked as the job's history keeps it.
+            error = {"exception_class_path": _path(type(exc)), "traceback": traceback_text(exc)}
             errors = [*job.execution_data.get(ERRORS_KEY, []), error]
             job.checkpoint({**job.execution_data, ERRORS_KEY: errors})
             object.__setattr__(result, "status", api.TaskResultStatus.FAILED)

@@ -17,3 +17,21 @@ CREATE STATISTICS IF NOT EXISTS {schema}.job_last_outcome ON (history -> -1 ->> 
 -- The views enumerate the queued (queue, type) pairs with this function: a handful, not the 1,000 rows
 -- PostgreSQL assumes of a function, which made it plan (and JIT-compile, 0.5 s) for millions.
 ALTER FUNCTION {schema}.queued_pairs() ROWS 10;
+
+-- A manual retry is an entry of the job's history (docs/dashboard.md): a role granted only the columns a
+-- retry changes (the dashboard role of docs/security.md, granted before this migration) may change the
+-- history too, so its retries keep working without new grants; roles with UPDATE on the table have it.
+DO $$
+DECLARE
+    v_grantee regrole;
+BEGIN
+    FOR v_grantee IN
+        SELECT DISTINCT acl.grantee::regrole
+        FROM pg_attribute AS a, aclexplode(a.attacl) AS acl
+        WHERE a.attrelid = '{schema}.job'::regclass AND a.attname = 'error_group' AND acl.privilege_type = 'UPDATE'
+          AND acl.grantee <> 0
+    LOOP
+        EXECUTE format('GRANT UPDATE (history) ON {schema}.job TO %s', v_grantee);
+    END LOOP;
+END
+$$;

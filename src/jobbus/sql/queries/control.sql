@@ -84,39 +84,6 @@ SELECT w.id, w.host, w.pid, w.queues, w.types, w.concurrency, w.state, w.in_flig
 FROM {schema}.worker AS w
 ORDER BY w.started_at, w.id;
 
--- name: queue_status
--- Per queue, one pass over the job table: counts by status (queued split into available now and
--- scheduled for later), the age of the oldest job waiting to be claimed, throughput (completed in the
--- last minute) and failures in the last hour. This is a sequential scan of the table: fine for an
--- operator command, not for a dashboard that refreshes every second on millions of rows (prune!).
--- Queues that are paused but hold no job are listed too.
-WITH counts AS (
-    SELECT queue,
-           count(*) FILTER (WHERE status = 'queued' AND available_at <= now()) AS available,
-           count(*) FILTER (WHERE status = 'queued' AND available_at > now()) AS scheduled,
-           count(*) FILTER (WHERE status = 'running') AS running,
-           count(*) FILTER (WHERE status = 'completed') AS completed,
-           count(*) FILTER (WHERE status = 'failed') AS failed,
-           count(*) FILTER (WHERE status = 'cancelled') AS cancelled,
-           extract(epoch FROM now() - min(available_at) FILTER (
-               WHERE status = 'queued' AND available_at <= now()))::float8 AS oldest_waiting_seconds,
-           count(*) FILTER (WHERE status = 'completed' AND finished_at >= now() - interval '1 minute')
-               AS completed_last_minute,
-           count(*) FILTER (WHERE status = 'failed' AND finished_at >= now() - interval '1 hour')
-               AS failed_last_hour
-    FROM {schema}.job
-    GROUP BY queue
-), paused AS (
-    SELECT target AS queue FROM {schema}.pause WHERE target_kind = 'queue'
-)
-SELECT coalesce(c.queue, p.queue) AS queue, p.queue IS NOT NULL AS paused,
-       coalesce(c.available, 0), coalesce(c.scheduled, 0), coalesce(c.running, 0), coalesce(c.completed, 0),
-       coalesce(c.failed, 0), coalesce(c.cancelled, 0), c.oldest_waiting_seconds,
-       coalesce(c.completed_last_minute, 0), coalesce(c.failed_last_hour, 0)
-FROM counts AS c
-FULL JOIN paused AS p ON p.queue = c.queue
-ORDER BY 1;
-
 -- name: unhandled_work
 -- Queued jobs nobody can take, per (queue, type): no live worker (not stopped, not silent; a paused one
 -- counts as live) serves the queue with a handler for the type. With no live worker at all, every

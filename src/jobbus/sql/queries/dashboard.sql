@@ -1,377 +1,78 @@
 -- Named queries of the web dashboard (jobbus/dashboard). Each block starts with `-- name: <query_name>`;
 -- {schema} is the quoted schema identifier.
 --
--- Every query here is bounded whatever the size of the job table: lists walk an index in its order and
--- stop after a window of %(window)s rows (filters such as the text search only look inside the window,
--- and the next page starts where the window ended); counts come from the leader's samples
--- (queue_stat) or the planner's estimate, never from count(*) over the job table.
-
--- name: dashboard_jobs_all
--- The newest jobs first, by the primary key (UUIDv7: creation order); keyset on id.
-WITH scanned AS (
-    SELECT id, status, queue, type, name, unique_key, last_error
-    FROM {schema}.job
-    WHERE (%(id)s::uuid IS NULL OR id < %(id)s::uuid)
-    ORDER BY id DESC
-    LIMIT %(window)s
-), hits AS (
-    SELECT id FROM scanned
-    WHERE (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-      AND (%(type)s::text IS NULL OR type = %(type)s::text)
-      AND (%(text)s::text IS NULL OR name ILIKE %(text)s OR unique_key ILIKE %(text)s
-           OR last_error ILIKE %(text)s OR id::text ILIKE %(text)s)
-    ORDER BY id DESC
-    LIMIT %(limit)s
-)
-SELECT 'job', j.id, j.created_at, j.status, j.queue, j.type, j.name, j.attempts, j.max_attempts, j.priority,
-       j.created_at, j.available_at, j.started_at, j.finished_at, left(j.last_error, 300), j.worker_id,
-       j.progress_current, j.progress_total, j.group_id,
-       CASE WHEN pg_column_size(j.configuration_data) <= %(preview_bytes)s THEN j.configuration_data END,
-       pg_column_size(j.configuration_data)
-FROM hits AS h JOIN {schema}.job AS j ON j.id = h.id
-UNION ALL
-SELECT 'end', (SELECT id FROM scanned ORDER BY id LIMIT 1), NULL, (SELECT count(*) FROM scanned)::text,
-       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
-
--- name: dashboard_jobs_finished
--- Finished jobs, the most recently finished first, along job_finished_idx; keyset on (finished_at, id).
-WITH scanned AS (
-    SELECT id, finished_at, status, queue, type, name, unique_key, last_error
-    FROM {schema}.job
-    WHERE finished_at IS NOT NULL
-      AND (%(at)s::timestamptz IS NULL
-           OR (finished_at <= %(at)s::timestamptz AND (finished_at, id) < (%(at)s::timestamptz, %(id)s::uuid)))
-    ORDER BY finished_at DESC, id DESC
-    LIMIT %(window)s
-), hits AS (
-    SELECT id, finished_at FROM scanned
-    WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
-      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-      AND (%(type)s::text IS NULL OR type = %(type)s::text)
-      AND (%(text)s::text IS NULL OR name ILIKE %(text)s OR unique_key ILIKE %(text)s
-           OR last_error ILIKE %(text)s OR id::text ILIKE %(text)s)
-    ORDER BY finished_at DESC, id DESC
-    LIMIT %(limit)s
-), last AS (
-    SELECT id, finished_at FROM scanned ORDER BY finished_at, id LIMIT 1
-)
-SELECT 'job', j.id, j.finished_at, j.status, j.queue, j.type, j.name, j.attempts, j.max_attempts, j.priority,
-       j.created_at, j.available_at, j.started_at, j.finished_at, left(j.last_error, 300), j.worker_id,
-       j.progress_current, j.progress_total, j.group_id,
-       CASE WHEN pg_column_size(j.configuration_data) <= %(preview_bytes)s THEN j.configuration_data END,
-       pg_column_size(j.configuration_data)
-FROM hits AS h JOIN {schema}.job AS j ON j.id = h.id
-UNION ALL
-SELECT 'end', (SELECT id FROM last), (SELECT finished_at FROM last), (SELECT count(*) FROM scanned)::text,
-       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
-
--- name: dashboard_jobs_queued
--- Queued jobs in the order of job_queue_claim_idx: by queue and type, then claim order (priority, then
--- available_at). Keyset on (queue, type, priority, available_at, id); the index orders priority
--- descending and the rest ascending, which one row comparison cannot express, so the page after a
--- cursor is three index range scans in a row: the rest of the cursor's priority, the lower priorities
--- of its (queue, type), then the (queue, type) pairs after it.
-WITH scanned AS (
-    (SELECT 1 AS part, id, queue, type, priority, available_at, name, unique_key, last_error,
-            attempts, CASE WHEN %(view)s::text IS NOT NULL AND available_at > now()
-                           THEN history -> -1 ->> 'outcome' END AS last_outcome
-     FROM {schema}.job
-     WHERE status = 'queued' AND %(id)s::uuid IS NOT NULL
-       AND queue = %(cursor_queue)s::text AND type = %(cursor_type)s::text AND priority = %(priority)s::int
-       AND (available_at, id) > (%(at)s::timestamptz, %(id)s::uuid)
-     ORDER BY available_at, id
-     LIMIT %(window)s)
-    UNION ALL
-    (SELECT 2, id, queue, type, priority, available_at, name, unique_key, last_error,
-            attempts, CASE WHEN %(view)s::text IS NOT NULL AND available_at > now()
-                           THEN history -> -1 ->> 'outcome' END AS last_outcome
-     FROM {schema}.job
-     WHERE status = 'queued' AND %(id)s::uuid IS NOT NULL
-       AND queue = %(cursor_queue)s::text AND type = %(cursor_type)s::text AND priority < %(priority)s::int
-     ORDER BY priority DESC, available_at, id
-     LIMIT %(window)s)
-    UNION ALL
-    (SELECT 3, id, queue, type, priority, available_at, name, unique_key, last_error,
-            attempts, CASE WHEN %(view)s::text IS NOT NULL AND available_at > now()
-                           THEN history -> -1 ->> 'outcome' END AS last_outcome
-     FROM {schema}.job
-     WHERE status = 'queued'
-       AND (%(id)s::uuid IS NULL OR (queue, type) > (%(cursor_queue)s::text, %(cursor_type)s::text))
-       AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-       AND (%(type)s::text IS NULL OR type = %(type)s::text)
-     ORDER BY queue, type, priority DESC, available_at, id
-     LIMIT %(window)s)
-), windowed AS (
-    SELECT * FROM scanned ORDER BY part, queue, type, priority DESC, available_at, id LIMIT %(window)s
-), hits AS (
-    SELECT id, part, queue, type, priority, available_at FROM windowed
-    WHERE (%(view)s::text IS NULL
-           OR (%(view)s::text = 'waiting' AND last_outcome = 'waiting')
-           OR (%(view)s::text = 'retrying' AND attempts > 0 AND last_outcome IS DISTINCT FROM 'waiting')
-           OR (%(view)s::text = 'scheduled' AND available_at > now() AND attempts = 0
-               AND last_outcome IS DISTINCT FROM 'waiting'))
-      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-      AND (%(type)s::text IS NULL OR type = %(type)s::text)
-      AND (%(text)s::text IS NULL OR name ILIKE %(text)s OR unique_key ILIKE %(text)s
-           OR last_error ILIKE %(text)s OR id::text ILIKE %(text)s)
-    ORDER BY part, queue, type, priority DESC, available_at, id
-    LIMIT %(limit)s
-), last AS (
-    SELECT id, queue, type, priority, available_at FROM windowed
-    ORDER BY part DESC, queue DESC, type DESC, priority, available_at DESC, id DESC
-    LIMIT 1
-)
--- In the database's order (its collation sorts the queue and type names, not Python's).
-(SELECT 'job', j.id, j.available_at, j.status, j.queue, j.type, j.name, j.attempts, j.max_attempts, j.priority,
-        j.created_at, j.available_at, j.started_at, j.finished_at, left(j.last_error, 300), j.worker_id,
-        j.progress_current, j.progress_total, j.group_id,
-       CASE WHEN pg_column_size(j.configuration_data) <= %(preview_bytes)s THEN j.configuration_data END,
-       pg_column_size(j.configuration_data)
- FROM hits AS h JOIN {schema}.job AS j ON j.id = h.id
- ORDER BY h.part, h.queue, h.type, h.priority DESC, h.available_at, h.id)
-UNION ALL
-SELECT 'end', (SELECT id FROM last), (SELECT available_at FROM last), (SELECT count(*) FROM windowed)::text,
-       (SELECT queue FROM last), (SELECT type FROM last), NULL, NULL, NULL, (SELECT priority FROM last), NULL, NULL,
-       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
-
--- name: dashboard_job_counts
--- The tabs of the jobs page: a count per status and per view of queued jobs, each bounded. Queued and
--- running jobs are read along their partial indexes, at most %(cap)s rows each (the views are counted
--- among those queued rows); finished ones among the %(cap)s most recently finished (job_finished_idx).
--- A count that reached its bound is a lower bound, and the page says so ("5,000+").
-WITH queued AS (
-    SELECT available_at, attempts,
-           CASE WHEN available_at > now() THEN history -> -1 ->> 'outcome' END AS last_outcome
-    FROM {schema}.job
-    WHERE status = 'queued'
-      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-      AND (%(type)s::text IS NULL OR type = %(type)s::text)
-    ORDER BY queue, type, priority DESC, available_at, id  -- along job_queue_claim_idx, never a table scan
-    LIMIT %(cap)s
-), running AS (
-    SELECT 1 FROM {schema}.job
-    WHERE status = 'running'
-      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-      AND (%(type)s::text IS NULL OR type = %(type)s::text)
-    LIMIT %(cap)s
-), finished AS (
-    SELECT status, queue, type FROM {schema}.job
-    WHERE finished_at IS NOT NULL
-    ORDER BY finished_at DESC
-    LIMIT %(cap)s
-)
-SELECT (SELECT count(*) FROM queued), (SELECT count(*) FROM running),
-       (SELECT count(*) FROM finished),
-       count(*) FILTER (WHERE f.status = 'completed'), count(*) FILTER (WHERE f.status = 'failed'),
-       count(*) FILTER (WHERE f.status = 'cancelled'),
-       (SELECT count(*) FROM queued WHERE available_at > now() AND attempts = 0
-                                      AND last_outcome IS DISTINCT FROM 'waiting'),
-       (SELECT count(*) FROM queued WHERE attempts > 0 AND last_outcome IS DISTINCT FROM 'waiting'),
-       (SELECT count(*) FROM queued WHERE last_outcome = 'waiting')
-FROM finished AS f
-WHERE (%(queue)s::text IS NULL OR f.queue = %(queue)s::text)
-  AND (%(type)s::text IS NULL OR f.type = %(type)s::text);
-
--- name: dashboard_job_choices
--- The queue and type choices of the jobs page: a count per (queue, type) of the jobs of the chosen
--- status or view (all: queued, running and recently finished), each bounded like the tabs' counts.
--- Queued jobs: the distinct queued pairs (queued_pairs(): one index probe each), then at most %(cap)s
--- entries of job_queue_claim_idx per pair; a view's jobs among the first %(view_cap)s queued rows in
--- claim order (as the tab counts them, so the choices add up to the tab); running jobs: at
--- most %(cap)s; finished ones: among the %(cap)s most recently finished (job_finished_idx). The
--- last column says whether a count reached its bound.
-WITH pairs AS (
-    SELECT queue, type FROM {schema}.queued_pairs() WHERE %(queued)s AND %(view)s::text IS NULL
-), viewed_rows AS (
-    SELECT j.queue, j.type, j.available_at, j.attempts,
-           CASE WHEN j.available_at > now() THEN j.history -> -1 ->> 'outcome' END AS last_outcome
-    FROM {schema}.job AS j
-    WHERE j.status = 'queued' AND %(view)s::text IS NOT NULL
-    ORDER BY j.queue, j.type, j.priority DESC, j.available_at, j.id  -- along job_queue_claim_idx
-    LIMIT %(view_cap)s
-), queued AS (
-    SELECT p.queue, p.type, c.n, c.n >= %(cap)s AS capped
-    FROM pairs AS p
-    CROSS JOIN LATERAL (
-        SELECT count(*) AS n FROM (
-            SELECT 1 FROM {schema}.job AS j
-            WHERE j.status = 'queued' AND j.queue = p.queue AND j.type = p.type
-            LIMIT %(cap)s) AS q
-    ) AS c
-    WHERE %(view)s::text IS NULL
-), viewed AS (
-    -- A view's jobs are counted among the first %(view_cap)s queued rows in claim order, as its tab's count
-    -- is, so the choices add up to the tab.
-    SELECT q.queue, q.type,
-           count(*) FILTER (
-               WHERE (%(view)s::text = 'waiting' AND q.last_outcome = 'waiting')
-                  OR (%(view)s::text = 'retrying' AND q.attempts > 0 AND q.last_outcome IS DISTINCT FROM 'waiting')
-                  OR (%(view)s::text = 'scheduled' AND q.available_at > now() AND q.attempts = 0
-                      AND q.last_outcome IS DISTINCT FROM 'waiting')) AS n,
-           (SELECT count(*) FROM viewed_rows) >= %(view_cap)s AS capped
-    FROM viewed_rows AS q
-    GROUP BY q.queue, q.type
-), running AS (
-    SELECT queue, type, count(*) AS n, false AS capped
-    FROM (SELECT queue, type FROM {schema}.job WHERE status = 'running' AND %(running)s LIMIT %(cap)s) AS r
-    GROUP BY queue, type
-), recent AS (
-    SELECT status, queue, type FROM {schema}.job
-    WHERE finished_at IS NOT NULL AND %(finished)s
-    ORDER BY finished_at DESC
-    LIMIT %(cap)s
-), finished AS (
-    SELECT f.queue, f.type, count(*) AS n, (SELECT count(*) FROM recent) >= %(cap)s AS capped
-    FROM recent AS f
-    WHERE %(statuses)s::text[] IS NULL OR f.status = ANY(%(statuses)s::text[])
-    GROUP BY f.queue, f.type
-)
-SELECT queue, type, sum(n)::bigint, bool_or(capped)
-FROM (SELECT * FROM queued UNION ALL SELECT * FROM viewed UNION ALL SELECT * FROM running
-      UNION ALL SELECT * FROM finished) AS c
-WHERE n > 0
-GROUP BY queue, type;
-
--- name: dashboard_jobs_running
--- Running jobs: as many as the fleet's concurrency, never millions; the newest attempt first.
-WITH scanned AS (
-    SELECT id, started_at, queue, type, name, unique_key, last_error
-    FROM {schema}.job
-    WHERE status = 'running'
-      AND (%(at)s::timestamptz IS NULL OR (started_at, id) < (%(at)s::timestamptz, %(id)s::uuid))
-    ORDER BY started_at DESC, id DESC
-    LIMIT %(window)s
-), hits AS (
-    SELECT id, started_at FROM scanned
-    WHERE (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-      AND (%(type)s::text IS NULL OR type = %(type)s::text)
-      AND (%(text)s::text IS NULL OR name ILIKE %(text)s OR unique_key ILIKE %(text)s
-           OR last_error ILIKE %(text)s OR id::text ILIKE %(text)s)
-    ORDER BY started_at DESC, id DESC
-    LIMIT %(limit)s
-), last AS (
-    SELECT id, started_at FROM scanned ORDER BY started_at, id LIMIT 1
-)
-SELECT 'job', j.id, j.started_at, j.status, j.queue, j.type, j.name, j.attempts, j.max_attempts, j.priority,
-       j.created_at, j.available_at, j.started_at, j.finished_at, left(j.last_error, 300), j.worker_id,
-       j.progress_current, j.progress_total, j.group_id,
-       CASE WHEN pg_column_size(j.configuration_data) <= %(preview_bytes)s THEN j.configuration_data END,
-       pg_column_size(j.configuration_data)
-FROM hits AS h JOIN {schema}.job AS j ON j.id = h.id
-UNION ALL
-SELECT 'end', (SELECT id FROM last), (SELECT started_at FROM last), (SELECT count(*) FROM scanned)::text,
-       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
-
--- name: dashboard_jobs_in_group
--- One group's jobs along job_group_idx, the newest first; keyset on id.
-WITH scanned AS (
-    SELECT id, status, queue, type, name, unique_key, last_error
-    FROM {schema}.job
-    WHERE group_id = %(group_id)s::uuid AND (%(id)s::uuid IS NULL OR id < %(id)s::uuid)
-    ORDER BY id DESC
-    LIMIT %(window)s
-), hits AS (
-    SELECT id FROM scanned
-    WHERE (%(statuses)s::text[] IS NULL OR status = ANY(%(statuses)s::text[]))
-      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-      AND (%(type)s::text IS NULL OR type = %(type)s::text)
-      AND (%(text)s::text IS NULL OR name ILIKE %(text)s OR unique_key ILIKE %(text)s
-           OR last_error ILIKE %(text)s OR id::text ILIKE %(text)s)
-    ORDER BY id DESC
-    LIMIT %(limit)s
-)
-SELECT 'job', j.id, j.created_at, j.status, j.queue, j.type, j.name, j.attempts, j.max_attempts, j.priority,
-       j.created_at, j.available_at, j.started_at, j.finished_at, left(j.last_error, 300), j.worker_id,
-       j.progress_current, j.progress_total, j.group_id,
-       CASE WHEN pg_column_size(j.configuration_data) <= %(preview_bytes)s THEN j.configuration_data END,
-       pg_column_size(j.configuration_data)
-FROM hits AS h JOIN {schema}.job AS j ON j.id = h.id
-UNION ALL
-SELECT 'end', (SELECT id FROM scanned ORDER BY id LIMIT 1), NULL, (SELECT count(*) FROM scanned)::text,
-       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
+-- Every query here is bounded whatever the size of the job table: it walks an index in its order, and
+-- what it counts it reads along an index up to a bound (past it, the planner estimates). The lists of
+-- jobs and their counts are the views' (sql/queries/views.sql).
 
 -- name: dashboard_failures
--- Failed jobs among the %(window)s most recently finished, grouped by their error with what varies
--- from job to job folded into placeholders (the function fold_error of migration 0015, which says how).
--- The fold is stored with the failure (error_group), so the page only groups: folding 20,000 failed rows
--- of 150 characters here took 0.7 to 1.3 s. Rows failed before that migration, or by a worker of the
--- previous release, have none and are folded as they are read, by the same function.
--- The newest ids of each group (up to %(ids)s) come along for a bulk retry.
-WITH scanned AS (
-    SELECT id, finished_at, status, queue, type, last_error, error_group
-    FROM {schema}.job
-    WHERE finished_at IS NOT NULL
-    ORDER BY finished_at DESC
-    LIMIT %(window)s
-), failed AS (
-    SELECT id, finished_at, queue, type, coalesce(last_error, '') AS error,
-           coalesce(error_group, {schema}.fold_error(last_error)) AS pattern
-    FROM scanned
-    WHERE status = 'failed'
+-- Every failed job, grouped by its error with what varies from job to job folded into placeholders
+-- (error_group, written with each failure by fold_error of migration 0015): the groups are found by a
+-- loose index scan of job_failure_group_idx, one probe each, whatever the number of failed jobs. Per
+-- group, the newest failure (its message as the example) and the oldest, each one more probe, and a
+-- count read along the index up to %(cap)s + 1 (past it, the caller estimates); the types and queues
+-- of its newest %(sample)s failures. A failure without a stored group (written by a release before
+-- migration 15, or by hand) is folded as it is read, by the same function. The most recent first.
+WITH RECURSIVE groups AS (
+    (SELECT j.error_group FROM {schema}.job AS j
+     WHERE j.status = 'failed' AND j.error_group IS NOT NULL ORDER BY j.error_group LIMIT 1)
+    UNION ALL
+    SELECT n.error_group
+    FROM groups AS g
+    CROSS JOIN LATERAL (
+        SELECT j.error_group FROM {schema}.job AS j
+        WHERE j.status = 'failed' AND j.error_group > g.error_group ORDER BY j.error_group LIMIT 1
+    ) AS n
+), stored AS (
+    SELECT g.error_group, newest.last_error, newest.finished_at AS last_at, oldest.finished_at AS first_at,
+           (SELECT count(*) FROM (SELECT 1 FROM {schema}.job AS j
+                                  WHERE j.status = 'failed' AND j.error_group = g.error_group
+                                  LIMIT %(cap)s + 1) AS c) AS n,
+           sample.types, sample.queues
+    FROM groups AS g
+    CROSS JOIN LATERAL (
+        SELECT j.last_error, j.finished_at FROM {schema}.job AS j
+        WHERE j.status = 'failed' AND j.error_group = g.error_group ORDER BY j.finished_at DESC, j.id DESC LIMIT 1
+    ) AS newest
+    CROSS JOIN LATERAL (
+        SELECT j.finished_at FROM {schema}.job AS j
+        WHERE j.status = 'failed' AND j.error_group = g.error_group ORDER BY j.finished_at, j.id LIMIT 1
+    ) AS oldest
+    CROSS JOIN LATERAL (
+        SELECT array_agg(DISTINCT s.type ORDER BY s.type) AS types,
+               array_agg(DISTINCT s.queue ORDER BY s.queue) AS queues
+        FROM (SELECT j.type, j.queue FROM {schema}.job AS j
+              WHERE j.status = 'failed' AND j.error_group = g.error_group
+              ORDER BY j.finished_at DESC, j.id DESC LIMIT %(sample)s) AS s
+    ) AS sample
+), unfolded AS (
+    SELECT {schema}.fold_error(j.last_error) AS error_group, j.last_error, j.finished_at, j.type, j.queue
+    FROM {schema}.job AS j
+    WHERE j.status = 'failed' AND j.error_group IS NULL
+), folded AS (
+    SELECT u.error_group, (array_agg(u.last_error ORDER BY u.finished_at DESC))[1] AS last_error,
+           max(u.finished_at) AS last_at, min(u.finished_at) AS first_at, count(*) AS n,
+           array_agg(DISTINCT u.type ORDER BY u.type) AS types, array_agg(DISTINCT u.queue ORDER BY u.queue) AS queues
+    FROM unfolded AS u
+    GROUP BY u.error_group
 )
-SELECT split_part(pattern, ':', 1), pattern, min(error), count(*), max(finished_at), min(finished_at),
-       array_agg(DISTINCT type), array_agg(DISTINCT queue),
-       (array_agg(id ORDER BY finished_at DESC))[1:%(ids)s]
-FROM failed
-GROUP BY pattern
-ORDER BY count(*) DESC, max(finished_at) DESC
-LIMIT %(limit)s;
+SELECT coalesce(s.error_group, f.error_group), coalesce(s.last_error, f.last_error),
+       greatest(s.last_at, f.last_at), least(s.first_at, f.first_at),
+       coalesce(s.n, 0) + coalesce(f.n, 0),
+       ARRAY(SELECT DISTINCT t FROM unnest(coalesce(s.types, '{{}}') || coalesce(f.types, '{{}}')) AS t ORDER BY t),
+       ARRAY(SELECT DISTINCT q FROM unnest(coalesce(s.queues, '{{}}') || coalesce(f.queues, '{{}}')) AS q ORDER BY q)
+FROM stored AS s
+FULL JOIN folded AS f ON f.error_group = s.error_group
+ORDER BY 3 DESC, 1;
 
--- name: dashboard_latest_sample
--- Every queue as the leader last sampled it (one index probe for the newest instant), with the queue's
--- pause state and its limits.
-WITH latest AS (
-    SELECT s.* FROM {schema}.queue_stat AS s
-    WHERE s.sampled_at = (SELECT max(sampled_at) FROM {schema}.queue_stat)
-), names AS (
-    SELECT queue FROM latest
-    UNION SELECT target FROM {schema}.pause WHERE target_kind = 'queue'
-    UNION SELECT queue FROM {schema}.queue_setting
-)
-SELECT n.queue, coalesce(l.available, 0), coalesce(l.scheduled, 0), coalesce(l.running, 0),
-       l.oldest_available_seconds, l.sampled_at,
-       EXISTS (SELECT 1 FROM {schema}.pause AS p WHERE p.target_kind = 'queue' AND p.target = n.queue)
-FROM names AS n
-LEFT JOIN latest AS l ON l.queue = n.queue
-ORDER BY n.queue;
+-- name: dashboard_failure_estimate
+-- The planner's estimate of one failure group's jobs, for a count past its bound.
+EXPLAIN (FORMAT JSON) SELECT 1 FROM {schema}.job
+WHERE status = 'failed' AND (error_group = %(group)s OR (error_group IS NULL AND {schema}.fold_error(last_error) = %(group)s));
 
 -- name: dashboard_sample_age
 -- Seconds since the leader's latest queue sample (NULL: none yet); one probe of queue_stat's key.
 SELECT extract(epoch FROM now() - max(sampled_at))::float8 FROM {schema}.queue_stat;
-
--- name: dashboard_counts_now
--- What the queue table shows when the samples are stale (no leader): counts read now, each at most
--- %(cap)s rows of a partial index (job_queue_claim_idx for queued jobs, found queue by queue from
--- queued_pairs(); job_running_queue_idx for running ones), never the finished rows. The oldest wait
--- is known only when the available rows were all read (fewer than the cap).
-WITH queued_queues AS (
-    SELECT DISTINCT queue FROM {schema}.queued_pairs()
-), running AS (
-    SELECT queue, count(*) AS running
-    FROM (SELECT queue FROM {schema}.job WHERE status = 'running' LIMIT %(cap)s) AS r
-    GROUP BY queue
-), names AS (
-    SELECT queue FROM queued_queues
-    UNION SELECT queue FROM running
-    UNION SELECT target FROM {schema}.pause WHERE target_kind = 'queue'
-    UNION SELECT queue FROM {schema}.queue_setting
-)
-SELECT n.queue, coalesce(a.available, 0), coalesce(s.scheduled, 0), coalesce(r.running, 0),
-       CASE WHEN a.available < %(cap)s THEN extract(epoch FROM now() - a.oldest)::float8 END, NULL::timestamptz,
-       EXISTS (SELECT 1 FROM {schema}.pause AS p WHERE p.target_kind = 'queue' AND p.target = n.queue)
-FROM names AS n
-LEFT JOIN LATERAL (
-    SELECT count(*) AS available, min(available_at) AS oldest
-    FROM (SELECT j.available_at FROM {schema}.job AS j
-          WHERE j.status = 'queued' AND j.queue = n.queue AND j.available_at <= now() LIMIT %(cap)s) AS q
-) AS a ON true
-LEFT JOIN LATERAL (
-    SELECT count(*) AS scheduled
-    FROM (SELECT 1 FROM {schema}.job AS j
-          WHERE j.status = 'queued' AND j.queue = n.queue AND j.available_at > now() LIMIT %(cap)s) AS q
-) AS s ON true
-LEFT JOIN running AS r ON r.queue = n.queue
-ORDER BY n.queue;
 
 -- name: dashboard_series
 -- The overview's charts: %(buckets)s buckets of %(width)s seconds ending at the next multiple of the

@@ -332,6 +332,7 @@ SET status = CASE WHEN j.cancellation_requested_at IS NOT NULL THEN 'cancelled' 
                                      WHEN o.final_status <> o.status THEN o.final_status ELSE o.kind END,
                      'at', now(),
                      'worker_id', j.worker_id,
+                     'seconds', round(extract(epoch FROM now() - j.started_at), 3),
                      'error', o.error,
                      'traceback', o.traceback,
                      'delay_seconds', CASE WHEN o.final_status = 'queued' AND j.cancellation_requested_at IS NULL
@@ -369,7 +370,8 @@ SET status = CASE WHEN j.cancellation_requested_at IS NULL THEN 'completed' ELSE
                      'attempt', j.attempts,
                      'outcome', CASE WHEN j.cancellation_requested_at IS NULL THEN 'completed' ELSE 'cancelled' END,
                      'at', now(),
-                     'worker_id', j.worker_id))
+                     'worker_id', j.worker_id,
+                     'seconds', round(extract(epoch FROM now() - j.started_at), 3)))
 FROM unnest(%(ids)b::uuid[], %(tokens)b::uuid[], %(results)b::text[]) AS i(id, token, result)
 WHERE j.id = i.id AND j.lease_token = i.token AND j.status = 'running' AND j.lease_expires_at > now()
 RETURNING j.id, j.status;
@@ -388,6 +390,8 @@ WHERE j.id = old.id
 RETURNING old.status, j.status, j.type, j.queue;
 
 -- name: retry_job
+-- A manual retry: the failed job is queued again with its attempts at 0, and its history says so (an
+-- entry `manually_retried` after the last attempt), so a later attempt 1 reads as what it is.
 WITH old AS (
     SELECT id, status FROM {schema}.job WHERE id = %(id)s FOR UPDATE
 ), updated AS (
@@ -398,7 +402,9 @@ WITH old AS (
         finished_at = NULL,
         cancellation_requested_at = NULL,
         result = NULL,
-        error_group = NULL
+        error_group = NULL,
+        history = (CASE WHEN jsonb_array_length(j.history) >= 50 THEN j.history - 0 ELSE j.history END)
+                  || jsonb_build_array(jsonb_build_object('attempt', j.attempts, 'outcome', 'manually_retried', 'at', now()))
     FROM old
     WHERE j.id = old.id AND old.status = 'failed'
     RETURNING j.id, j.queue, j.type
@@ -406,6 +412,41 @@ WITH old AS (
 SELECT old.status, (SELECT count(*) FROM updated) = 1,
        (SELECT pg_notify(%(channel)s, json_build_array(queue, type)::text) IS NULL FROM updated)
 FROM old;
+
+-- name: retry_failure_group
+-- "Retry all" of a failure group: up to %(limit)s of its failed jobs, along job_failure_group_idx (and
+-- those failed without a stored group whose error folds the same), as retry_job retries one. A job whose unique key another active job holds now is left failed (counted
+-- apart by the caller); the rows are locked in id order, so two such retries cannot deadlock.
+WITH chosen AS (
+    SELECT j.id, j.unique_key IS NOT NULL AS keyed FROM {schema}.job AS j
+    WHERE j.status = 'failed'
+      AND (j.error_group = %(group)s OR (j.error_group IS NULL AND {schema}.fold_error(j.last_error) = %(group)s))
+      AND NOT (j.unique_key IS NOT NULL AND j.id = ANY(%(skip)s::uuid[]))
+    ORDER BY j.id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), updated AS (
+    UPDATE {schema}.job AS j
+    SET status = 'queued',
+        attempts = 0,
+        available_at = now(),
+        finished_at = NULL,
+        cancellation_requested_at = NULL,
+        result = NULL,
+        error_group = NULL,
+        history = (CASE WHEN jsonb_array_length(j.history) >= 50 THEN j.history - 0 ELSE j.history END)
+                  || jsonb_build_array(jsonb_build_object('attempt', j.attempts, 'outcome', 'manually_retried', 'at', now()))
+    FROM chosen
+    WHERE j.id = chosen.id AND j.status = 'failed'
+      AND NOT EXISTS (SELECT 1 FROM {schema}.job AS a
+                      WHERE j.unique_key IS NOT NULL AND a.type = j.type AND a.unique_key = j.unique_key
+                        AND a.status IN ('queued', 'running'))
+    RETURNING j.id, j.queue, j.type
+)
+SELECT (SELECT count(*) FROM chosen), (SELECT count(*) FROM updated),
+       (SELECT array_agg(c.id) FROM chosen AS c WHERE c.keyed AND c.id NOT IN (SELECT id FROM updated)),
+       (SELECT count(pg_notify(%(channel)s, json_build_array(q.queue, q.type)::text))
+        FROM (SELECT DISTINCT queue, type FROM updated) AS q);
 
 -- name: end_job_for_delete
 -- The first of `App.delete`'s two statements (one transaction): locks the job (FOR UPDATE, as cancel_job,
@@ -452,28 +493,38 @@ SELECT {columns}, (SELECT c.parent_id FROM {schema}.job_child AS c WHERE c.child
        j.expires_at
 FROM {schema}.job AS j WHERE id = %(id)s;
 
+-- name: find_jobs
+-- find_job for many ids at once (a page of a view read whole); the caller orders them.
+SELECT {columns}, (SELECT c.parent_id FROM {schema}.job_child AS c WHERE c.child_id = j.id),
+       (SELECT jsonb_object_agg(s.name, s.result) FROM {schema}.job_step AS s WHERE s.job_id = j.id),
+       j.expires_at
+FROM {schema}.job AS j WHERE id = ANY(%(ids)s::uuid[]);
+
 -- name: group_progress
 SELECT status, count(*) FROM {schema}.job WHERE group_id = %(group_id)s GROUP BY status;
 
 -- name: list_jobs
 -- Keyset pagination on id (UUIDv7, so creation order): pass the last id seen as %(after)s. Beside the
--- statuses, the views of queued jobs (jobbus.models.JOB_VIEWS): `waiting` (parked in a durable wait:
--- available later, its last history entry "waiting"), `retrying` (after a failed attempt, not parked)
--- and `scheduled` (available later, never attempted, not parked); a job is in at most one of them.
+-- statuses, the views of queued jobs (jobbus.models.JOB_VIEWS, as sql/queries/views.sql reads them):
+-- `waiting` (parked in a durable wait: its last history entry "waiting"), `retrying` (after a failed
+-- attempt, not parked) and `scheduled` (available later, never attempted, not parked); a job is in at
+-- most one of them.
 SELECT {columns}, (SELECT c.parent_id FROM {schema}.job_child AS c WHERE c.child_id = j.id),
        (SELECT jsonb_object_agg(s.name, s.result) FROM {schema}.job_step AS s WHERE s.job_id = j.id),
        j.expires_at
 FROM {schema}.job AS j
 WHERE ((%(statuses)s::text[] IS NULL AND %(views)s::text[] IS NULL) OR status = ANY(%(statuses)s::text[])
        OR (status = 'queued' AND %(views)s::text[] IS NOT NULL AND (
-              ('waiting' = ANY(%(views)s::text[]) AND available_at > now() AND history -> -1 ->> 'outcome' = 'waiting')
+              ('waiting' = ANY(%(views)s::text[]) AND (history -> -1 ->> 'outcome') = 'waiting')
            OR ('retrying' = ANY(%(views)s::text[]) AND attempts > 0
-               AND NOT (available_at > now() AND coalesce(history -> -1 ->> 'outcome', '') = 'waiting'))
+               AND (history -> -1 ->> 'outcome') IS DISTINCT FROM 'waiting')
            OR ('scheduled' = ANY(%(views)s::text[]) AND available_at > now() AND attempts = 0
-               AND coalesce(history -> -1 ->> 'outcome', '') <> 'waiting'))))
+               AND (history -> -1 ->> 'outcome') IS DISTINCT FROM 'waiting'))))
   AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
   AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
   AND (%(group_id)s::uuid IS NULL OR group_id = %(group_id)s::uuid)
+  AND (%(name)s::text IS NULL OR j.name = %(name)s::text)
+  AND (%(text)s::text IS NULL OR {search})
   AND (%(after)s::uuid IS NULL OR id > %(after)s::uuid)
 ORDER BY id
 LIMIT %(limit)s;
@@ -486,14 +537,16 @@ SELECT {columns}, (SELECT c.parent_id FROM {schema}.job_child AS c WHERE c.child
 FROM {schema}.job AS j
 WHERE ((%(statuses)s::text[] IS NULL AND %(views)s::text[] IS NULL) OR status = ANY(%(statuses)s::text[])
        OR (status = 'queued' AND %(views)s::text[] IS NOT NULL AND (
-              ('waiting' = ANY(%(views)s::text[]) AND available_at > now() AND history -> -1 ->> 'outcome' = 'waiting')
+              ('waiting' = ANY(%(views)s::text[]) AND (history -> -1 ->> 'outcome') = 'waiting')
            OR ('retrying' = ANY(%(views)s::text[]) AND attempts > 0
-               AND NOT (available_at > now() AND coalesce(history -> -1 ->> 'outcome', '') = 'waiting'))
+               AND (history -> -1 ->> 'outcome') IS DISTINCT FROM 'waiting')
            OR ('scheduled' = ANY(%(views)s::text[]) AND available_at > now() AND attempts = 0
-               AND coalesce(history -> -1 ->> 'outcome', '') <> 'waiting'))))
+               AND (history -> -1 ->> 'outcome') IS DISTINCT FROM 'waiting'))))
   AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
   AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
   AND (%(group_id)s::uuid IS NULL OR group_id = %(group_id)s::uuid)
+  AND (%(name)s::text IS NULL OR j.name = %(name)s::text)
+  AND (%(text)s::text IS NULL OR {search})
   AND (%(after)s::uuid IS NULL OR id < %(after)s::uuid)
 ORDER BY id DESC
 LIMIT %(limit)s;

@@ -264,3 +264,131 @@ SELECT count(*) FROM (
 -- The planner's estimate of the rows of a view past the count's bound, from its statistics (those over
 -- status, queue and type together of migration 25): EXPLAIN of the view's predicate, {predicate}.
 EXPLAIN (FORMAT JSON) SELECT 1 FROM {schema}.job AS j WHERE {predicate};
+
+-- name: pairs_finished
+-- The (queue, type) pairs of the completed, failed or cancelled jobs (%(statuses)s): the choices of a
+-- finished tab, complete, by the loose index scan view_finished walks.
+WITH RECURSIVE triples AS (
+    SELECT s.status, f.queue, f.type
+    FROM unnest(%(statuses)s::text[]) AS s(status)
+    CROSS JOIN LATERAL (
+        SELECT j.queue, j.type FROM {schema}.job AS j
+        WHERE j.status = s.status AND j.finished_at IS NOT NULL
+        ORDER BY j.status, j.queue, j.type LIMIT 1
+    ) AS f
+    UNION ALL
+    SELECT t.status, n.queue, n.type
+    FROM triples AS t
+    CROSS JOIN LATERAL (
+        SELECT j.queue, j.type FROM {schema}.job AS j
+        WHERE j.status = t.status AND j.finished_at IS NOT NULL AND (j.queue, j.type) > (t.queue, t.type)
+        ORDER BY j.status, j.queue, j.type LIMIT 1
+    ) AS n
+)
+SELECT DISTINCT queue, type FROM triples ORDER BY 1, 2;
+
+-- name: pairs_queued
+-- The (queue, type) pairs of queued jobs, whatever their view (one index probe each).
+SELECT queue, type FROM {schema}.queued_pairs() ORDER BY 1, 2;
+
+-- name: pairs_running
+SELECT DISTINCT queue, type FROM {schema}.job WHERE status = 'running' ORDER BY 1, 2;
+
+-- name: queue_counts
+-- Per queue, what `jobbus status` and the dashboard's overview show, read now along the views' indexes:
+-- (queue, what, n, capped) with `what` in queued, available (due now), scheduled (the view), running,
+-- completed, failed, cancelled,
+-- completed_minute (finished in the last minute) and failed_hour; n is summed over the queue's
+-- (type, priority) ranges or (status, type) triples, each read up to %(cap)s + 1 rows (capped: some
+-- range went past it, and n is a lower bound the caller replaces by an estimate); and (queue,
+-- 'oldest', seconds the oldest available job has waited, false).
+WITH RECURSIVE levels AS (
+    SELECT p.queue, p.type, top.priority
+    FROM {schema}.queued_pairs() AS p
+    CROSS JOIN LATERAL (
+        SELECT j.priority FROM {schema}.job AS j
+        WHERE j.status = 'queued' AND j.queue = p.queue AND j.type = p.type
+        ORDER BY j.priority DESC LIMIT 1
+    ) AS top
+    UNION ALL
+    SELECT l.queue, l.type, lower.priority
+    FROM levels AS l
+    CROSS JOIN LATERAL (
+        SELECT j.priority FROM {schema}.job AS j
+        WHERE j.status = 'queued' AND j.queue = l.queue AND j.type = l.type AND j.priority < l.priority
+        ORDER BY j.priority DESC LIMIT 1
+    ) AS lower
+), triples AS (
+    SELECT s.status, f.queue, f.type
+    FROM unnest(ARRAY['completed', 'failed', 'cancelled']) AS s(status)
+    CROSS JOIN LATERAL (
+        SELECT j.queue, j.type FROM {schema}.job AS j
+        WHERE j.status = s.status AND j.finished_at IS NOT NULL
+        ORDER BY j.status, j.queue, j.type LIMIT 1
+    ) AS f
+    UNION ALL
+    SELECT t.status, n.queue, n.type
+    FROM triples AS t
+    CROSS JOIN LATERAL (
+        SELECT j.queue, j.type FROM {schema}.job AS j
+        WHERE j.status = t.status AND j.finished_at IS NOT NULL AND (j.queue, j.type) > (t.queue, t.type)
+        ORDER BY j.status, j.queue, j.type LIMIT 1
+    ) AS n
+), queued AS (
+    SELECT l.queue,
+           (SELECT count(*) FROM (SELECT 1 FROM {schema}.job AS j
+                                  WHERE j.status = 'queued' AND j.queue = l.queue AND j.type = l.type
+                                    AND j.priority = l.priority
+                                  LIMIT %(cap)s + 1) AS c) AS queued,
+           (SELECT count(*) FROM (SELECT 1 FROM {schema}.job AS j
+                                  WHERE j.status = 'queued' AND j.queue = l.queue AND j.type = l.type
+                                    AND j.priority = l.priority AND j.available_at <= now()
+                                  LIMIT %(cap)s + 1) AS c) AS available,
+           (SELECT count(*) FROM (SELECT 1 FROM {schema}.job AS j
+                                  WHERE j.status = 'queued' AND j.queue = l.queue AND j.type = l.type
+                                    AND j.priority = l.priority AND j.available_at > now() AND j.attempts = 0
+                                    AND (j.history -> -1 ->> 'outcome') IS DISTINCT FROM 'waiting'
+                                  LIMIT %(cap)s + 1) AS c) AS scheduled,
+           (SELECT min(j.available_at) FROM {schema}.job AS j
+            WHERE j.status = 'queued' AND j.queue = l.queue AND j.type = l.type AND j.priority = l.priority
+              AND j.available_at <= now()) AS oldest
+    FROM levels AS l
+), finished AS (
+    -- Per (queue, status), its triples read together up to the bound: a queue of many types costs the
+    -- bound, not the bound per type.
+    SELECT q.queue, q.status,
+           (SELECT count(*) FROM (
+                SELECT 1 FROM triples AS t
+                CROSS JOIN LATERAL (
+                    SELECT 1 FROM {schema}.job AS j
+                    WHERE j.status = t.status AND j.queue = t.queue AND j.type = t.type AND j.finished_at IS NOT NULL
+                    LIMIT %(cap)s + 1) AS r
+                WHERE t.queue = q.queue AND t.status = q.status
+                LIMIT %(cap)s + 1) AS c) AS n,
+           (SELECT count(*) FROM (
+                SELECT 1 FROM triples AS t
+                CROSS JOIN LATERAL (
+                    SELECT 1 FROM {schema}.job AS j
+                    WHERE j.status = t.status AND j.queue = t.queue AND j.type = t.type
+                      AND j.finished_at > now() - CASE WHEN t.status = 'completed' THEN interval '1 minute'
+                                                       ELSE interval '1 hour' END
+                    LIMIT %(cap)s + 1) AS r
+                WHERE t.queue = q.queue AND t.status = q.status
+                LIMIT %(cap)s + 1) AS c) AS recent
+    FROM (SELECT DISTINCT queue, status FROM triples) AS q
+)
+SELECT queue, 'queued', sum(queued)::bigint, bool_or(queued > %(cap)s) FROM queued GROUP BY queue
+UNION ALL
+SELECT queue, 'available', sum(available)::bigint, bool_or(available > %(cap)s) FROM queued GROUP BY queue
+UNION ALL
+SELECT queue, 'scheduled', sum(scheduled)::bigint, bool_or(scheduled > %(cap)s) FROM queued GROUP BY queue
+UNION ALL
+SELECT queue, 'oldest', extract(epoch FROM now() - min(oldest))::bigint, false FROM queued GROUP BY queue
+UNION ALL
+SELECT queue, 'running', count(*), false FROM {schema}.job WHERE status = 'running' GROUP BY queue
+UNION ALL
+SELECT queue, status, sum(n)::bigint, bool_or(n > %(cap)s) FROM finished GROUP BY queue, status
+UNION ALL
+SELECT queue, CASE WHEN status = 'completed' THEN 'completed_minute' ELSE status || '_hour' END,
+       sum(recent)::bigint, bool_or(recent > %(cap)s)
+FROM finished WHERE status <> 'cancelled' GROUP BY queue, status;

@@ -1,0 +1,218 @@
+"""The dashboard's pages: each a function of the dashboard and the request that reads what it shows and
+renders its template (`web.page` puts the token check and the security headers around it)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from urllib.parse import urlencode
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from jobbus import control, views
+from jobbus.dashboard import formatting
+from jobbus.dashboard.actions import WORKER_ACTIONS
+from jobbus.dashboard.charts import RANGES
+from jobbus.dashboard.state import Dashboard
+from jobbus.dashboard.workflow import step_views, waiting_reason
+from jobbus.models import TRACE_KEY, JobStatus
+from jobbus.store.control import ControlStore
+from jobbus.store.dashboard import FAMILY_LIMIT, WINDOW
+from jobbus.store.views import Count
+
+PAGE_SIZE = 50
+STATUSES = ("queued", "running", "completed", "failed", "cancelled")
+#: The tabs of the jobs page, the first one shown when none is asked for.
+TABS = views.TABS
+
+
+async def queue_rows(dash: Dashboard) -> list[views.QueueStatus]:
+    """The queue table, read now as `jobbus status` reads it (exact, or estimates that say so)."""
+    pauses = await dash.run(ControlStore(dash.app.settings.schema).pause_targets())
+    limited = [q.queue for q in await dash.app.list_queues()]
+    paused = [p.target for p in pauses if p.kind == "queue"]
+    return await views.queue_table(dash.app, paused=paused, also=limited)
+
+
+async def overview(dash: Dashboard, request: Request) -> Response:
+    range_ = RANGES.get(request.query_params.get("range") or "1h")
+    if range_ is None:
+        raise HTTPException(400, f"unknown range: choose one of {', '.join(RANGES)}")
+    queues = await queue_rows(dash)
+    series = await dash.run(dash.store.series(width=range_.step, buckets=range_.buckets))
+    age = await dash.run(dash.store.sample_age())
+    workers = await control.list_workers(dash.app, forget_after=None)
+    estimate = await dash.run(dash.store.estimated_jobs())
+    unhandled = [
+        (u, await views.count(dash.app, "queued", views.Filters((u.queue,), (u.type,))))
+        for u in await control.unhandled_work(dash.app, cap=1)
+    ]
+    return dash.render(
+        request,
+        "overview.html",
+        queues=queues,
+        charts=formatting.charts(series, range_),
+        chart_range=range_,
+        ranges=RANGES.values(),
+        range_totals=formatting.range_totals(series, range_),
+        workers=control.summarize_workers(workers),
+        leader=next((w.id for w in workers if w.leader), None),
+        estimate=estimate,
+        unhandled=unhandled,
+        totals={name: Count.total(getattr(q, name) for q in queues) for name in ("available", "scheduled", "running")},
+        sample_age=age,
+        stale=age is None or age > 3 * dash.app.settings.stats_interval_seconds,
+    )
+
+
+async def jobs(dash: Dashboard, request: Request) -> Response:
+    """One tab (a status or a view of queued jobs) of every job, in its order, filtered, page after page:
+    the tab's jobs all, never a window of them; each tab with its count under the same filters."""
+    params = request.query_params
+    status = params.get("status") or TABS[0]
+    if status not in views.VIEWS:
+        raise HTTPException(400, f"unknown status {status!r}: one of {', '.join(views.VIEWS)}")
+    group = formatting.parse_uuid(params.get("group"))
+    cursor = views.Cursor.decode(params["after"]) if params.get("after") else None
+    shown = {
+        "status": status,
+        "queue": params.get("queue") or "",
+        "type": params.get("type") or "",
+        "name": params.get("name") or "",
+        "group": str(group) if group else "",
+        "q": params.get("q") or "",
+    }
+    text = shown["q"].strip()[:200] or None
+    filters = views.Filters(
+        (shown["queue"],) if shown["queue"] else (),
+        (shown["type"],) if shown["type"] else (),
+        shown["name"] or None,
+        text,
+        group,
+    )
+    job_page = await views.page(dash.app, status, filters, cursor=cursor, limit=PAGE_SIZE)
+    query = {k: v for k, v in shown.items() if v}
+    next_url = "/jobs?" + urlencode({**query, "after": job_page.next.encode()}) if job_page.next else None
+    counts = await views.counts(dash.app, filters)
+    pairs = await views.pairs(dash.app, status)
+    tab_query = {k: v for k, v in query.items() if k not in ("status", "group")}
+    return dash.render(
+        request,
+        "jobs.html",
+        counts=counts,
+        count_cap=views.COUNT_CAP,
+        tabs=TABS,
+        tab_base="/jobs?" + urlencode(tab_query) + ("&" if tab_query else ""),
+        page_jobs=job_page.jobs,
+        next_url=next_url,
+        first_url="/jobs?" + urlencode(query) if cursor else None,
+        filters=shown,
+        statuses=views.VIEWS,
+        queue_choices=sorted({q for q, t in pairs if not shown["type"] or t == shown["type"]}),
+        type_choices=sorted({t for q, t in pairs if not shown["queue"] or q == shown["queue"]}),
+        previews={
+            job.id: formatting.preview(dash.redact, job.configuration, job.configuration_bytes) for job in job_page.jobs
+        },
+        self_url=request.url.path[len(request.scope.get("root_path", "")) :]
+        + (f"?{request.url.query}" if request.url.query else ""),
+        redact=dash.redact,
+    )
+
+
+async def job_detail(dash: Dashboard, request: Request) -> Response:
+    raw_id = request.path_params["job_id"]
+    job_id = formatting.parse_uuid(raw_id)
+    if job_id is None:
+        raise HTTPException(404, f"{raw_id[:80]!r} is not a job id: a job id is a UUID")
+    after = formatting.parse_uuid(request.query_params.get("children_after"))
+    found = await dash.run(dash.store.job(job_id))
+    steps = await dash.run(dash.store.job_steps(job_id))
+    children = await dash.run(dash.store.job_children(job_id, after=after))
+    if found is None:
+        raise HTTPException(404, f"no job has the id {job_id}: it may have been deleted, or pruned by retention")
+    job = found.job
+    execution = {k: v for k, v in job.execution_data.items() if k != TRACE_KEY}
+    fields = {
+        "configuration": dash.redact("configuration", job.configuration_data),
+        "execution_data": dash.redact("execution_data", execution),
+        "result": dash.redact("result", job.result),
+        "last_error": dash.redact("last_error", job.last_error),
+    }
+    by_name = {row.name: row for row in steps.rows}
+    parked = job.status is JobStatus.QUEUED and bool(job.history)
+    history = [
+        {
+            **entry,
+            "error": dash.redact("last_error", entry.get("error")),
+            "traceback": dash.redact("traceback", entry["traceback"]) if entry.get("traceback") else None,
+            "reason": waiting_reason(
+                entry, current=parked and n == len(job.history) - 1, job=job, steps=by_name, active=children.active
+            ),
+        }
+        for n, entry in enumerate(job.history)
+        if isinstance(entry, dict)
+    ]
+    results = dash.redact("steps", {row.name: row.result for row in steps.rows})
+    return dash.render(
+        request,
+        "job.html",
+        job=job,
+        parent=found,
+        fields=fields,
+        history=history,
+        steps=step_views(steps.rows, results, datetime.now(UTC)),
+        steps_total=steps.total,
+        children=children,
+        children_after=after,
+        children_next=children.rows[-1].id if children.total > len(children.rows) else None,
+        page_size=FAMILY_LIMIT,
+        window=WINDOW,
+        trace=job.execution_data.get(TRACE_KEY),
+        progress=formatting.progress(job.progress_current, job.progress_total),
+    )
+
+
+async def failures(dash: Dashboard, request: Request) -> Response:
+    """Every failure group over every failed job, counted as the views count."""
+    groups = await views.failure_groups(dash.app)
+    total = await views.count(dash.app, "failed")
+    return dash.render(request, "failures.html", groups=groups, total=total, redact=dash.redact)
+
+
+async def workers(dash: Dashboard, request: Request) -> Response:
+    registry = await control.list_workers(dash.app, forget_after=None)
+    commands = await dash.run(dash.store.commands())
+    selected = request.query_params.get("worker")
+    running = await dash.run(dash.store.running_of_worker(selected)) if selected else []
+    return dash.render(
+        request,
+        "workers.html",
+        workers=registry,
+        commands=commands,
+        selected=selected,
+        running=running,
+        actions=WORKER_ACTIONS,
+    )
+
+
+async def queues(dash: Dashboard, request: Request) -> Response:
+    rows = await queue_rows(dash)
+    limits = {q.queue: q for q in await dash.app.list_queues()}
+    return dash.render(request, "queues.html", queues=rows, limits=limits)
+
+
+async def periodic(dash: Dashboard, request: Request) -> Response:
+    return dash.render(request, "periodic.html", periodics=await dash.app.list_periodic())
+
+
+async def groups(dash: Dashboard, request: Request) -> Response:
+    return dash.render(request, "groups.html", groups=await dash.run(dash.store.recent_groups()))
+
+
+async def group_detail(dash: Dashboard, request: Request) -> Response:
+    group = formatting.parse_uuid(request.path_params["group_id"])
+    if group is None:
+        raise HTTPException(404, "no such group")
+    progress = await dash.app.group_progress(group)
+    return dash.render(request, "group.html", group=group, progress=progress)
