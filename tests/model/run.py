@@ -335,7 +335,8 @@ def part_three(
         )
     for variant in [*EXPIRY_VARIANTS] + (["late"] if rng.random() < 0.5 else []):
         q = rng.choice(queues) if variant in ("late", "paused") else expiry_queue
-        t = rng.uniform(0.5, load_until)
+        # The scenarios that run on past their expiry start early enough to end within the load's time.
+        t = rng.uniform(0.5, load_until if variant in ("late", "paused") else max(1.0, load_until - 5.0))
         x: dict[str, Any] = {"variant": variant, "queue": q.name, "key": key(q), "ref": f"x{next(refs)}"}
         x["front"] = rng.choice(["python", "sql"]) if variant in ("late", "paused") else "python"
         x["sleep"] = rng.uniform(0.05, 0.5)
@@ -357,7 +358,7 @@ def part_three(
             x["children"] = rng.randint(0, 1)
         else:
             x["expires"] = rng.uniform(2.0, 3.0)
-            x["sleep"] = x["expires"] + rng.uniform(3.0, 4.0)
+            x["sleep"] = x["expires"] + rng.uniform(2.0, 3.0)
             actions.append(Action(t + x["expires"] + rng.uniform(0.5, 1.0), "kill_runner", {"ref": x["ref"]}))
         actions.append(Action(t, "expiry", x))
     for kind, low, high in (("cancel", 2, 4), ("delete", 1, 3), ("run_now", 2, 4)):
