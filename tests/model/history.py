@@ -325,13 +325,25 @@ class _Checker:
         self.ops_by_job: dict[str, list[Op]] = defaultdict(list)
         for op in sorted(history.ops, key=lambda op: op.before):
             self.ops_by_job[op.job_id].append(op)
+        # A durable wait parks the job (its lease and slot given back) before its handler unwinds and
+        # logs its end: where the trigger recorded the park, a parked run ends there.
+        self.parked_at: dict[str, float] = {}
+        for r in history.runs:
+            if r.outcome == "parked" and r.end is not None:
+                claim = self.claim_of(r)
+                park = next(
+                    (t.at for t in self.transitions.get(r.job_id, []) if t.old == "running" and t.at >= claim), None
+                )
+                if park is not None and park < r.end:
+                    self.parked_at[r.run_id] = park
 
     # -- intervals ----------------------------------------------------------------------------------
 
     def end_of(self, run: Run) -> float:
-        """When the run stopped: its end, else when its process was gone, else the end of the history."""
+        """When the run stopped: its end (a parked run's park), else when its process was gone, else the
+        end of the history."""
         if run.end is not None:
-            return run.end
+            return self.parked_at.get(run.run_id, run.end)
         gone = self.gone.get(run.pid)
         return gone if gone is not None else self.horizon
 
@@ -801,6 +813,15 @@ class _Checker:
             return False
         return self.expired(job) or (not self.claim_times(job.id) and expires < self.end_time())
 
+    def cancelled_at(self, job: JobRow) -> float:
+        """When the job was cancelled: the trigger's time of the change (a claim's `finished_at` is its
+        transaction's start, which may be before the claim compared the clock with `expires_at`), else
+        its `finished_at`."""
+        changes = [t.at for t in self.transitions.get(job.id, []) if t.new == "cancelled"]
+        if changes:
+            return changes[-1]
+        return job.finished_at if job.finished_at is not None else math.inf
+
     def expiry(self) -> Iterator[Violation]:
         """SPEC 18 (Part IV clarification): a job with `expires_at` is never first started after it; once
         started, nothing cancels it as expired (its retries, durable sleeps and recovery after a crash run
@@ -832,10 +853,10 @@ class _Checker:
                     f"job {job_id} started at {_fmt(first, self.origin)} (expires_at {at}) and was then cancelled "
                     f"as expired (attempts {job.attempts}, last error {job.last_error!r}): {runs}",
                 )
-            elif self.expired(job) and job.finished_at is not None and job.finished_at < expires - EXPIRY_SKEW:
+            elif self.expired(job) and (cancelled := self.cancelled_at(job)) < expires - EXPIRY_SKEW:
                 yield Violation(
                     "expiry",
-                    f"job {job_id} was cancelled as expired at {_fmt(job.finished_at, self.origin)}, before its "
+                    f"job {job_id} was cancelled as expired at {_fmt(cancelled, self.origin)}, before its "
                     f"expires_at {at}",
                 )
             elif not claims and expires < self.end_time() and not self.expired(job) and not self.cancelled(job_id):

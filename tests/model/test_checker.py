@@ -638,3 +638,32 @@ def test_a_fault_long_after_the_handler_raised_does_not_excuse_its_unwritten_out
     h.frozen = [Window(str(PID), T0 + 2.0, T0 + 12)]  # frozen right after it raised: excused
     h.faults = [Window(f"freeze {PID}", T0 + 2.0, T0 + 12)]
     assert "error_written" not in broken(h)
+
+
+def test_an_expiry_is_judged_by_when_the_row_was_cancelled_not_by_its_finished_at() -> None:
+    # A claim that waited for a lock cancels an expired job with the finished_at of its transaction's
+    # start, before the expiry; the change itself came after it.
+    row = expiring(20, 2.0, status="cancelled", finished_at=T0 + 1.0, last_error=EXPIRED)
+    h = with_job(clean(), row, expected="completed")
+    h.ended = T0 + 9
+    h.transitions += changes(20, (0.0, "queued"), (2.3, "cancelled"))
+    assert check(h).ok, check(h).text()
+    h.transitions[-1] = replace(h.transitions[-1], at=T0 + 1.0)
+    assert broken(h) == {"expiry"}
+
+
+def test_a_parked_run_frees_its_slot_when_the_job_parks() -> None:
+    # j2 parks at +0.95 (its slot given back) and logs its end at +1.5; j12 starts at +1.2 beside j1:
+    # two handlers of q at once, within its limit of 2.
+    h = clean()
+    h.runs[1] = replace(h.runs[1], outcome="parked")
+    h.runs.append(run(2, 2.5, 3.0, run_id="r2b"))  # woken, it completes
+    h.jobs[1] = replace(h.jobs[1], finished_at=T0 + 3.0)
+    h.completions["j2"] = [T0 + 3.01]
+    h.jobs.append(job(12, finished_at=T0 + 1.3))
+    h.runs.append(run(12, 0.97, 1.3))
+    h.completions["j12"] = [T0 + 1.31]
+    assert broken(h) == {"concurrency"}  # without the trigger's record, j2 held its slot until +1.5
+    h.transitions += changes(2, (0.0, "queued"), (0.5, "running"), (0.95, "queued"), (2.5, "running"))
+    h.transitions.append(Transition("j2", T0 + 3.0, "running", "completed", 2))
+    assert check(h).ok, check(h).text()
