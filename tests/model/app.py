@@ -6,11 +6,15 @@ Every handler run writes a `start` and an `end` row to `public.model_log`, every
 autocommit connection and stamped by the database clock (`clock_timestamp()`), so runs of different
 processes order on one clock. A row has a client-made id: a write repeated after a lost connection
 is written once.
+
+Besides work in slices, failures and workflows, handlers for Part III's promises: `model.fail_once`
+(a retry after an expiry), `model.leak` (errors carrying secrets) and `model.huge` (a huge error).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import threading
 import time
@@ -209,6 +213,73 @@ async def flow(job: jobbus.JobExecution) -> Any:
         return {"a": first, "b": second, "payload": payload}
 
     return await _logged(job, body)
+
+
+@app.job("model.fail_once", max_attempts=50)
+async def fail_once(job: jobbus.JobExecution) -> Any:
+    """Work for `sleep` seconds, then fail the first attempt (a retryable error) and complete the next:
+    with an `expires` shorter than `sleep`, the retry is claimed after the expiry (SPEC 18: it runs)."""
+
+    async def body() -> Any:
+        for _ in range(_slices(job)):
+            await asyncio.sleep(SLICE)
+        if job.attempt == 1:
+            raise RuntimeError("the first attempt fails, as planned")
+        return {"pid": os.getpid()}
+
+    return await _logged(job, body)
+
+
+def secret_text(secrets: list[list[str]]) -> str:
+    """Each `[shape, value]` written the way code and libraries write that kind of secret."""
+    shapes = {
+        "token": "token={}",
+        "api_key": "api_key={}",
+        "client_secret": "client_secret={}",
+        "bearer": "Authorization: Bearer {}",
+        "password": 'password="{}"',
+        "dsn": "postgresql://u:{}@h/db",
+    }
+    return "; ".join(shapes[shape].format(value) for shape, value in secrets)
+
+
+@app.job("model.leak", max_attempts=2)
+async def leak(job: jobbus.JobExecution) -> None:
+    """Fail every attempt with an error that carries secrets (`secrets`: `[shape, value]` pairs), half of
+    them in the message and half in the exception it was raised from (a chained traceback)."""
+    secrets = [list(s) for s in job.configuration["secrets"]]
+
+    async def body() -> None:
+        outer, inner = secrets[::2], secrets[1::2]
+        try:
+            raise ValueError(f"while signing in: {secret_text(inner)}" if inner else "while signing in")
+        except ValueError as exc:
+            raise RuntimeError(f"upstream refused the call: {secret_text(outer)}") from exc
+
+    await _logged(job, body)
+
+
+def huge_text(variant: str, marker: str | None) -> str:
+    """An error message of at least 300 KiB: `url` is a run of URL-like text that a backtracking
+    pattern takes quadratic time over; `json` is compact JSON of URLs with a password (`marker`)."""
+    if variant == "url":
+        return "a://b:" * 60000
+    items = [
+        {"id": n, "dsn": f"postgresql://u:{marker}@h/db", "next": f"https://example.invalid/p/{n}?from=a://b:"}
+        for n in range(3000)
+    ]
+    return json.dumps(items, separators=(",", ":"))
+
+
+@app.job("model.huge", max_attempts=1)
+async def huge(job: jobbus.JobExecution) -> None:
+    """Fail with a huge error message (`variant`, see `huge_text`)."""
+    text = huge_text(str(job.configuration["variant"]), job.configuration.get("marker"))
+
+    async def body() -> None:
+        raise RuntimeError(text)
+
+    await _logged(job, body)
 
 
 @app.on(jobbus.JobCompleted)

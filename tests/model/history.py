@@ -2,9 +2,11 @@
 
 A history is what happened, read back after the run: every handler execution (start and end by the
 database clock), every step side effect, every event emitted and received, every completion a worker
-reported, every fault injected, every limit in force, and the job rows at the end. The checker knows
-nothing of how jobbus works inside: it checks the promises of SPEC sections 1, 12, 13 and 16 against
-what the handlers saw, and returns each broken one as a `Violation` that names the jobs and intervals.
+reported, every fault injected, every limit in force, every status change of a job row (a trigger's
+record), every cancel, delete and run_now call with its outcome, the secrets put into errors, and the
+job rows at the end. The checker knows nothing of how jobbus works inside: it checks the promises of
+SPEC sections 1, 12, 13, 16, 17 and 18 against what the handlers and the rows went through, and returns
+each broken one as a `Violation` that names the jobs and intervals.
 
 Where a promise is at-least-once by design (a frozen worker's handler running on after its lease was
 taken back), the checker measures the window (`Report.measures`) and leaves the frozen worker's
@@ -14,6 +16,7 @@ intervals out of the overlap checks, never out of the report.
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -37,6 +40,24 @@ RECONNECT_SETTLE = 8.0
 #: A worker process claims this long after its app was loaded (`Process.started`).
 WORKER_WARMUP = 4.0
 FAIRNESS_STEP = 0.25
+#: A claim reads the clock once and stamps `started_at` row by row: a claim this close to a job's
+#: `expires_at` is not called late.
+EXPIRY_SKEW = 0.5
+#: Statuses a producer call (cancel, delete, run_now) may have seen: those in force from this long
+#: before the call (a transition is stamped before its transaction commits) until it returned.
+CALL_SKEW = 2.0
+#: A handler that raised has its outcome written by its own worker within this long (the redaction of
+#: a huge error included, which must take time linear in its length), unless a fault hit the worker.
+ERROR_WRITE_BOUND = 15.0
+#: Backends terminated this close to a handler's end may cost its worker its lease before the outcome is
+#: written (the run's leases are 6 s, reconnecting takes up to 5 s).
+ERROR_FAULT_SETTLE = 8.0
+#: A worker writes a raised handler's outcome within milliseconds: a kill or freeze of its process that
+#: began later than this after the handler raised does not excuse an outcome still unwritten.
+OUTCOME_GRACE = 5.0
+#: The run's lease and dead-worker timeouts (`WORKER_ENV` of run.py): a worker silent this long has its
+#: jobs recovered.
+LEASE_LAPSE = 6.0
 
 
 @dataclass(frozen=True)
@@ -121,6 +142,53 @@ class JobRow:
     configuration: dict[str, Any]
     attempts: int = 1
     last_error: str | None = None
+    expires_at: float | None = None
+    started_at: float | None = None
+    error_group: str | None = None
+    #: the job's `history` column: one entry per attempt's outcome (`error`, `traceback`, ...).
+    history: list[dict[str, Any]] = field(default_factory=list)
+    unique_key: str | None = None
+
+
+@dataclass(frozen=True)
+class Transition:
+    """A change of a job row, recorded by a trigger in the transaction that made it: `new` is the status
+    after (`inserted` rows have `old` None; a deleted row has `new` `deleted`), `at` the database clock
+    (for a claim, the row's `started_at`)."""
+
+    job_id: str
+    at: float
+    old: str | None
+    new: str
+    attempts: int = 0
+
+
+@dataclass(frozen=True)
+class Inserted:
+    """What a job was scheduled as, recorded by the insert trigger (also for rows deleted later)."""
+
+    job_id: str
+    at: float
+    type: str
+    unique_key: str | None = None
+    expires_at: float | None = None
+
+
+@dataclass(frozen=True)
+class Op:
+    """A producer call on a job racing the workers: `cancel`, `delete` or `run_now`; `before` and
+    `after` are the database clock around the call, `outcome` what it returned (the status for cancel,
+    `ok` for delete and run_now) or `error: ...`."""
+
+    kind: str
+    job_id: str
+    before: float
+    after: float
+    outcome: str
+
+    @property
+    def ok(self) -> bool:
+        return not self.outcome.startswith("error")
 
 
 @dataclass
@@ -154,6 +222,17 @@ class History:
     unexpected_exits: list[tuple[str, int, int]] = field(default_factory=list)
     #: the moment the run's quiet phase began (faults over, every worker back): jobs must end by the end.
     quiet_from: float = 0.0
+    #: when the job rows were read (the end of the run's settle time); 0: unknown (the checker's horizon).
+    ended: float = 0.0
+    #: every status change of every job row, by the trigger the run installs (empty: not recorded).
+    transitions: list[Transition] = field(default_factory=list)
+    inserted: dict[str, Inserted] = field(default_factory=dict)
+    #: cancel, delete and run_now calls on random jobs, as they returned.
+    ops: list[Op] = field(default_factory=list)
+    #: job id -> (shape, marker) of each secret its handler put into its errors: none may be stored.
+    secrets: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
+    #: what the driver's Part III operations did, by kind (and outcome): how many of each.
+    exercised: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -169,6 +248,8 @@ class Violation:
 class Report:
     violations: list[Violation]
     measures: dict[str, float]
+    #: what the run's Part III operations did (`History.exercised`): the coverage a seed gave.
+    exercised: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -180,6 +261,8 @@ class Report:
     def text(self) -> str:
         lines = [str(v) for v in self.violations] or ["every guarantee held"]
         lines.append("measures: " + ", ".join(f"{k}={v:.2f}" for k, v in sorted(self.measures.items())))
+        if self.exercised:
+            lines.append("exercised: " + ", ".join(f"{k} x{v}" for k, v in sorted(self.exercised.items())))
         return "\n".join(lines)
 
 
@@ -200,9 +283,21 @@ def check(history: History) -> Report:
         *checker.events(),
         *checker.paused(),
         *checker.fairness(),
+        *checker.expiry(),
+        *checker.deletes(),
+        *checker.cancels(),
+        *checker.run_nows(),
+        *checker.unique(),
+        *checker.secrets(),
+        *checker.errors_written(),
         *checker.end_state(),
     ]
-    return Report(violations, measures)
+    return Report(violations, measures, dict(history.exercised))
+
+
+def _says_expired(error: str | None) -> bool:
+    """`last_error` says the job expired (not that a lease did)."""
+    return error is not None and "expired" in re.sub("lease expired", "", error, flags=re.IGNORECASE).lower()
 
 
 def _fmt(t: float, origin: float) -> str:
@@ -224,13 +319,31 @@ class _Checker:
         for r in history.runs:
             self.runs_by_job[r.job_id].append(r)
         self.horizon = max([r.end or r.start for r in history.runs] + [self.origin]) + 1.0
+        self.transitions: dict[str, list[Transition]] = defaultdict(list)
+        for t in sorted(history.transitions, key=lambda t: t.at):
+            self.transitions[t.job_id].append(t)
+        self.ops_by_job: dict[str, list[Op]] = defaultdict(list)
+        for op in sorted(history.ops, key=lambda op: op.before):
+            self.ops_by_job[op.job_id].append(op)
+        # A durable wait parks the job (its lease and slot given back) before its handler unwinds and
+        # logs its end: where the trigger recorded the park, a parked run ends there.
+        self.parked_at: dict[str, float] = {}
+        for r in history.runs:
+            if r.outcome == "parked" and r.end is not None:
+                claim = self.claim_of(r)
+                park = next(
+                    (t.at for t in self.transitions.get(r.job_id, []) if t.old == "running" and t.at >= claim), None
+                )
+                if park is not None and park < r.end:
+                    self.parked_at[r.run_id] = park
 
     # -- intervals ----------------------------------------------------------------------------------
 
     def end_of(self, run: Run) -> float:
-        """When the run stopped: its end, else when its process was gone, else the end of the history."""
+        """When the run stopped: its end (a parked run's park), else when its process was gone, else the
+        end of the history."""
         if run.end is not None:
-            return run.end
+            return self.parked_at.get(run.run_id, run.end)
         gone = self.gone.get(run.pid)
         return gone if gone is not None else self.horizon
 
@@ -554,6 +667,8 @@ class _Checker:
                 continue
             first = min((r.start for r in self.runs_by_job[job.id]), default=None)
             until = first if first is not None else self.h.quiet_from
+            if first is None and job.finished_at is not None:
+                until = min(until, job.finished_at)  # cancelled or expired without running
             blocked = 0.0
             t = job.created_at + FAIRNESS_STEP
             while t < until:
@@ -626,15 +741,366 @@ class _Checker:
     def serves(self, pid: int, queue: str) -> bool:
         return any(p.pid == pid and (not p.queues or queue in p.queues) for p in self.h.processes)
 
+    # -- Part III: expiry, cancel, delete, run_now, uniqueness, secrets, errors ---------------------
+
+    def claim_times(self, job_id: str) -> list[float]:
+        """When the job's attempts were claimed (database clock): from the trigger's record of the row,
+        and from what the handlers logged (a history built without the trigger has only those)."""
+        times = [t.at for t in self.transitions.get(job_id, []) if t.new == "running"]
+        times += [r.started for r in self.runs_by_job[job_id]]
+        return sorted(times)
+
+    def claim_of(self, run: Run) -> float:
+        """The claim that started `run`: the trigger's latest claim of its attempt before it, else its own."""
+        claims = [
+            t.at
+            for t in self.transitions.get(run.job_id, [])
+            if t.new == "running" and t.attempts == run.attempt and t.at <= run.start + EXPIRY_SKEW
+        ]
+        return max(claims) if claims else run.started
+
+    def statuses_during(self, job_id: str, start: float, end: float) -> set[str] | None:
+        """The statuses the row had at some moment of [start, end] (`deleted` once it is gone); None when
+        its changes were not recorded."""
+        changes = self.transitions.get(job_id)
+        if not changes:
+            return None
+        found: set[str] = set()
+        current: str | None = None
+        for t in changes:
+            if t.at <= start:
+                current = t.new
+            elif t.at <= end:
+                found.add(t.new)
+        if current is not None:
+            found.add(current)
+        return found
+
+    def expires_of(self, job_id: str) -> float | None:
+        job = self.jobs.get(job_id)
+        if job is not None and job.expires_at is not None:
+            return job.expires_at
+        inserted = self.h.inserted.get(job_id)
+        return inserted.expires_at if inserted is not None else None
+
+    def deleted(self, job_id: str) -> Op | None:
+        return next((op for op in self.ops_by_job.get(job_id, []) if op.kind == "delete" and op.ok), None)
+
+    def cancelled(self, job_id: str) -> Op | None:
+        """The first cancel of the job that found it queued (`cancelled`) or running (`running`)."""
+        return next(
+            (
+                op
+                for op in self.ops_by_job.get(job_id, [])
+                if op.kind == "cancel" and op.outcome in ("cancelled", "running")
+            ),
+            None,
+        )
+
+    def end_time(self) -> float:
+        return self.h.ended or self.horizon
+
+    def expired(self, job: JobRow) -> bool:
+        """The job ended cancelled as expired (SPEC 18: `last_error` says `expired`; a lease's expiry
+        is another matter)."""
+        return job.status == "cancelled" and _says_expired(job.last_error)
+
+    def owned_by_expiry(self, job: JobRow) -> bool:
+        """Whether the job's end is the expiry rule's to judge: it ended cancelled as expired, or it never
+        started and its `expires_at` passed during the run."""
+        expires = self.expires_of(job.id)
+        if expires is None:
+            return False
+        return self.expired(job) or (not self.claim_times(job.id) and expires < self.end_time())
+
+    def cancelled_at(self, job: JobRow) -> float:
+        """When the job was cancelled: the trigger's time of the change (a claim's `finished_at` is its
+        transaction's start, which may be before the claim compared the clock with `expires_at`), else
+        its `finished_at`."""
+        changes = [t.at for t in self.transitions.get(job.id, []) if t.new == "cancelled"]
+        if changes:
+            return changes[-1]
+        return job.finished_at if job.finished_at is not None else math.inf
+
+    def expiry(self) -> Iterator[Violation]:
+        """SPEC 18 (Part IV clarification): a job with `expires_at` is never first started after it; once
+        started, nothing cancels it as expired (its retries, durable sleeps and recovery after a crash run
+        as without `expires`); a job never started whose `expires_at` passed ends cancelled, "expired",
+        unless it was cancelled or deleted otherwise, and never before its `expires_at`."""
+        ids = {j.id for j in self.h.jobs if j.expires_at is not None}
+        ids |= {job_id for job_id, i in self.h.inserted.items() if i.expires_at is not None}
+        self.measures["expiring_jobs"] = float(len(ids))
+        self.measures["expired_jobs"] = float(sum(1 for j in self.h.jobs if j.id in ids and self.expired(j)))
+        for job_id in sorted(ids):
+            expires = self.expires_of(job_id)
+            assert expires is not None
+            at = _fmt(expires, self.origin)
+            claims = self.claim_times(job_id)
+            runs = "; ".join(self.interval(r) for r in sorted(self.runs_by_job[job_id], key=lambda r: r.start))
+            if claims and claims[0] > expires + EXPIRY_SKEW:
+                yield Violation(
+                    "expiry",
+                    f"job {job_id} was first started at {_fmt(claims[0], self.origin)}, after its expires_at {at}: "
+                    f"{runs or 'no handler ran'}",
+                )
+            job = self.jobs.get(job_id)
+            if job is None:
+                continue
+            if self.expired(job) and self.runs_by_job[job_id]:
+                first = min(r.started for r in self.runs_by_job[job_id])
+                yield Violation(
+                    "expiry",
+                    f"job {job_id} started at {_fmt(first, self.origin)} (expires_at {at}) and was then cancelled "
+                    f"as expired (attempts {job.attempts}, last error {job.last_error!r}): {runs}",
+                )
+            elif self.expired(job) and (cancelled := self.cancelled_at(job)) < expires - EXPIRY_SKEW:
+                yield Violation(
+                    "expiry",
+                    f"job {job_id} was cancelled as expired at {_fmt(cancelled, self.origin)}, before its "
+                    f"expires_at {at}",
+                )
+            elif not claims and expires < self.end_time() and not self.expired(job) and not self.cancelled(job_id):
+                error = f", last error {job.last_error[:200]!r}" if job.last_error else ""
+                yield Violation(
+                    "expiry",
+                    f"job {job_id} ({job.type} in {job.queue}) never started, its expires_at {at} passed, and it "
+                    f"ended {job.status}{error}, not cancelled as expired",
+                )
+
+    def started_after(self, op: Op) -> list[str]:
+        """The claims and handler starts of `op`'s job after `op` returned. A handler whose process was
+        frozen between its claim and its start is not counted: it started before, and logged it late."""
+        found = [
+            f"claimed at {_fmt(t.at, self.origin)} (attempt {t.attempts})"
+            for t in self.transitions.get(op.job_id, [])
+            if t.new == "running" and t.at > op.after
+        ]
+        for r in self.runs_by_job[op.job_id]:
+            claim = self.claim_of(r)
+            frozen = any(w.start <= r.start and w.end >= claim for w in self.frozen_by_pid.get(r.pid, []))
+            if claim > op.after or (r.start > op.after and not frozen):
+                found.append(f"handler ran: {self.interval(r)}")
+        return found
+
+    def deletes(self) -> Iterator[Violation]:
+        """SPEC 17: `delete` removes a queued or terminal job and refuses a running one; no handler of a
+        deleted job starts after the delete returned, and its row is gone at the end."""
+        for op in self.h.ops:
+            if op.kind != "delete":
+                continue
+            statuses = self.statuses_during(op.job_id, op.before - CALL_SKEW, op.after)
+            when = _fmt(op.after, self.origin)
+            if op.ok:
+                job = self.jobs.get(op.job_id)
+                if job is not None:
+                    yield Violation("delete", f"job {op.job_id} was deleted at {when} and its row is still there")
+                late = self.started_after(op)
+                if late:
+                    yield Violation(
+                        "delete", f"job {op.job_id} was deleted at {when} and started after: {'; '.join(late)}"
+                    )
+                if statuses is not None and statuses <= {"running"}:
+                    yield Violation(
+                        "delete", f"job {op.job_id} was deleted at {when} while it was running throughout the call"
+                    )
+            elif statuses is not None and not statuses & {"running", "deleted"}:
+                yield Violation(
+                    "delete",
+                    f"delete of job {op.job_id} at {when} was refused ({op.outcome[:200]}) while the job was "
+                    f"{'/'.join(sorted(statuses))}",
+                )
+
+    def cancels(self) -> Iterator[Violation]:
+        """SPEC 2 and 16: a job that `cancel` found queued (it returned `cancelled`) never starts after;
+        one it found running (it returned `running`) never ends completed."""
+        for op in self.h.ops:
+            if op.kind != "cancel":
+                continue
+            statuses = self.statuses_during(op.job_id, op.before - CALL_SKEW, op.after)
+            when = _fmt(op.after, self.origin)
+            job = self.jobs.get(op.job_id)
+            if op.outcome == "cancelled":
+                late = self.started_after(op)
+                if late:
+                    yield Violation(
+                        "cancel",
+                        f"job {op.job_id} was cancelled (returned cancelled) at {when} and started after: "
+                        f"{'; '.join(late)}",
+                    )
+                seen = {"queued", "cancelled"}
+            elif op.outcome == "running":
+                if job is not None and job.status == "completed":
+                    runs = "; ".join(self.interval(r) for r in self.runs_by_job[op.job_id])
+                    yield Violation(
+                        "cancel",
+                        f"job {op.job_id}: cancel returned running at {when}, yet the job ended completed: {runs}",
+                    )
+                seen = {"running"}
+            elif op.ok:
+                seen = {op.outcome}
+            else:
+                seen = {"deleted"}
+            if statuses is not None and not statuses & seen:
+                yield Violation(
+                    "cancel",
+                    f"cancel of job {op.job_id} at {when} returned {op.outcome[:200]!r} while the job was "
+                    f"{'/'.join(sorted(statuses))}",
+                )
+
+    def run_nows(self) -> Iterator[Violation]:
+        """SPEC 17: `run_now` makes a queued job available now and refuses anything else; a job it made
+        available is not lost: it ends in a terminal status (or was deleted)."""
+        for op in self.h.ops:
+            if op.kind != "run_now":
+                continue
+            statuses = self.statuses_during(op.job_id, op.before - CALL_SKEW, op.after)
+            when = _fmt(op.after, self.origin)
+            if not op.ok:
+                if statuses is not None and statuses <= {"queued"}:
+                    yield Violation(
+                        "run_now",
+                        f"run_now of job {op.job_id} at {when} was refused ({op.outcome[:200]}) while it was queued",
+                    )
+                continue
+            if statuses is not None and "queued" not in statuses:
+                yield Violation(
+                    "run_now",
+                    f"run_now of job {op.job_id} at {when} succeeded while it was {'/'.join(sorted(statuses))}",
+                )
+            if self.deleted(op.job_id) is not None:
+                continue
+            job = self.jobs.get(op.job_id)
+            if job is None:
+                yield Violation("run_now", f"job {op.job_id} was made available at {when} and is gone")
+            elif job.status in ("queued", "running"):
+                yield Violation(
+                    "run_now", f"job {op.job_id} was made available at {when} and is still {job.status} at the end"
+                )
+
+    def unique(self) -> Iterator[Violation]:
+        """SPEC 2: two jobs of one (type, unique_key) are never queued or running at once (from its insert
+        until it is terminal or deleted), whichever front end (Python or SQL) scheduled them."""
+        active: dict[tuple[str, str], list[tuple[float, float, str]]] = defaultdict(list)
+        for job_id, i in self.h.inserted.items():
+            if i.unique_key is None:
+                continue
+            ends = [
+                t.at
+                for t in self.transitions.get(job_id, [])
+                if t.new in ("completed", "failed", "cancelled", "deleted") and t.at >= i.at
+            ]
+            active[(i.type, i.unique_key)].append((i.at, min(ends, default=math.inf), job_id))
+        for (type_, key), spans in sorted(active.items()):
+            spans.sort()
+            for n, (start, end, job_id) in enumerate(spans):
+                for other_start, _, other in spans[n + 1 :]:
+                    if other_start < end:
+                        yield Violation(
+                            "unique",
+                            f"jobs {job_id} and {other} of type {type_} and unique_key {key!r} were active at once "
+                            f"from {_fmt(other_start, self.origin)} (the first active "
+                            f"{_fmt(start, self.origin)}..{_fmt(end, self.origin) if end < math.inf else 'the end'})",
+                        )
+
+    def secrets(self) -> Iterator[Violation]:
+        """SPEC 17: no secret a handler's error carried is stored in clear: not in `last_error`,
+        `error_group`, nor in any `history` entry's `error` or `traceback`."""
+        checked = 0
+        for job_id, secrets in sorted(self.h.secrets.items()):
+            job = self.jobs.get(job_id)
+            if job is None:
+                continue
+            fields: list[tuple[str, Any]] = [("last_error", job.last_error), ("error_group", job.error_group)]
+            for n, entry in enumerate(job.history):
+                fields += [
+                    (f"history[{n}].error", entry.get("error")),
+                    (f"history[{n}].traceback", entry.get("traceback")),
+                ]
+            leaks: dict[str, list[str]] = defaultdict(list)
+            for shape, marker in secrets:
+                checked += 1
+                for name, text in fields:
+                    if isinstance(text, str) and marker in text:
+                        leaks[shape].append(name)
+            if leaks:
+                listing = "; ".join(
+                    f"{shape} in {', '.join(sorted(set(names)))}" for shape, names in sorted(leaks.items())
+                )
+                yield Violation("secrets", f"job {job_id} ({job.type}) stores secrets in clear: {listing}")
+        self.measures["secrets_checked"] = float(checked)
+
+    def errors_written(self) -> Iterator[Violation]:
+        """A handler that raised has its outcome written by its own worker within ERROR_WRITE_BOUND, a huge
+        error too (SPEC 17: redaction takes time linear in the text): not left to a lease's recovery.
+        A late or recovered outcome is excused by a fault that could have caused it (`excused`)."""
+        worst = 0.0
+        for r in self.h.runs:
+            if r.outcome != "raised" or r.end is None or r.job_id not in self.transitions:
+                continue
+            claim = self.claim_of(r)
+            written = next((t for t in self.transitions[r.job_id] if t.old == "running" and t.at >= claim), None)
+            written_at = written.at if written is not None else self.end_time()
+            delay = written_at - r.end
+            job = self.jobs.get(r.job_id)
+            recovered = job is not None and any(
+                e.get("attempt") == r.attempt and e.get("outcome") == "recovered" for e in job.history
+            )
+            if not (delay > ERROR_WRITE_BOUND or recovered):
+                worst = max(worst, delay)
+                continue
+            if self.excused(r, written_at, recovered):
+                continue
+            worst = max(worst, delay)
+            how = "recovered after its lease lapsed" if recovered else "written"
+            yield Violation(
+                "error_written",
+                f"job {r.job_id} ({r.type}): its handler raised at {_fmt(r.end, self.origin)} and its outcome was "
+                f"{how} {delay:.1f} s later (bound {ERROR_WRITE_BOUND:g} s), no fault on its worker that could "
+                f"cause it: {self.interval(r)}",
+            )
+        self.measures["error_write_max_s"] = worst
+
+    def excused(self, r: Run, written_at: float, recovered: bool) -> bool:
+        """Whether a fault explains why `r`'s outcome was late or recovered: its process killed or gone
+        between its start and OUTCOME_GRACE after it raised (a restart under its id reclaims its jobs at
+        once); frozen from a moment before then (a freeze makes a lease lapse only LEASE_LAPSE later, so
+        for a recovered outcome the freeze must have begun LEASE_LAPSE before the recovery, a heartbeat
+        to spare); or backends terminated from its start until ERROR_FAULT_SETTLE after its end."""
+        assert r.end is not None
+        start = r.start - 1.0
+        until = min(written_at, r.end + OUTCOME_GRACE)
+        frozen_by = min(until, written_at - LEASE_LAPSE + 1.0) if recovered else until
+        gone = self.gone.get(r.pid)
+        if gone is not None and start <= gone <= until:
+            return True
+        for w in self.h.faults:
+            kind, _, subject = w.subject.partition(" ")
+            if kind == "terminate" and start <= w.start <= r.end + ERROR_FAULT_SETTLE:
+                return True
+            if subject != str(r.pid):
+                continue
+            if kind == "kill" and start <= w.start <= until:
+                return True
+            if kind == "freeze" and w.start <= frozen_by and w.end >= start:
+                return True
+        return False
+
     # -- the end ------------------------------------------------------------------------------------
 
     def end_state(self) -> Iterator[Violation]:
         for worker, pid, code in self.h.unexpected_exits:
             yield Violation("workers_survive", f"worker {worker} (pid {pid}) exited {code} without being asked to")
         for job_id, status in sorted(self.h.expected.items()):
+            if self.deleted(job_id) is not None:
+                continue  # the delete rule's
             job = self.jobs.get(job_id)
+            cancel = self.cancelled(job_id)
+            if cancel is not None:
+                status = "cancelled"
             if job is None:
                 yield Violation("nothing_lost", f"job {job_id} was scheduled and is gone")
+            elif self.owned_by_expiry(job) or (cancel is not None and job.status == "completed"):
+                continue  # the expiry rule's, the cancel rule's
             elif job.status != status:
                 runs = "; ".join(self.interval(r) for r in self.runs_by_job[job_id]) or "never ran"
                 yield Violation(

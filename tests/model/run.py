@@ -4,9 +4,11 @@
 workflows (steps, a durable sleep, an event, children) and a fleet of worker processes, each serving a
 random subset of the queues with a random concurrency; and a timeline of what the producer schedules
 and which faults hit when (SIGKILL and SIGSTOP/SIGCONT of workers, the leader included; terminated
-backends; a paused queue; limits changed at run time). `run(topology, dsn)` plays the timeline against
-real `jobbus worker` processes kept alive by a supervisor, then lets the fleet drain in quiet and
-returns the `History` that `history.check` judges. Everything is timed by the database clock.
+backends; a paused queue; limits changed at run time); and Part III's operations (`part_three`: SQL API
+producers, expiring jobs, cancel/delete/run_now racing the workers, errors carrying secrets or huge).
+`run(topology, dsn)` plays the timeline against real `jobbus worker` processes kept alive by a
+supervisor, then lets the fleet drain in quiet and returns the `History` that `history.check` judges.
+Everything is timed by the database clock.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +37,14 @@ from tests.model.app import LOG_APPLICATION, LOG_DDL
 from tests.model.history import (
     Effect,
     History,
+    Inserted,
     JobRow,
     Limits,
+    Op,
     Process,
     Report,
     Run,
+    Transition,
     Window,
     check,
 )
@@ -55,6 +60,45 @@ WORKER_ENV = {
 DRAIN_TIMEOUT = 180.0
 READY_TIMEOUT = 120.0
 DRIVER_APPLICATION = "model_driver"
+#: Every change of a job row's status, its insert and its delete, recorded in the transaction that makes
+#: it (so a change rolled back leaves nothing): what a claim, a cancel, a delete, an expiry did and when,
+#: by the database clock (a claim at the row's new `started_at`), also for the attempts whose handler
+#: never logged (a worker killed between its claim and the handler's start) and the rows deleted since.
+CHANGES_DDL = """
+CREATE TABLE public.model_job_change (
+    seq        bigserial PRIMARY KEY,
+    job_id     uuid NOT NULL,
+    old_status text,
+    new_status text NOT NULL,
+    attempts   integer NOT NULL,
+    type       text,
+    unique_key text,
+    expires_at timestamptz,
+    at         timestamptz NOT NULL
+);
+CREATE FUNCTION public.model_job_change() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO public.model_job_change (job_id, new_status, attempts, type, unique_key, expires_at, at)
+        VALUES (NEW.id, NEW.status, NEW.attempts, NEW.type, NEW.unique_key, NEW.expires_at, clock_timestamp());
+    ELSIF TG_OP = 'UPDATE' THEN
+        INSERT INTO public.model_job_change (job_id, old_status, new_status, attempts, at)
+        VALUES (NEW.id, OLD.status, NEW.status, NEW.attempts,
+                CASE WHEN NEW.status = 'running' AND NEW.started_at IS DISTINCT FROM OLD.started_at
+                     THEN NEW.started_at ELSE clock_timestamp() END);
+    ELSE
+        INSERT INTO public.model_job_change (job_id, old_status, new_status, attempts, at)
+        VALUES (OLD.id, OLD.status, 'deleted', OLD.attempts, clock_timestamp());
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER model_job_insert AFTER INSERT ON jobbus.job
+    FOR EACH ROW EXECUTE FUNCTION public.model_job_change();
+CREATE TRIGGER model_job_update AFTER UPDATE ON jobbus.job
+    FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status) EXECUTE FUNCTION public.model_job_change();
+CREATE TRIGGER model_job_delete AFTER DELETE ON jobbus.job
+    FOR EACH ROW EXECUTE FUNCTION public.model_job_change();
+"""
 
 
 @dataclass
@@ -104,7 +148,8 @@ class Topology:
             lines.append(f"  periodic {name}: every {every:g} s in {queue}, overlap={overlap}")
         kinds: dict[str, int] = {}
         for a in self.timeline:
-            kinds[a.kind] = kinds.get(a.kind, 0) + 1
+            kind = f"{a.kind}:{a.args['variant']}" if "variant" in a.args else a.kind
+            kinds[kind] = kinds.get(kind, 0) + 1
         lines.append("  timeline: " + ", ".join(f"{k} x{n}" for k, n in sorted(kinds.items())))
         return "\n".join(lines)
 
@@ -204,8 +249,171 @@ def generate(seed: int, duration: float = 25.0, *, single_queue_workers: bool = 
             args["per_key"] = rng.choice([1, 2, None]) if q.keys else None
         timeline.append(Action(t, fault, args))
         t += rng.uniform(1.5, 4.0)
+    # Part III's operations come from a stream of their own: a seed's topology and timeline above are
+    # what they were before these joined, and these are added to them, with a queue without limits for
+    # the expiring jobs that must start before their expiry (a retry, a durable sleep or a SIGKILL after
+    # it): a backlog in a limited queue would let most of them expire unstarted.
+    part3 = random.Random(seed * 1_000_003 + 3)
+    expiry_queue = QueueSpec("qx", None, None, None, None, ())
+    if single_queue_workers:
+        workers.append(WorkerSpec("wx", ("qx",), 3))
+    elif all(w.queues for w in workers):
+        w = part3.choice(workers)
+        w.queues = tuple(sorted({*w.queues, "qx"}))
+    timeline += part_three(part3, queues, expiry_queue, duration, load_until)
+    queues.append(expiry_queue)
     timeline.sort(key=lambda a: a.at)
     return Topology(seed, duration, queues, workers, periodics, timeline, single_queue_workers)
+
+
+#: The shapes of secrets a handler's error carries (tests/model/app.py, `secret_text`).
+SECRET_SHAPES = ("token", "api_key", "client_secret", "bearer", "password", "dsn")
+_MARKER_LETTERS = "abcdefghijkmnpqrstuvwxyz23456789"
+#: The expiry scenarios: `late` (available after its expiry), `paused` (its queue paused until after its
+#: expiry), `retry_after` (the first attempt fails, the retry falls after the expiry), `sleep_past` (a
+#: durable sleep past the expiry), `kill_after` (its worker SIGKILLed after the expiry).
+EXPIRY_VARIANTS = ("late", "paused", "retry_after", "sleep_past", "kill_after")
+#: Every Part III operation a seed plays (`Action.kind`, with its variant): each seed plays each.
+PART_THREE = (
+    "sql",
+    "sql_many",
+    "keyed:python",
+    "keyed:sql",
+    *(f"expiry:{v}" for v in EXPIRY_VARIANTS),
+    "kill_runner",
+    "cancel",
+    "delete",
+    "run_now",
+    "leak",
+    "huge",
+)
+
+
+def _marker(rng: random.Random, prefix: str) -> str:
+    """A random string that appears nowhere else: a secret the history looks for in the error fields."""
+    return prefix + "".join(rng.choices(_MARKER_LETTERS, k=13))
+
+
+def part_three(
+    rng: random.Random, queues: list[QueueSpec], expiry_queue: QueueSpec, duration: float, load_until: float
+) -> list[Action]:
+    """Part III's operations (SPEC 17, 18) for a seed: producers through the SQL API (`schedule`,
+    `schedule_many`, keyed ones beside Python's on the same unique_key), jobs with an expiry in each
+    scenario of `EXPIRY_VARIANTS`, `cancel`, `delete` and `run_now` on random jobs at random times
+    (running ones included), handlers whose errors carry secrets of every shape of `SECRET_SHAPES`, and
+    a handler that raises a huge error. Every seed has each, at times and with values of its own."""
+    actions: list[Action] = []
+    refs = iter(range(1, 1000))
+
+    def key(q: QueueSpec) -> str | None:
+        return rng.choice(q.keys) if q.keys else None
+
+    for many in [False, True] + [rng.random() < 0.5 for _ in range(rng.randint(0, 2))]:
+        q = rng.choice(queues)
+        jobs = [_sql_job(rng, q) for _ in range(rng.randint(2, 4) if many else 1)]
+        actions.append(
+            Action(
+                rng.uniform(0.5, load_until),
+                "sql_many" if many else "sql",
+                {"queue": q.name, "jobs": jobs, "closed_group": rng.random() < 0.4},
+            )
+        )
+    # Python and SQL producers on two unique keys: a key still active returns the active job's id.
+    for front in ["python", "sql"] + [rng.choice(["python", "sql"]) for _ in range(rng.randint(1, 3))]:
+        q = rng.choice(queues)
+        actions.append(
+            Action(
+                rng.uniform(0.5, load_until),
+                "keyed",
+                {
+                    "variant": front,
+                    "queue": q.name,
+                    "unique_key": rng.choice(["u0", "u1"]),
+                    "sleep": rng.uniform(0.5, 2),
+                },
+            )
+        )
+    for variant in [*EXPIRY_VARIANTS] + (["late"] if rng.random() < 0.5 else []):
+        q = rng.choice(queues) if variant in ("late", "paused") else expiry_queue
+        # The scenarios that run on past their expiry start early enough to end within the load's time.
+        t = rng.uniform(0.5, load_until if variant in ("late", "paused") else max(1.0, load_until - 5.0))
+        x: dict[str, Any] = {"variant": variant, "queue": q.name, "key": key(q), "ref": f"x{next(refs)}"}
+        x["front"] = rng.choice(["python", "sql"]) if variant in ("late", "paused") else "python"
+        x["sleep"] = rng.uniform(0.05, 0.5)
+        if variant == "late":
+            x["delay"] = rng.uniform(2.0, 4.0)
+            x["expires"] = rng.uniform(0.5, x["delay"] - 0.5)
+        elif variant == "paused":
+            # The queue is paused 2 s before (its workers apply a pause within a heartbeat) and stays
+            # paused 2 s past the expiry.
+            x["expires"] = 2.0
+            actions.append(Action(t - 2.0 if t > 2.5 else 0.5, "pause", {"queue": q.name, "seconds": 6.0}))
+            t = max(t, 2.5)
+        elif variant == "retry_after":
+            x["expires"] = rng.uniform(2.0, 3.0)
+            x["sleep"] = x["expires"] + rng.uniform(0.5, 1.5)
+        elif variant == "sleep_past":
+            x["expires"] = rng.uniform(2.0, 3.0)
+            x["nap"] = x["expires"] + rng.uniform(0.5, 1.5)
+            x["children"] = rng.randint(0, 1)
+        else:
+            x["expires"] = rng.uniform(2.0, 3.0)
+            x["sleep"] = x["expires"] + rng.uniform(2.0, 3.0)
+            actions.append(Action(t + x["expires"] + rng.uniform(0.5, 1.0), "kill_runner", {"ref": x["ref"]}))
+        actions.append(Action(t, "expiry", x))
+    for kind, low, high in (("cancel", 2, 4), ("delete", 1, 3), ("run_now", 2, 4)):
+        for _ in range(rng.randint(low, high)):
+            target = rng.choice(["running", "running", "queued", "any"])
+            actions.append(Action(rng.uniform(1.0, duration - 1.0), kind, {"target": target, "pick": rng.random()}))
+    shapes = list(SECRET_SHAPES)
+    rng.shuffle(shapes)
+    jobs_with_secrets = rng.randint(2, 3)
+    for n in range(jobs_with_secrets):
+        q = rng.choice(queues)
+        secrets = [
+            [shape, " ".join(_marker(rng, "w") for _ in range(3)) if shape == "password" else _marker(rng, "s")]
+            for shape in shapes[n::jobs_with_secrets]
+        ]
+        actions.append(
+            Action(rng.uniform(0.5, load_until), "leak", {"queue": q.name, "key": key(q), "secrets": secrets})
+        )
+    q = rng.choice(queues)
+    variant = rng.choice(["url", "json"])
+    actions.append(
+        Action(
+            rng.uniform(0.5, load_until),
+            "huge",
+            {
+                "queue": q.name,
+                "key": key(q),
+                "variant": variant,
+                "marker": _marker(rng, "s") if variant == "json" else None,
+            },
+        )
+    )
+    return actions
+
+
+def _sql_job(rng: random.Random, q: QueueSpec) -> dict[str, Any]:
+    """A job as the SQL API's options take it. SQL jobs do not get a handler's defaults: `max_attempts` is
+    given as the handler's (the faults recover jobs a few times), the queue always."""
+    kind = "model.fail" if rng.random() < 0.15 else rng.choice(["model.work", "model.work_sync"])
+    job: dict[str, Any] = {
+        "type": kind,
+        "sleep": rng.uniform(0.05, 1.5),
+        "key": rng.choice(q.keys) if q.keys else None,
+        "max_attempts": 1 if kind == "model.fail" else 50,
+        "priority": rng.choice([0, 0, 0, 1, -1]),
+    }
+    if rng.random() < 0.25:
+        job["delay"] = rng.uniform(0.5, 2.0)
+    if rng.random() < 0.3:
+        job["timeout"] = 60.0
+    if rng.random() < 0.2:
+        job["name"] = f"sql-{rng.randint(0, 99)}"
+    if rng.random() < 0.25:
+        job["expires"] = rng.uniform(8.0, 15.0)  # usually starts before: judged by the expiry rule either way
+    return job
 
 
 def _job(rng: random.Random, q: QueueSpec, failing: float = 0.0) -> dict[str, Any]:
@@ -341,8 +549,13 @@ class _Fleet:
 async def run(topology: Topology, dsn: str) -> History:
     """Play the topology's timeline against real workers on `dsn` (a migrated database of its own)."""
     rng = random.Random(topology.seed * 7919 + 1)
-    with psycopg.connect(dsn, autocommit=True, application_name=LOG_APPLICATION) as log:
+    with (
+        psycopg.connect(dsn, autocommit=True, application_name=LOG_APPLICATION) as log,
+        psycopg.connect(dsn, autocommit=True, application_name=DRIVER_APPLICATION) as sql,
+    ):
         log.execute(LOG_DDL)
+        log.execute(CHANGES_DDL)
+        state = _State(sql)
         # The producer's own connections are not the fault injector's target: the workers' are.
         app = jobbus.App(dsn=make_conninfo(dsn, application_name=DRIVER_APPLICATION), database_wait_seconds=60)
         async with app:
@@ -362,7 +575,7 @@ async def run(topology: Topology, dsn: str) -> History:
             fleet = _Fleet(dsn, topology, log, rng)
             try:
                 await _ready(fleet, topology, log)
-                await _play(app, fleet, topology, log, expected, late)
+                await _play(app, fleet, topology, log, expected, late, state)
                 quiet_from = _db_now(log)
                 await _quiet(app, fleet, topology, log)
             finally:
@@ -373,7 +586,9 @@ async def run(topology: Topology, dsn: str) -> History:
                     "SELECT name, next_run_at, last_tick FROM public.model_periodic_end"
                 ).fetchall()
             }
-        return _read(log, topology, expected, late, fleet.unexpected, quiet_from, periodic_next)
+        history = _read(log, topology, expected, late, fleet.unexpected, quiet_from, periodic_next)
+        history.ops, history.secrets, history.exercised = state.ops, state.secrets, state.exercised
+        return history
 
 
 async def _ready(fleet: _Fleet, topology: Topology, log: psycopg.Connection[Any]) -> None:
@@ -422,6 +637,216 @@ async def _set_limits(
     )
 
 
+@dataclass
+class _State:
+    """What the driver's Part III operations need and record: the SQL API producer's own connection (a
+    plain psycopg one, as any language's driver), jobs by reference, groups that have a callback, the
+    calls on jobs with their outcomes, the secrets put into errors, and what was exercised."""
+
+    sql: psycopg.Connection[Any]
+    refs: dict[str, str] = field(default_factory=dict)
+    groups: list[str] = field(default_factory=list)
+    ops: list[Op] = field(default_factory=list)
+    secrets: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
+    exercised: dict[str, int] = field(default_factory=dict)
+
+    def did(self, what: str) -> None:
+        self.exercised[what] = self.exercised.get(what, 0) + 1
+
+
+def _iso(log: psycopg.Connection[Any], seconds: float) -> str:
+    """The database clock `seconds` from now, as the SQL API's `expires_at` and `available_at` take it."""
+    return datetime.fromtimestamp(_db_now(log) + seconds, UTC).isoformat()
+
+
+def _sql_spec(job: dict[str, Any], queue: str, log: psycopg.Connection[Any]) -> dict[str, Any]:
+    """One job of the SQL API: `type`, `configuration` and the option keys of docs/sql.md."""
+    config: dict[str, Any] = {"sleep": job["sleep"], "sql": True}
+    options: dict[str, Any] = {"queue": queue, "max_attempts": job["max_attempts"], "priority": job["priority"]}
+    if job.get("key"):
+        options["concurrency_key"] = job["key"]
+    if "delay" in job:
+        options["delay_seconds"] = job["delay"]
+        config["delayed"] = True
+    if "timeout" in job:
+        options["timeout_seconds"] = job["timeout"]
+    if "name" in job:
+        options["name"] = job["name"]
+    if "unique_key" in job:
+        options["unique_key"] = job["unique_key"]
+    if "expires" in job:
+        options["expires_at"] = _iso(log, job["expires"] + job.get("delay", 0.0))
+    return {"type": job["type"], "configuration": config, **options}
+
+
+def _sql_schedule(state: _State, spec: dict[str, Any]) -> str:
+    options = {k: v for k, v in spec.items() if k not in ("type", "configuration")}
+    row = state.sql.execute(
+        "SELECT jobbus.schedule(%s, %s, %s)::text", (spec["type"], Jsonb(spec["configuration"]), Jsonb(options))
+    ).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+async def _on_job(
+    app: jobbus.App, log: psycopg.Connection[Any], state: _State, expected: dict[str, str], kind: str, a: dict[str, Any]
+) -> None:
+    """`cancel`, `delete` or `run_now` of a job the producers were told about, chosen at the moment among
+    the running ones, the queued ones or all of them (`target`); the call's outcome is recorded with the
+    database clock before and after it."""
+    pool = sorted(expected)
+    if not pool:
+        return
+    candidates = pool
+    if a["target"] in ("running", "queued"):
+        rows = log.execute(
+            "SELECT id::text FROM jobbus.job WHERE id = ANY(%s::uuid[]) AND status = %s ORDER BY id",
+            (pool, a["target"]),
+        ).fetchall()
+        candidates = [r[0] for r in rows] or pool
+    job_id = candidates[min(int(a["pick"] * len(candidates)), len(candidates) - 1)]
+    before = _db_now(log)
+    try:
+        if kind == "cancel":
+            outcome = str((await app.cancel(uuid.UUID(job_id))).value)
+        elif kind == "delete":
+            await app.delete(uuid.UUID(job_id))
+            outcome = "ok"
+        else:
+            await app.run_now(uuid.UUID(job_id))
+            outcome = "ok"
+    except jobbus.InvalidStateError as exc:
+        outcome = f"error: {exc}"
+    state.ops.append(Op(kind, job_id, before, _db_now(log), outcome))
+    state.did(kind)
+    state.did(f"{kind}:{outcome.split(':')[0]}")
+
+
+async def _part_three(
+    app: jobbus.App,
+    fleet: _Fleet,
+    log: psycopg.Connection[Any],
+    state: _State,
+    expected: dict[str, str],
+    late: list[tuple[str, str]],
+    action: Action,
+) -> None:
+    a = action.args
+    kind = action.kind
+    if kind in ("sql", "sql_many"):
+        specs = [_sql_spec(job, a["queue"], log) for job in a["jobs"]]
+        if kind == "sql":
+            ids = [_sql_schedule(state, specs[0])]
+        else:
+            rows = state.sql.execute("SELECT id::text FROM jobbus.schedule_many(%s) AS id", (Jsonb(specs),)).fetchall()
+            ids = [str(r[0]) for r in rows]
+        # Acknowledged once the SELECT returned.
+        for job_id, job in zip(ids, a["jobs"], strict=True):
+            expected[job_id] = "failed" if job["type"] == "model.fail" else "completed"
+        state.did(kind)
+        if a["closed_group"] and state.groups:
+            group = state.groups[len(ids) % len(state.groups)]
+            spec = {"type": "model.work", "configuration": {"sleep": 0.2, "group_has_then": True}, "queue": a["queue"]}
+            try:
+                extra = _sql_schedule(state, {**spec, "group_id": group, "max_attempts": 50})
+            except psycopg.Error as exc:
+                if exc.sqlstate != "JB409":
+                    raise
+                late.append((group, "refused"))
+            else:
+                late.append((group, f"accepted as job {extra} (SQL API)"))
+                expected[extra] = "completed"
+            state.did("sql:closed_group")
+    elif kind == "keyed":
+        config = {"sleep": a["sleep"], "unique_key": a["unique_key"]}
+        if a["variant"] == "python":
+            job_id = str(
+                await app.schedule("model.work", config, queue=a["queue"], unique_key=a["unique_key"], max_attempts=50)
+            )
+        else:
+            spec = {"type": "model.work", "configuration": config, "queue": a["queue"], "max_attempts": 50}
+            job_id = _sql_schedule(state, {**spec, "unique_key": a["unique_key"]})
+        expected[job_id] = "completed"
+        state.did(f"keyed:{a['variant']}")
+    elif kind == "expiry":
+        await _expiring(app, log, state, expected, a)
+        state.did(f"expiry:{a['variant']}")
+    elif kind == "kill_runner":
+        # The worker running an expiring job, after its expiry: its recovery must run it again.
+        target = state.refs.get(a["ref"])
+        row = log.execute("SELECT worker_id FROM jobbus.job WHERE id = %s AND status = 'running'", (target,)).fetchone()
+        spec_id = fleet.spec_of_worker(row[0]) if row and target else None
+        if spec_id is not None:
+            await fleet.kill(spec_id)
+        state.did("kill_runner" if spec_id is not None else "kill_runner:missed")
+    elif kind in ("cancel", "delete", "run_now"):
+        await _on_job(app, log, state, expected, kind, a)
+    elif kind == "leak":
+        job_id = str(
+            await app.schedule(
+                "model.leak", {"secrets": a["secrets"]}, queue=a["queue"], concurrency_key=a["key"], max_attempts=2
+            )
+        )
+        expected[job_id] = "failed"
+        state.secrets[job_id] = [
+            (shape, word)
+            for shape, value in a["secrets"]
+            for word in (value.split() if shape == "password" else [value])
+        ]
+        state.did("leak")
+    elif kind == "huge":
+        config = {"variant": a["variant"], "marker": a["marker"]}
+        job_id = str(
+            await app.schedule("model.huge", config, queue=a["queue"], concurrency_key=a["key"], max_attempts=1)
+        )
+        expected[job_id] = "failed"
+        if a["marker"]:
+            state.secrets[job_id] = [("dsn", a["marker"])]
+        state.did("huge")
+        state.did(f"huge:{a['variant']}")
+
+
+async def _expiring(
+    app: jobbus.App, log: psycopg.Connection[Any], state: _State, expected: dict[str, str], x: dict[str, Any]
+) -> None:
+    """A job with an expiry in one of the scenarios of `EXPIRY_VARIANTS`."""
+    variant = x["variant"]
+    config: dict[str, Any] = {"sleep": x["sleep"], "expiry": variant}
+    kind = "model.work"
+    priority = 5  # claimed first among the jobs due: the runs that must start before the expiry mostly do
+    if variant == "retry_after":
+        kind = "model.fail_once"
+    elif variant == "sleep_past":
+        kind = "model.flow"
+        config.update(nap=x["nap"], event=None, children=x["children"], child_sleep=0.1, steps=["a", "b"])
+    delay = x.get("delay")
+    if delay is not None:
+        config["delayed"] = True
+    if x["front"] == "sql":
+        spec: dict[str, Any] = {"type": kind, "configuration": config, "queue": x["queue"], "max_attempts": 50}
+        spec |= {"priority": priority, "expires_at": _iso(log, x["expires"])}
+        if x["key"]:
+            spec["concurrency_key"] = x["key"]
+        if delay is not None:
+            spec["delay_seconds"] = delay
+        job_id = _sql_schedule(state, spec)
+    else:
+        job_id = str(
+            await app.schedule(
+                kind,
+                config,
+                queue=x["queue"],
+                concurrency_key=x["key"],
+                priority=priority,
+                max_attempts=50,
+                expires=x["expires"],
+                available_at=None if delay is None else timedelta(seconds=delay),
+            )
+        )
+    expected[job_id] = "completed"
+    state.refs[x["ref"]] = job_id
+
+
 def _config(job: dict[str, Any], **extra: Any) -> dict[str, Any]:
     return {"sleep": job["sleep"], **extra}
 
@@ -433,6 +858,7 @@ async def _play(
     log: psycopg.Connection[Any],
     expected: dict[str, str],
     late: list[tuple[str, str]],
+    state: _State,
 ) -> None:
     started = time.monotonic()
     queues = {q.name: q for q in topology.queues}
@@ -487,6 +913,7 @@ async def _play(
                 for m in a["members"]
             ]
             then = a["then"]
+            state.groups.append(str(group))
             _, ids = await app.schedule_group(
                 requests,
                 group_id=group,
@@ -555,6 +982,8 @@ async def _play(
         elif kind == "limits":
             q = queues[a["queue"]]
             await _set_limits(app, log, q.name, a["concurrency"], a["per_key"], q.rate, q.rate_per_key)
+        else:
+            await _part_three(app, fleet, log, state, expected, late, action)
     for _, pid in thaws:
         fleet.thaw(pid)
     for _, queue in resumes:
@@ -624,9 +1053,19 @@ def _read(
     for row in log.execute(
         "SELECT id::text, type, queue, concurrency_key, status, name, extract(epoch FROM available_at)::float8,"
         " extract(epoch FROM created_at)::float8, extract(epoch FROM finished_at)::float8, group_id::text,"
-        " configuration_data, attempts, last_error FROM jobbus.job"
+        " configuration_data, attempts, last_error, extract(epoch FROM expires_at)::float8,"
+        " extract(epoch FROM started_at)::float8, error_group, history, unique_key FROM jobbus.job"
     ).fetchall():
         h.jobs.append(JobRow(*row))
+    for job_id, old, new, attempts, type_, unique_key, expires_at, at in log.execute(
+        "SELECT job_id::text, old_status, new_status, attempts, type, unique_key,"
+        " extract(epoch FROM expires_at)::float8, extract(epoch FROM at)::float8"
+        " FROM public.model_job_change ORDER BY seq"
+    ).fetchall():
+        h.transitions.append(Transition(job_id, at, old, new, attempts))
+        if old is None:
+            h.inserted[job_id] = Inserted(job_id, at, type_, unique_key, expires_at)
+    h.ended = _db_now(log)
     jobs = {j.id: j for j in h.jobs}
     rows = log.execute(
         "SELECT kind, job_id::text, attempt, worker, pid, extract(epoch FROM at)::float8, detail"

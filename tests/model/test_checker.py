@@ -17,10 +17,13 @@ from tests.model.history import (
     FAIRNESS_BOUND,
     Effect,
     History,
+    Inserted,
     JobRow,
     Limits,
+    Op,
     Process,
     Run,
+    Transition,
     Window,
     check,
 )
@@ -376,3 +379,291 @@ def test_a_scheduler_within_its_limit_passes_and_one_run_more_fails(
         h.runs.append(replace(busiest, run_id=f"x{n}", job_id=f"j{n}", end=busiest.start + 0.01))
         h.completions[f"j{n}"] = [busiest.start + 0.02]
     assert "concurrency" in broken(h)
+
+
+# -- Part III: expiry, delete, cancel, run_now, unique keys, secrets, error outcomes ----------------
+
+
+def expiring(n: int, expires: float, *, status: str = "completed", **kw: Any) -> JobRow:
+    """Job j<n> with an `expires_at` of T0 + `expires`."""
+    fields = {k: kw.pop(k) for k in ("last_error", "attempts", "history", "error_group") if k in kw}
+    return replace(job(n, queue="x", status=status, **kw), expires_at=T0 + expires, **fields)
+
+
+def changes(n: int, *steps: tuple[float, str], unique_key: str | None = None) -> list[Transition]:
+    """The trigger's record of job j<n>: inserted queued at the first step's time, then each status
+    (a claim counts an attempt)."""
+    out = []
+    old: str | None = None
+    attempts = 0
+    for at, new in steps:
+        attempts += new == "running"
+        out.append(Transition(f"j{n}", T0 + at, old, new, attempts))
+        old = new
+    return out
+
+
+def with_job(h: History, row: JobRow, *runs: Run, expected: str | None = None) -> History:
+    h.jobs.append(row)
+    h.runs += runs
+    if row.status == "completed":
+        h.completions[row.id] = [(row.finished_at or T0) + 0.01]
+    if expected is not None:
+        h.expected[row.id] = expected
+    return h
+
+
+EXPIRED = "expired: not started by its expires_at"
+
+
+def test_a_job_started_after_its_expiry() -> None:
+    h = with_job(clean(), expiring(20, 1.0, finished_at=T0 + 2.5), run(20, 2.0, 2.5, queue="x"), expected="completed")
+    h.transitions += changes(20, (0.0, "queued"), (2.0, "running"), (2.5, "completed"))
+    report = check(h)
+    assert report.guarantees() == {"expiry"}
+    assert "first started at +2.00s, after its expires_at +1.00s" in report.text()
+
+
+def test_a_retry_after_the_expiry_of_a_job_started_before_it_runs() -> None:
+    h = with_job(
+        clean(),
+        expiring(20, 1.0, finished_at=T0 + 3.5, attempts=2),
+        run(20, 0.5, 1.5, outcome="raised", queue="x"),
+        run(20, 3.0, 3.5, attempt=2, queue="x"),
+        expected="completed",
+    )
+    h.transitions += changes(20, (0.0, "queued"), (0.5, "running"), (1.5, "queued"), (3.0, "running"))
+    h.transitions.append(Transition("j20", T0 + 3.5, "running", "completed", 2))
+    assert check(h).ok, check(h).text()
+
+
+def test_a_started_job_cancelled_as_expired() -> None:
+    # Its first attempt failed before the expiry; the retry was claimed after it and cancelled.
+    row = expiring(20, 1.0, status="cancelled", finished_at=T0 + 2.0, last_error=f"{EXPIRED} ...", attempts=1)
+    h = with_job(clean(), row, run(20, 0.5, 1.5, outcome="raised", queue="x"), expected="completed")
+    report = check(h)
+    assert report.guarantees() == {"expiry"}
+    assert "and was then cancelled as expired" in report.text()
+
+
+def test_a_started_job_cancelled_by_its_producer_is_not_called_expired() -> None:
+    # Its lease expired (a recovered attempt) and it was cancelled while queued: "lease expired" is
+    # not the expiry of the job.
+    row = expiring(
+        20, 1.0, status="cancelled", finished_at=T0 + 3.0, last_error="lease expired: worker w9 stopped heartbeating"
+    )
+    h = with_job(clean(), row, run(20, 0.5, None, outcome="open", pid=999, queue="x"), expected="completed")
+    h.ops.append(Op("cancel", "j20", T0 + 2.9, T0 + 3.0, "cancelled"))
+    assert check(h).ok, check(h).text()
+
+
+def test_a_job_never_started_must_end_expired() -> None:
+    h = with_job(clean(), expiring(20, 2.0, status="queued", delayed=True), expected="completed")
+    h.ended = T0 + 9
+    report = check(h)
+    assert report.guarantees() == {"expiry"}
+    assert "never started, its expires_at +2.00s passed, and it ended queued" in report.text()
+    h.jobs[-1] = replace(h.jobs[-1], status="cancelled", finished_at=T0 + 2.1, last_error=EXPIRED)
+    assert check(h).ok, check(h).text()
+
+
+def test_a_job_cancelled_as_expired_before_its_expiry() -> None:
+    row = expiring(20, 2.0, status="cancelled", finished_at=T0 + 1.0, last_error=EXPIRED)
+    h = with_job(clean(), row, expected="completed")
+    h.ended = T0 + 9
+    assert broken(h) == {"expiry"}
+
+
+def test_a_handler_started_after_its_job_was_deleted() -> None:
+    h = clean()
+    h.ops.append(Op("delete", "j2", T0 + 0.2, T0 + 0.25, "ok"))
+    del h.jobs[1]  # the row is gone at the end
+    # j2's handler started at +0.5: after the delete returned.
+    report = check(h)
+    assert report.guarantees() == {"delete"}
+    assert "was deleted at +0.25s and started after" in report.text()
+
+
+def test_a_deleted_job_is_gone_and_not_lost() -> None:
+    h = clean()
+    h.ops.append(Op("delete", "j2", T0 + 1.6, T0 + 1.65, "ok"))
+    del h.jobs[1]
+    h.transitions += changes(2, (0.0, "queued"), (0.5, "running"), (1.5, "completed"), (1.6, "deleted"))
+    assert check(h).ok, check(h).text()
+    h.jobs.insert(1, job(2, finished_at=T0 + 1.5))  # its row still there at the end
+    assert broken(h) == {"delete"}
+
+
+def test_a_delete_refused_while_the_job_was_queued() -> None:
+    h = with_job(clean(), job(20, queue="x", status="queued", delayed=True))
+    h.jobs[-1] = replace(h.jobs[-1], status="cancelled", finished_at=T0 + 8)
+    h.transitions += changes(20, (0.0, "queued"), (8.0, "cancelled"))
+    h.ops.append(Op("delete", "j20", T0 + 4.0, T0 + 4.05, "error: job j20 is running"))
+    assert broken(h) == {"delete"}
+    h.transitions[1] = Transition("j20", T0 + 3.0, "queued", "running", 1)  # running then: refused rightly
+    h.transitions.append(Transition("j20", T0 + 7.0, "running", "queued", 1))
+    assert check(h).ok, check(h).text()
+
+
+def test_a_job_cancelled_while_queued_that_starts_after() -> None:
+    h = clean()
+    h.ops.append(Op("cancel", "j2", T0 + 0.2, T0 + 0.25, "cancelled"))
+    h.jobs[1] = replace(h.jobs[1], status="cancelled")
+    del h.completions["j2"]
+    h.runs[1] = replace(h.runs[1], outcome="returned")
+    report = check(h)
+    assert "cancel" in report.guarantees()
+    assert "was cancelled (returned cancelled) at +0.25s and started after" in report.text()
+
+
+def test_a_running_job_whose_cancel_returned_running_ends_completed() -> None:
+    h = clean()
+    h.ops.append(Op("cancel", "j2", T0 + 0.8, T0 + 0.85, "running"))
+    report = check(h)
+    assert report.guarantees() == {"cancel"}
+    assert "cancel returned running at +0.85s, yet the job ended completed" in report.text()
+    h.jobs[1] = replace(h.jobs[1], status="cancelled")  # as promised
+    del h.completions["j2"]
+    assert check(h).ok, check(h).text()
+
+
+def test_a_job_made_available_now_that_is_lost() -> None:
+    h = with_job(clean(), job(20, queue="x", status="queued", delayed=True, available_at=T0 + 30))
+    h.ops.append(Op("run_now", "j20", T0 + 1.0, T0 + 1.05, "ok"))
+    report = check(h)
+    assert "run_now" in report.guarantees()
+    assert "made available at +1.05s and is still queued at the end" in report.text()
+    h.jobs[-1] = replace(h.jobs[-1], status="completed", finished_at=T0 + 1.6)
+    h.runs.append(run(20, 1.1, 1.5, queue="x"))
+    h.completions["j20"] = [T0 + 1.6]
+    assert check(h).ok, check(h).text()
+    h.jobs.pop()  # gone, never deleted
+    assert "run_now" in broken(h)
+
+
+def test_two_jobs_of_one_unique_key_active_at_once() -> None:
+    h = clean()
+    h.inserted = {
+        "j1": Inserted("j1", T0 - 0.1, "model.work", "u0"),
+        "j2": Inserted("j2", T0 + 0.4, "model.work", "u0"),
+    }
+    h.transitions += changes(1, (-0.1, "queued"), (0.0, "running"), (1.0, "completed"))
+    h.transitions += changes(2, (0.4, "queued"), (0.5, "running"), (1.5, "completed"))
+    report = check(h)
+    assert report.guarantees() == {"unique"}
+    assert "unique_key 'u0' were active at once" in report.text()
+    h.inserted["j2"] = Inserted("j2", T0 + 1.01, "model.work", "u0")  # after j1 completed
+    h.transitions[-3] = replace(h.transitions[-3], at=T0 + 1.01)
+    assert check(h).ok, check(h).text()
+
+
+def test_a_secret_stored_in_an_error_field() -> None:
+    failed = job(20, queue="x", status="failed", finished_at=T0 + 2)
+    h = with_job(clean(), failed, run(20, 1.0, 1.5, outcome="raised", queue="x"), expected="failed")
+    h.secrets["j20"] = [("bearer", "sk7q2marker"), ("password", "wsecondword")]
+    h.jobs[-1] = replace(
+        failed,
+        last_error="RuntimeError: Authorization: Bearer ••••••",
+        history=[{"attempt": 1, "error": "RuntimeError: ...", "traceback": 'password="•••••• wsecondword"'}],
+    )
+    report = check(h)
+    assert report.guarantees() == {"secrets"}
+    assert "password in history[0].traceback" in report.text()
+    h.jobs[-1] = replace(h.jobs[-1], history=[{"attempt": 1, "traceback": 'password="••••••"'}])
+    assert check(h).ok, check(h).text()
+    h.jobs[-1] = replace(h.jobs[-1], error_group="RuntimeError: Authorization: Bearer sk7q2marker")
+    assert broken(h) == {"secrets"}
+
+
+def test_an_error_outcome_written_late_or_left_to_recovery() -> None:
+    failed = job(20, queue="x", status="failed", finished_at=T0 + 20)
+    h = with_job(clean(), failed, run(20, 1.0, 1.5, outcome="raised", queue="x"), expected="failed")
+    h.transitions += changes(20, (0.0, "queued"), (1.0, "running"), (20.0, "failed"))
+    report = check(h)
+    assert report.guarantees() == {"error_written"}
+    assert "its outcome was written 18.5 s later" in report.text()
+    h.faults.append(Window(f"kill {PID}", T0 + 3, T0 + 3))  # its worker was killed: recovery is right
+    assert check(h).ok, check(h).text()
+    h.faults.clear()
+    h.transitions[-1] = replace(h.transitions[-1], at=T0 + 1.6)
+    assert check(h).ok, check(h).text()
+    h.jobs[-1] = replace(failed, history=[{"attempt": 1, "outcome": "recovered", "error": "lease expired"}])
+    assert broken(h) == {"error_written"}
+
+
+def test_a_delete_that_succeeded_on_a_running_job() -> None:
+    h = clean()
+    h.ops.append(Op("delete", "j1", T0 + 0.4, T0 + 0.45, "ok"))
+    del h.jobs[0]
+    # Running from -3 s: since longer than a transition's stamp can precede its commit (CALL_SKEW).
+    h.transitions += changes(1, (-5.0, "queued"), (-3.0, "running"), (1.0, "completed"))
+    report = check(h)
+    assert "delete" in report.guarantees()
+    assert "while it was running throughout the call" in report.text()
+
+
+def test_a_cancel_that_returns_a_status_the_job_never_had() -> None:
+    h = clean()
+    h.transitions += changes(2, (0.0, "queued"), (0.5, "running"), (1.5, "completed"))
+    h.ops.append(Op("cancel", "j2", T0 + 3.0, T0 + 3.05, "failed"))
+    report = check(h)
+    assert report.guarantees() == {"cancel"}
+    assert "returned 'failed' while the job was completed" in report.text()
+    h.ops[-1] = Op("cancel", "j2", T0 + 3.0, T0 + 3.05, "completed")
+    assert check(h).ok, check(h).text()
+
+
+def test_an_error_outcome_late_around_terminated_backends_is_left_out() -> None:
+    failed = job(20, queue="x", status="failed", finished_at=T0 + 20)
+    h = with_job(clean(), failed, run(20, 1.0, 1.5, outcome="raised", queue="x"), expected="failed")
+    h.transitions += changes(20, (0.0, "queued"), (1.0, "running"), (20.0, "failed"))
+    h.faults.append(Window("terminate", T0 + 4.0, T0 + 4.0))
+    assert check(h).ok, check(h).text()
+    h.faults[-1] = Window("terminate", T0 + 15.0, T0 + 15.0)  # long after the handler's end
+    assert broken(h) == {"error_written"}
+
+
+def test_a_fault_long_after_the_handler_raised_does_not_excuse_its_unwritten_outcome() -> None:
+    # The worker's event loop was stuck (a huge error redacted in quadratic time): its lease expired and
+    # the job was recovered; the worker was frozen only 7 s after the handler raised.
+    failed = job(20, queue="x", status="failed", finished_at=T0 + 9)
+    h = with_job(clean(), failed, run(20, 1.0, 1.5, outcome="raised", queue="x"), expected="failed")
+    h.transitions += changes(20, (0.0, "queued"), (1.0, "running"), (9.0, "failed"))
+    h.jobs[-1] = replace(failed, history=[{"attempt": 1, "outcome": "recovered", "error": "lease expired"}])
+    h.frozen = [Window(str(PID), T0 + 8.5, T0 + 12)]
+    h.faults = [Window(f"freeze {PID}", T0 + 8.5, T0 + 12)]
+    report = check(h)
+    assert "error_written" in report.guarantees()
+    assert "recovered after its lease lapsed 7.5 s later" in report.text()
+    h.frozen = [Window(str(PID), T0 + 2.0, T0 + 12)]  # frozen right after it raised: excused
+    h.faults = [Window(f"freeze {PID}", T0 + 2.0, T0 + 12)]
+    assert "error_written" not in broken(h)
+
+
+def test_an_expiry_is_judged_by_when_the_row_was_cancelled_not_by_its_finished_at() -> None:
+    # A claim that waited for a lock cancels an expired job with the finished_at of its transaction's
+    # start, before the expiry; the change itself came after it.
+    row = expiring(20, 2.0, status="cancelled", finished_at=T0 + 1.0, last_error=EXPIRED)
+    h = with_job(clean(), row, expected="completed")
+    h.ended = T0 + 9
+    h.transitions += changes(20, (0.0, "queued"), (2.3, "cancelled"))
+    assert check(h).ok, check(h).text()
+    h.transitions[-1] = replace(h.transitions[-1], at=T0 + 1.0)
+    assert broken(h) == {"expiry"}
+
+
+def test_a_parked_run_frees_its_slot_when_the_job_parks() -> None:
+    # j2 parks at +0.95 (its slot given back) and logs its end at +1.5; j12 starts at +1.2 beside j1:
+    # two handlers of q at once, within its limit of 2.
+    h = clean()
+    h.runs[1] = replace(h.runs[1], outcome="parked")
+    h.runs.append(run(2, 2.5, 3.0, run_id="r2b"))  # woken, it completes
+    h.jobs[1] = replace(h.jobs[1], finished_at=T0 + 3.0)
+    h.completions["j2"] = [T0 + 3.01]
+    h.jobs.append(job(12, finished_at=T0 + 1.3))
+    h.runs.append(run(12, 0.97, 1.3))
+    h.completions["j12"] = [T0 + 1.31]
+    assert broken(h) == {"concurrency"}  # without the trigger's record, j2 held its slot until +1.5
+    h.transitions += changes(2, (0.0, "queued"), (0.5, "running"), (0.95, "queued"), (2.5, "running"))
+    h.transitions.append(Transition("j2", T0 + 3.0, "running", "completed", 2))
+    assert check(h).ok, check(h).text()

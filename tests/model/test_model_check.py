@@ -1,6 +1,8 @@
 """The model check in CI: a few fixed seeds, each a topology of queues, limits, keys, periodic jobs,
-chains, groups and workflows run by real worker processes under faults, its history checked against
-every guarantee (tests/model/history.py). A failure prints the seed and how to reproduce it.
+chains, groups and workflows run by real worker processes under faults, with Part III's operations
+(SQL API producers, expiring jobs, cancel/delete/run_now racing the workers, errors carrying secrets or
+huge), its history checked against every guarantee (tests/model/history.py). A failure prints the seed
+and how to reproduce it.
 
 `make verify VERIFY_MINUTES=20` sweeps new seeds for as long as it is given.
 """
@@ -12,7 +14,7 @@ import sys
 import pytest
 
 from tests.model.history import Violation
-from tests.model.run import check_seed, explain, generate
+from tests.model.run import EXPIRY_VARIANTS, PART_THREE, SECRET_SHAPES, check_seed, explain, generate
 
 #: (seed, single_queue_workers): three full models and one whose workers serve one queue each, where
 #: the limits are checked strictly today (item 1 of issue 21 needs a worker serving several queues).
@@ -40,6 +42,10 @@ def known_hole(violation: Violation) -> str | None:
 def test_model_check(seed: int, single_queue_workers: bool, dsn: str) -> None:
     topology, report = check_seed(seed, dsn, DURATION, single_queue_workers=single_queue_workers)
     print(explain(topology, report))
+    # Every Part III operation the seed planned was played (a kill of an expiring job's worker only when
+    # the job was running then): the coverage cannot vanish without this failing.
+    played = {kind.removesuffix(":missed") for kind in report.exercised}
+    assert set(PART_THREE) <= played, f"not played: {sorted(set(PART_THREE) - played)}"
     reasons = [known_hole(v) for v in report.violations]
     unknown = [v for v, reason in zip(report.violations, reasons, strict=True) if reason is None]
     assert not unknown, explain(topology, report)
@@ -56,6 +62,25 @@ def test_a_seed_fixes_the_topology_and_every_queue_is_served(seed: int) -> None:
         assert served == {q.name for q in topology.queues}
     assert any(q.concurrency is not None for q in topology.queues)
     assert topology.timeline == sorted(topology.timeline, key=lambda a: a.at)
+
+
+def test_the_ci_seeds_plan_every_part_three_operation() -> None:
+    """Each CI seed plans every Part III operation: SQL API producers (one job, many, a keyed one beside
+    a Python one on the same unique_key), each expiry scenario, cancel, delete and run_now racing the
+    workers, secrets of every shape in errors, and a huge error; and the seeds have both huge errors."""
+    huge = set()
+    for seed, single in CASES:
+        topology = generate(seed, DURATION, single_queue_workers=single)
+        kinds = {f"{a.kind}:{a.args['variant']}" if "variant" in a.args else a.kind for a in topology.timeline}
+        kinds |= {a.kind for a in topology.timeline}
+        assert set(PART_THREE) <= kinds, (seed, sorted(set(PART_THREE) - kinds))
+        assert {f"expiry:{v}" for v in EXPIRY_VARIANTS} <= kinds
+        shapes = {shape for a in topology.timeline if a.kind == "leak" for shape, _ in a.args["secrets"]}
+        assert shapes == set(SECRET_SHAPES), seed
+        huge |= {a.args["variant"] for a in topology.timeline if a.kind == "huge"}
+        sql_jobs = [job for a in topology.timeline if a.kind in ("sql", "sql_many") for job in a.args["jobs"]]
+        assert sql_jobs and all(a.args["unique_key"] for a in topology.timeline if a.kind == "keyed")
+    assert huge == {"url", "json"}
 
 
 def test_only_the_listed_holes_are_expected_failures(monkeypatch: pytest.MonkeyPatch) -> None:
