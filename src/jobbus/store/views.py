@@ -49,6 +49,12 @@ SEARCH_DOCUMENT = (
     " || coalesce(j.last_error, '') || ' ' || left(j.configuration_data::text, 2000) || ' ' || j.id::text)"
 )
 SEARCH = f"{SEARCH_DOCUMENT} ILIKE %(text)s"
+#: The filters every view takes (`Filters`): `{filters}` in views.sql.
+FILTERS = (
+    "(%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))"
+    " AND (%(types)s::text[] IS NULL OR j.type = ANY(%(types)s::text[]))"
+    " AND (%(name)s::text IS NULL OR j.name = %(name)s::text) AND (%(text)s::text IS NULL OR " + SEARCH + ")"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +218,7 @@ class ViewStore:
             "{finished_triples}": shipped["fragment_finished_triples"].rstrip().rstrip(";"),
             "{queued_levels}": shipped["fragment_queued_levels"].rstrip().rstrip(";"),
             "{summary}": SUMMARY,
+            "{filters}": FILTERS,
             "{search}": SEARCH,
         }
         self._q = {}
@@ -293,7 +300,7 @@ class ViewStore:
 
     def estimate(self, view: str, filters: Filters) -> Statement[int]:
         """The planner's estimate of how many jobs of `view` match (EXPLAIN of its predicate)."""
-        predicate = _PREDICATES["group" if filters.group_id is not None else view] + _FILTERED
+        predicate = _PREDICATES["group" if filters.group_id is not None else view] + " AND " + FILTERS
         query = self._q["estimate_rows"].replace("{predicate}", predicate)
 
         return Statement(query, self._params(view, filters), decode_estimate, prepare=False)
@@ -360,11 +367,6 @@ _PREDICATES = {
         "j.group_id = %(group_id)s::uuid AND (%(statuses)s::text[] IS NULL OR j.status = ANY(%(statuses)s::text[]))"
     ),
 }
-_FILTERED = (
-    " AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))"
-    " AND (%(types)s::text[] IS NULL OR j.type = ANY(%(types)s::text[]))"
-    " AND (%(name)s::text IS NULL OR j.name = %(name)s::text) AND (%(text)s::text IS NULL OR " + SEARCH + ")"
-)
 
 
 #: What the queue table counts per queue (`ViewStore.queue_counts`), and the rows each stands for.

@@ -1,6 +1,7 @@
 -- Named queries of the operator's views of jobs (jobbus/store/views.py), shared by the dashboard's jobs
 -- page and `jobbus jobs list`. Each block starts with `-- name: <query_name>`; {schema} is the quoted
--- schema identifier, {summary} the columns a list shows of a job (views.SUMMARY).
+-- schema identifier, {summary} the columns a list shows of a job (views.SUMMARY), {filters} the
+-- conditions of `Filters` (queues, types, name, text: views.FILTERS), {search} the text's alone.
 --
 -- Every list reaches every matching job: it walks the index of its view in the view's own order from
 -- a keyset cursor, never a window of recent entries, so a page is empty only when nothing older
@@ -109,10 +110,7 @@ SELECT {summary}
 FROM {schema}.job AS j
 WHERE j.status = 'queued' AND j.attempts > 0 AND (j.history -> -1 ->> 'outcome') IS DISTINCT FROM 'waiting'
   AND (%(at)s::timestamptz IS NULL OR (j.available_at, j.id) > (%(at)s::timestamptz, %(id)s::uuid))
-  AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))
-  AND (%(types)s::text[] IS NULL OR j.type = ANY(%(types)s::text[]))
-  AND (%(name)s::text IS NULL OR j.name = %(name)s::text)
-  AND (%(text)s::text IS NULL OR {search})
+  AND {filters}
 ORDER BY j.available_at, j.id
 LIMIT %(limit)s;
 
@@ -122,10 +120,7 @@ SELECT {summary}
 FROM {schema}.job AS j
 WHERE j.status = 'queued' AND (j.history -> -1 ->> 'outcome') = 'waiting'
   AND (%(at)s::timestamptz IS NULL OR (j.available_at, j.id) > (%(at)s::timestamptz, %(id)s::uuid))
-  AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))
-  AND (%(types)s::text[] IS NULL OR j.type = ANY(%(types)s::text[]))
-  AND (%(name)s::text IS NULL OR j.name = %(name)s::text)
-  AND (%(text)s::text IS NULL OR {search})
+  AND {filters}
 ORDER BY j.available_at, j.id
 LIMIT %(limit)s;
 
@@ -135,10 +130,7 @@ SELECT {summary}
 FROM {schema}.job AS j
 WHERE j.status = 'running'
   AND (%(at)s::timestamptz IS NULL OR (j.started_at, j.id) < (%(at)s::timestamptz, %(id)s::uuid))
-  AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))
-  AND (%(types)s::text[] IS NULL OR j.type = ANY(%(types)s::text[]))
-  AND (%(name)s::text IS NULL OR j.name = %(name)s::text)
-  AND (%(text)s::text IS NULL OR {search})
+  AND {filters}
 ORDER BY j.started_at DESC, j.id DESC
 LIMIT %(limit)s;
 
@@ -149,10 +141,7 @@ FROM {schema}.job AS j
 WHERE j.group_id = %(group_id)s::uuid
   AND (%(id)s::uuid IS NULL OR j.id < %(id)s::uuid)
   AND (%(statuses)s::text[] IS NULL OR j.status = ANY(%(statuses)s::text[]))
-  AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))
-  AND (%(types)s::text[] IS NULL OR j.type = ANY(%(types)s::text[]))
-  AND (%(name)s::text IS NULL OR j.name = %(name)s::text)
-  AND (%(text)s::text IS NULL OR {search})
+  AND {filters}
 ORDER BY j.id DESC
 LIMIT %(limit)s;
 
@@ -202,10 +191,7 @@ SELECT count(*) FROM (
 SELECT count(*) FROM (
     SELECT 1 FROM {schema}.job AS j
     WHERE j.status = 'queued' AND j.attempts > 0 AND (j.history -> -1 ->> 'outcome') IS DISTINCT FROM 'waiting'
-      AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))
-      AND (%(types)s::text[] IS NULL OR j.type = ANY(%(types)s::text[]))
-      AND (%(name)s::text IS NULL OR j.name = %(name)s::text)
-      AND (%(text)s::text IS NULL OR {search})
+      AND {filters}
     LIMIT %(cap)s + 1
 ) AS c;
 
@@ -213,10 +199,7 @@ SELECT count(*) FROM (
 SELECT count(*) FROM (
     SELECT 1 FROM {schema}.job AS j
     WHERE j.status = 'queued' AND (j.history -> -1 ->> 'outcome') = 'waiting'
-      AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))
-      AND (%(types)s::text[] IS NULL OR j.type = ANY(%(types)s::text[]))
-      AND (%(name)s::text IS NULL OR j.name = %(name)s::text)
-      AND (%(text)s::text IS NULL OR {search})
+      AND {filters}
     LIMIT %(cap)s + 1
 ) AS c;
 
@@ -224,10 +207,7 @@ SELECT count(*) FROM (
 SELECT count(*) FROM (
     SELECT 1 FROM {schema}.job AS j
     WHERE j.status = 'running'
-      AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))
-      AND (%(types)s::text[] IS NULL OR j.type = ANY(%(types)s::text[]))
-      AND (%(name)s::text IS NULL OR j.name = %(name)s::text)
-      AND (%(text)s::text IS NULL OR {search})
+      AND {filters}
     LIMIT %(cap)s + 1
 ) AS c;
 
@@ -236,10 +216,7 @@ SELECT count(*) FROM (
     SELECT 1 FROM {schema}.job AS j
     WHERE j.group_id = %(group_id)s::uuid
       AND (%(statuses)s::text[] IS NULL OR j.status = ANY(%(statuses)s::text[]))
-      AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))
-      AND (%(types)s::text[] IS NULL OR j.type = ANY(%(types)s::text[]))
-      AND (%(name)s::text IS NULL OR j.name = %(name)s::text)
-      AND (%(text)s::text IS NULL OR {search})
+      AND {filters}
     LIMIT %(cap)s + 1
 ) AS c;
 
