@@ -4,6 +4,9 @@ and a server without pg_trgm says so."""
 
 from __future__ import annotations
 
+import re
+import uuid
+
 import httpx
 import psycopg
 import pytest
@@ -121,5 +124,11 @@ async def test_the_jobs_page_says_where_a_search_without_the_index_stopped(
             # The search ran to its end on one page: its own tab is counted from it.
             assert html.count('data-job="') == 1 and 'failed <span class="count">1</span>' in html
             assert "Searched without the search index" in html
+            # A job's whole id opens that job; an id no job has is searched as text (and found nowhere).
+            job_id = re.search(r'data-job="([0-9a-f-]{36})"', html).group(1)  # type: ignore[union-attr]
+            opened = await http.get(f"/jobs?status=completed&q= {job_id.upper()} ")
+            assert opened.status_code == 303 and opened.headers["location"] == f"/jobs/{job_id}"
+            missing = await http.get(f"/jobs?status=failed&q={uuid.uuid4()}")
+            assert missing.status_code == 200 and "No job matches." in missing.text
     finally:
         await asgi.state.dashboard.close()

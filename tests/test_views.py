@@ -53,7 +53,7 @@ def _matches(row: dict[str, Any], filters: Filters) -> bool:
         return False
     if filters.text:
         needle = filters.text.lower()
-        fields = (row["type"], row["name"], row["unique_key"], row["last_error"], row["config"], str(row["id"]))
+        fields = (row["type"], row["name"], row["unique_key"], row["last_error"], row["config"])
         return any(needle in (field or "").lower() for field in fields)
     return True
 
@@ -183,7 +183,7 @@ async def test_counts_are_exact_up_to_their_bound_and_an_estimate_past_it(dsn: s
     _fill(dsn, 3, 2_000)
     rows = _truth(dsn)
     for view in views.VIEWS:
-        for filters in FILTERS[:4]:
+        for filters in FILTERS:
             exact = len(_expected(rows, view, filters))
             assert await views.count(app, view, filters, cap=exact) == Count(exact), (view, filters)
             if exact:

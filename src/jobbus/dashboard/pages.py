@@ -8,7 +8,7 @@ from urllib.parse import urlencode
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import RedirectResponse, Response
 
 from jobbus import control, views
 from jobbus.dashboard import formatting
@@ -96,6 +96,9 @@ async def jobs(dash: Dashboard, request: Request) -> Response:
         "q": params.get("q") or "",
     }
     text = shown["q"].strip()[:200] or None
+    searched_id = formatting.parse_uuid(text)
+    if searched_id is not None and await dash.run(dash.store.job(searched_id)) is not None:
+        return RedirectResponse(f"{request.scope.get('root_path', '')}/jobs/{searched_id}", status_code=303)
     filters = views.Filters(
         (shown["queue"],) if shown["queue"] else (),
         (shown["type"],) if shown["type"] else (),

@@ -41,12 +41,13 @@ SUMMARY = (
     " CASE WHEN j.status = 'queued' THEN j.history -> -1 ->> 'outcome' END,"
     " CASE WHEN j.status = 'queued' THEN j.history -> -1 ->> 'waiting_for' END"
 )
-#: What a search looks in, as one text: type, name, unique_key, last error, the first 2,000 characters of
-#: the configuration's JSON, and the id. The optional search index (`jobbus search-index create`) is an
-#: index of this expression (without the `j.`), so a search can use it.
+#: What a search looks in, as one text: type, name, unique_key, last error and the first 2,000 characters
+#: of the configuration's JSON (not the id: its text doubled what testing a row costs, and a whole id
+#: opens its job). The optional search index (`jobbus search-index create`) is an index of this
+#: expression (without the `j.`), so a search can use it.
 SEARCH_DOCUMENT = (
     "(j.type || ' ' || coalesce(j.name, '') || ' ' || coalesce(j.unique_key, '') || ' '"
-    " || coalesce(j.last_error, '') || ' ' || left(j.configuration_data::text, 2000) || ' ' || j.id::text)"
+    " || coalesce(j.last_error, '') || ' ' || left(j.configuration_data::text, 2000))"
 )
 SEARCH = f"{SEARCH_DOCUMENT} ILIKE %(text)s"
 #: The filters every view takes (`Filters`): `{filters}` in views.sql.
@@ -296,7 +297,10 @@ class ViewStore:
             name = "count_finished_named"
         elif name == "count_finished" and search_index and filters.text:
             name = "count_finished_search"
-        return Statement(self._q[name], params, lambda rows, _: (int(rows[0][0]), int(rows[0][0]) > cap), prepare=False)
+        query = self._q[name]
+        if filters.text and filters.group_id is None and _FAMILY[view] != "finished":
+            query = self._q["count_searched"].replace("{predicate}", _PREDICATES[view] + " AND " + FILTERS)
+        return Statement(query, params, lambda rows, _: (int(rows[0][0]), int(rows[0][0]) > cap), prepare=False)
 
     def estimate(self, view: str, filters: Filters) -> Statement[int]:
         """The planner's estimate of how many jobs of `view` match (EXPLAIN of its predicate)."""
@@ -351,10 +355,13 @@ _FAMILY = {
     "cancelled": "finished",
     "finished": "finished",
 }
-#: Each view's rows, for the planner's estimate (the conditions of its list, without the cursor).
+#: Each view's rows: the conditions of its list without the cursor, for the planner's estimate and a search's count.
 _PREDICATES = {
     "queued": "j.status = 'queued'",
-    "scheduled": "j.status = 'queued' AND j.available_at > now() AND j.attempts = 0",
+    "scheduled": (
+        "j.status = 'queued' AND j.available_at > now() AND j.attempts = 0"
+        " AND (j.history -> -1 ->> 'outcome') IS DISTINCT FROM 'waiting'"
+    ),
     "retrying": "j.status = 'queued' AND j.attempts > 0 AND (j.history -> -1 ->> 'outcome') IS DISTINCT FROM 'waiting'",
     "waiting": "j.status = 'queued' AND (j.history -> -1 ->> 'outcome') = 'waiting'",
     "running": "j.status = 'running'",
