@@ -139,6 +139,8 @@ FILTERS = [
     Filters(name="nightly"),
     Filters(text="sku-7"),
     Filters(queues=("c",), text="NOT FOUND"),
+    Filters(text="ODD"),  # a type's name: the jobs of a few triples only, spread over days
+    Filters(types=("report",), text="sku-1"),
 ]
 
 
@@ -189,3 +191,19 @@ async def test_counts_are_exact_up_to_their_bound_and_an_estimate_past_it(dsn: s
             if exact:
                 bounded = await views.count(app, view, filters, cap=exact - 1)
                 assert bounded.estimated and bounded.value >= exact, (view, filters, bounded)
+
+
+async def test_a_search_reaches_jobs_finished_at_the_same_instant_across_pages(dsn: str, app: jobbus.App) -> None:
+    """Ties at one finish time, some of them on a window's edge: pages split them by id, none twice."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO jobbus.job (id, type, max_attempts, status, attempts, started_at, finished_at, last_error)"
+            " SELECT gen_random_uuid(), 't' || (n % 3), 1, 'failed', 1, at, at, 'tie ' || n"
+            " FROM generate_series(1, 60) AS n, LATERAL (SELECT date_trunc('minute', now())"
+            " - (n % 2) * interval '1 minute' - (n % 4 / 2) * interval '5 days' AS at) AS t"
+        )
+    rows = _truth(dsn)
+    for filters in (Filters(text="tie"), Filters(text="tie 1")):
+        pages = await _walk(app, "failed", filters, 7)
+        assert [job.id for page in pages for job in page] == _expected(rows, "failed", filters)
+        assert await views.count(app, "finished", filters) == Count(len(_expected(rows, "finished", filters)))

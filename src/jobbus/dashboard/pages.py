@@ -26,7 +26,7 @@ STATUSES = ("queued", "running", "completed", "failed", "cancelled")
 #: The tabs of the jobs page, the first one shown when none is asked for.
 TABS = views.TABS
 #: How long a search without the search index may look for a page of matches, and then for each tab's
-#: count: it tests each job of the view, about 2.5 s per million (docs/dashboard.md).
+#: count: it tests each job of the view, several seconds per million (docs/dashboard.md).
 SEARCH_SECONDS = 3.0
 SEARCH_COUNT_SECONDS = 0.5
 

@@ -224,7 +224,9 @@ class ViewStore:
         }
         self._q = {}
         for name, text in shipped.items():
-            if name.startswith(("view_", "count_", "estimate_", "pairs_", "queue_counts", "search_index")):
+            if name.startswith(
+                ("view_", "count_", "estimate_", "pairs_", "queue_counts", "search_index", "finished_span")
+            ):
                 for marker, fragment in fragments.items():
                     text = text.replace(marker, fragment)
                 self._q[name] = text
@@ -236,6 +238,10 @@ class ViewStore:
             {"schema_name": self.schema},
             lambda rows, _: (bool(rows[0][0]), bool(rows[0][1])),
         )
+
+    def finished_span(self) -> Statement[tuple[datetime, datetime | None]]:
+        """The database's clock and the oldest finish of any job (None: none finished): one probe."""
+        return Statement(self._q["finished_span"], {}, lambda rows, _: (rows[0][0], rows[0][1]))
 
     def page(
         self,
