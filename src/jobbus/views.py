@@ -9,6 +9,7 @@ it is the planner's estimate of the same jobs, never less than what was read, an
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable
@@ -54,6 +55,9 @@ class SearchStopped(Exception):
     million jobs walked (`jobbus search-index create` builds the index of finished jobs)."""
 
 
+#: A search's count is exact up to this many matches, then "more than" it: reading 10,000 matches of a
+#: common text spread over millions of jobs took longer than a page may.
+SEARCH_COUNT_CAP = 1_000
 #: How long a search may read the search index before its text counts as frequent: a text held by
 #: millions of jobs makes the index return them all before the newest can be picked, while the view's
 #: walk in its own order meets a page of them at once. Measured at 10 million jobs: a rare text 25 ms
@@ -173,11 +177,13 @@ async def _count_finished(app: App, view: str, filters: Filters, cap: int, secon
 async def count(
     app: App, view: str, filters: Filters = ANY, *, cap: int = COUNT_CAP, search_seconds: float | None = None
 ) -> Count:
-    """How many jobs of `view` match `filters`: exact up to `cap`, else the planner's estimate; not
-    counted (`Count.counted` false) when a search that walks the view passes `search_seconds`."""
+    """How many jobs of `view` match `filters`: exact up to `cap`, else the planner's estimate. A search
+    counts up to `SEARCH_COUNT_CAP` and then says only "more" (the planner has no estimate of a text's
+    matches); it is not counted (`Count.counted` false) when it walks the view past `search_seconds`."""
     store = _store(app.settings.schema)
     read = None
     if filters.text:
+        cap = min(cap, SEARCH_COUNT_CAP)
         read = await _through_index(app, view, filters, store.count(view, filters, cap=cap, search_index=True))
     if read is None:
         try:
@@ -194,6 +200,8 @@ async def count(
     value, past_cap = read
     if not past_cap:
         return Count(value)
+    if filters.text:
+        return Count(value, at_least=True)
     return Count.estimate(value, await _run(app, store.estimate(view, filters)))
 
 
@@ -228,8 +236,9 @@ async def search_indexed(app: App, view: str, filters: Filters) -> bool:
 async def counts(
     app: App, filters: Filters = ANY, *, views: tuple[str, ...] = TABS, search_seconds: float | None = None
 ) -> dict[str, Count]:
-    """The count of each of `views` under the same filters (the jobs page's tabs)."""
-    return {view: await count(app, view, filters, search_seconds=search_seconds) for view in views}
+    """The count of each of `views` under the same filters (the jobs page's tabs), read side by side."""
+    read = await asyncio.gather(*(count(app, view, filters, search_seconds=search_seconds) for view in views))
+    return dict(zip(views, read, strict=True))
 
 
 async def pairs(app: App, view: str) -> list[tuple[str, str]]:
