@@ -286,7 +286,8 @@ async def queue_table(app: App, *, paused: Iterable[str] = (), also: Iterable[st
     store = _store(app.settings.schema)
     read: dict[str, dict[str, Count]] = {}
     oldest: dict[str, float] = {}
-    for queue, what, n, past_cap in await _run(app, store.queue_counts()):
+    parts = await asyncio.gather(_run(app, store.queue_counts("queued")), _run(app, store.queue_counts("finished")))
+    for queue, what, n, past_cap in parts[0] + parts[1]:
         if what == "oldest":
             oldest[queue] = float(n)
             continue

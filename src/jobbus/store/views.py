@@ -315,14 +315,15 @@ class ViewStore:
 
         return Statement(query, self._params(view, filters), decode_estimate, prepare=False)
 
-    def queue_counts(self, *, cap: int = COUNT_CAP) -> Statement[list[tuple[str, str, int, bool]]]:
-        """Per queue, each of `QUEUE_COUNTS` read now (queue_counts): (queue, what, n, past `cap`)."""
+    def queue_counts(self, part: str, *, cap: int = COUNT_CAP) -> Statement[list[tuple[str, str, int, bool]]]:
+        """Per queue, the `part` ("queued" or "finished") of `QUEUE_COUNTS` read now (queue_counts_<part>):
+        (queue, what, n, past `cap`)."""
 
         def decode(rows: list[Row], _: int) -> list[tuple[str, str, int, bool]]:
             return [(r[0], r[1], int(r[2]), bool(r[3])) for r in rows if r[2] is not None]
 
         params = {"cap": cap, "statuses": list(FINISHED), "queues": None, "types": None}
-        return Statement(self._q["queue_counts"], params, decode, prepare=False)
+        return Statement(self._q[f"queue_counts_{part}"], params, decode, prepare=False)
 
     def queue_estimate(self, what: str, queue: str) -> Statement[int]:
         """The planner's estimate of one of `QUEUE_COUNTS` of one queue."""

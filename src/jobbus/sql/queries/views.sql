@@ -252,18 +252,14 @@ SELECT queue, type FROM {schema}.queued_pairs() ORDER BY 1, 2;
 -- name: pairs_running
 SELECT DISTINCT queue, type FROM {schema}.job WHERE status = 'running' ORDER BY 1, 2;
 
--- name: queue_counts
--- Per queue, what `jobbus status` and the dashboard's overview show, read now along the views' indexes:
--- (queue, what, n, capped) with `what` in queued, available (due now), scheduled (the view), running,
--- completed, failed, cancelled,
--- completed_minute (finished in the last minute) and failed_hour; n is summed over the queue's
--- (type, priority) ranges or (status, type) triples, each read up to %(cap)s + 1 rows (capped: some
--- range went past it, and n is a lower bound the caller replaces by an estimate); and (queue,
--- 'oldest', seconds the oldest available job has waited, false).
+-- name: queue_counts_queued
+-- Per queue, what `jobbus status` and the dashboard's overview show of its queued and running jobs, read
+-- now along the claim index: (queue, what, n, capped) with `what` in queued, available (due now),
+-- scheduled (the view) and running; n is summed over the queue's (type, priority) ranges, each read up
+-- to %(cap)s + 1 rows (capped: some range went past it, and n is a lower bound the caller replaces by
+-- an estimate); and (queue, 'oldest', seconds the oldest available job has waited, false).
 WITH RECURSIVE levels AS (
 {queued_levels}
-), triples AS (
-{finished_triples}
 ), queued AS (
     SELECT l.queue,
            (SELECT count(*) FROM (SELECT 1 FROM {schema}.job AS j
@@ -283,6 +279,23 @@ WITH RECURSIVE levels AS (
             WHERE j.status = 'queued' AND j.queue = l.queue AND j.type = l.type AND j.priority = l.priority
               AND j.available_at <= now()) AS oldest
     FROM levels AS l
+)
+SELECT queue, 'queued', sum(queued)::bigint, bool_or(queued > %(cap)s) FROM queued GROUP BY queue
+UNION ALL
+SELECT queue, 'available', sum(available)::bigint, bool_or(available > %(cap)s) FROM queued GROUP BY queue
+UNION ALL
+SELECT queue, 'scheduled', sum(scheduled)::bigint, bool_or(scheduled > %(cap)s) FROM queued GROUP BY queue
+UNION ALL
+SELECT queue, 'oldest', extract(epoch FROM now() - min(oldest))::bigint, false FROM queued GROUP BY queue
+UNION ALL
+SELECT queue, 'running', count(*), false FROM {schema}.job WHERE status = 'running' GROUP BY queue;
+
+-- name: queue_counts_finished
+-- Per queue, its completed, failed and cancelled jobs and those finished lately (completed_minute, in
+-- the last minute; failed_hour), read now along job_finished_view_idx: (queue, what, n, capped) as
+-- queue_counts_queued, n summed over the queue's (status, type) triples.
+WITH RECURSIVE triples AS (
+{finished_triples}
 ), finished AS (
     -- Per (queue, status), its triples read together up to the bound: a queue of many types costs the
     -- bound, not the bound per type.
@@ -307,16 +320,6 @@ WITH RECURSIVE levels AS (
                 LIMIT %(cap)s + 1) AS c) AS recent
     FROM (SELECT DISTINCT queue, status FROM triples) AS q
 )
-SELECT queue, 'queued', sum(queued)::bigint, bool_or(queued > %(cap)s) FROM queued GROUP BY queue
-UNION ALL
-SELECT queue, 'available', sum(available)::bigint, bool_or(available > %(cap)s) FROM queued GROUP BY queue
-UNION ALL
-SELECT queue, 'scheduled', sum(scheduled)::bigint, bool_or(scheduled > %(cap)s) FROM queued GROUP BY queue
-UNION ALL
-SELECT queue, 'oldest', extract(epoch FROM now() - min(oldest))::bigint, false FROM queued GROUP BY queue
-UNION ALL
-SELECT queue, 'running', count(*), false FROM {schema}.job WHERE status = 'running' GROUP BY queue
-UNION ALL
 SELECT queue, status, sum(n)::bigint, bool_or(n > %(cap)s) FROM finished GROUP BY queue, status
 UNION ALL
 SELECT queue, CASE WHEN status = 'completed' THEN 'completed_minute' ELSE status || '_hour' END,
