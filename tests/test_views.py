@@ -10,11 +10,13 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
 
 import jobbus
 from jobbus import views
+from jobbus.dashboard import create_app
 from jobbus.store.views import Count, Filters, JobSummary
 
 #: The rows the tests compare with: what each job is, read back from the table.
@@ -212,3 +214,41 @@ async def test_a_search_reaches_jobs_finished_at_the_same_instant_across_pages(d
         pages = await _walk(app, "failed", filters, 7)
         assert [job.id for page in pages for job in page] == _expected(rows, "failed", filters)
         assert await views.count(app, "finished", filters) == Count(len(_expected(rows, "finished", filters)))
+
+
+async def test_django_tasks_are_told_apart_by_their_import_path(dsn: str, app: jobbus.App) -> None:
+    """Every Django task has the type django.task and its import path as its name: the name field suggests
+    the paths of the tab's latest tasks, and a path lists that task's jobs, all of them."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO jobbus.job (id, type, name, max_attempts, status, attempts, started_at, finished_at)"
+            " SELECT gen_random_uuid(), 'django.task',"
+            " 'shop.tasks.' || (ARRAY['send_receipt', 'refund', 'restock'])[n % 3 + 1], 1,"
+            " CASE WHEN n % 4 = 0 THEN 'failed' ELSE 'completed' END, 1, now() - n * interval '1 s',"
+            " now() - n * interval '1 s'"
+            " FROM generate_series(1, 3000) AS n"
+        )
+        conn.execute(
+            "INSERT INTO jobbus.job (id, type, name, max_attempts) SELECT gen_random_uuid(), 'django.task',"
+            " 'shop.tasks.' || (ARRAY['nightly_report', 'refund'])[n % 2 + 1], 1 FROM generate_series(1, 40) AS n"
+        )
+        conn.execute(
+            "INSERT INTO jobbus.job (id, type, name, max_attempts, status, attempts, started_at, finished_at)"
+            " SELECT gen_random_uuid(), 'mail.send', 'other ' || n, 1, 'completed', 1, now(), now()"
+            " FROM generate_series(1, 500) AS n"
+        )
+    django = Filters(types=("django.task",))
+    assert await views.names(app, "completed", django) == [
+        "shop.tasks.refund", "shop.tasks.restock", "shop.tasks.send_receipt"
+    ]  # fmt: skip
+    assert await views.names(app, "queued", django) == ["shop.tasks.nightly_report", "shop.tasks.refund"]
+    refunds = Filters(types=("django.task",), name="shop.tasks.refund")
+    pages = await _walk(app, "completed", refunds, 200)
+    rows = _truth(dsn)
+    assert [job.id for page in pages for job in page] == _expected(rows, "completed", refunds)
+    assert len(_expected(rows, "completed", refunds)) == 750
+    app_ = create_app(app)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app_), base_url="http://127.0.0.1") as http:
+        html = (await http.get("/jobs?status=completed&type=django.task")).text
+    await app_.state.dashboard.close()
+    assert '<datalist id="name-choices"><option value="shop.tasks.refund">' in html

@@ -241,6 +241,18 @@ async def counts(
     return dict(zip(views, read, strict=True))
 
 
+#: The name field suggests the names of this many of the tab's latest jobs of the chosen type.
+NAME_SUGGESTIONS_FROM = 500
+
+
+async def names(app: App, view: str, filters: Filters) -> list[str]:
+    """The names (a Django task's import path) among the first `NAME_SUGGESTIONS_FROM` jobs of `view` in
+    its order under `filters`' queues and types, sorted: suggestions for the name field, which filters
+    by any name. Every distinct name would need an index of (type, name) that each job pays for."""
+    latest = await page(app, view, replace(filters, name=None, text=None), limit=NAME_SUGGESTIONS_FROM)
+    return sorted({job.name for job in latest.jobs if job.name})
+
+
 async def pairs(app: App, view: str) -> list[tuple[str, str]]:
     """Every (queue, type) pair of `view`'s jobs: the choices of its filters."""
     return await _run(app, _store(app.settings.schema).pairs(view))

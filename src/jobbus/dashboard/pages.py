@@ -138,6 +138,7 @@ async def jobs(dash: Dashboard, request: Request) -> Response:
     ):
         counts[status] = Count(len(job_page.jobs))  # the whole search fit on this page
     pairs = await views.pairs(dash.app, status)
+    name_choices = await views.names(dash.app, status, filters) if filters.types else []
     tab_query = {k: v for k, v in query.items() if k not in ("status", "group")}
     return dash.render(
         request,
@@ -156,6 +157,7 @@ async def jobs(dash: Dashboard, request: Request) -> Response:
         statuses=views.VIEWS,
         queue_choices=sorted({q for q, t in pairs if not shown["type"] or t == shown["type"]}),
         type_choices=sorted({t for q, t in pairs if not shown["queue"] or q == shown["queue"]}),
+        name_choices=name_choices,
         previews={
             job.id: formatting.preview(dash.redact, job.configuration, job.configuration_bytes) for job in job_page.jobs
         },
