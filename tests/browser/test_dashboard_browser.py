@@ -125,8 +125,10 @@ def test_retry_a_failed_job(dsn: str, processes: Processes, page: Any) -> None:
     page.wait_for_selector("p.flash")
     assert "queued again" in page.locator("p.flash").inner_text()
     wait_for_live(page)
-    expect(page.locator("table.history tbody tr")).to_have_count(2, timeout=30_000)
-    assert page.locator("h1 .status").inner_text() == "failed"
+    # The first attempt, the manual retry (an entry of its own), the second attempt.
+    expect(page.locator("table.history tbody tr")).to_have_count(3, timeout=30_000)
+    assert "manually_retried" in page.locator("table.history tbody tr").nth(1).inner_text()
+    expect(page.locator("h1 .status")).to_have_text("failed", timeout=30_000)
     assert page.errors == []
 
 
