@@ -3,7 +3,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 PYTEST_ARGS ?= -n 2
 
-.PHONY: venv sync test test-server test-smoke test-django6 faults verify browser lint docs dist-check demo bench gate bench-capacity bench-steady bench-dashboard bench-unused dashboard clean
+.PHONY: venv sync schema test test-server test-smoke test-django6 faults verify browser lint docs dist-check demo bench gate bench-capacity bench-steady bench-dashboard bench-unused dashboard clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,12 +19,18 @@ LINTED := src tests tools $(wildcard bench) examples conftest.py
 sync: venv
 	$(PY) tools/generate_sync.py
 
+# The database program, src/jobbus/sql/current.sql, read back from a database the migrations built (on
+# the tests' server: JOBBUS_TEST_DSN, else the embedded one). Run it after adding a migration.
+schema: venv
+	$(PY) tools/generate_schema.py
+
 lint: venv
 	$(VENV)/bin/ruff check $(LINTED)
 	$(VENV)/bin/ruff format --check $(LINTED)
 	$(VENV)/bin/mypy $(LINTED)
 	$(VENV)/bin/lint-imports
 	$(PY) tools/generate_sync.py --check
+	$(PY) tools/generate_schema.py --check-migrations
 
 test: lint
 	$(VENV)/bin/pytest $(PYTEST_ARGS)

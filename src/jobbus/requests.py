@@ -169,7 +169,8 @@ def build_spec(
 
 def spec_json(spec: JobSpec) -> str:
     """A validated job as the JSON object the database schedules later (a follow-up, a group's callback):
-    the keys `schedule_spec` of migration 0010 reads. A relative start counts from when it is scheduled."""
+    the keys the function `schedule_spec` of sql/current.sql reads. A relative start counts from when it
+    is scheduled."""
     values: dict[str, Any] = {
         "id": str(spec.id),
         "type": spec.type,

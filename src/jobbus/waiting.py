@@ -1,8 +1,8 @@
 """Waiting for jobs to finish (`App.wait`): one LISTEN connection per App, however many waiters.
 
 Every statement that makes jobs terminal notifies their ids on the schema's `_done` channel (the
-trigger of migration 0010, in the same transaction, so a notification means the job is terminal and
-committed). A waiter registers its job id here *before* it reads the job, so a job that finishes
+trigger job_finished of sql/current.sql, in the same transaction, so a notification means the job is
+terminal and committed). A waiter registers its job id here *before* it reads the job, so a job that finishes
 between the read and the wait is not missed; when the listening connection is lost, every waiter is
 woken to read its job again once it is back. Without a direct connection for LISTEN (transaction
 pooling without `listen_dsn`), waiters read their job every poll interval instead.

@@ -29,8 +29,8 @@ from jobbus.schema import SERVER_AND_VERSION_QUERY, render
 from jobbus.store.statements import Chain, Copy, Row, Statement, channel_name, queries
 from jobbus.store.views import SEARCH, escape_like
 
-#: SQLSTATE of the schema's refusal of a group (migration 0013): `schedule_group` on an id that has jobs,
-#: or a job added to a group that has a callback.
+#: SQLSTATE of the schema's refusal of a group (group_scheduled and the trigger job_grouped of
+#: sql/current.sql): `schedule_group` on an id that has jobs, or a job added to a group that has a callback.
 GROUP_REFUSED = "JB409"
 
 
@@ -267,7 +267,7 @@ class JobStore:
         params = {"id": job_id, "token": token, "name": name, "result": result_json}
         return Statement(self._q["record_step"], params, lambda rows, _: (bool(rows[0][0]), bool(rows[0][1])))
 
-    # -- durable waits (functions of migration 0010; each fenced by the lease, each parks the job itself) --
+    # -- durable waits (functions in sql/current.sql; each fenced by the lease, each parks the job itself) --
 
     def sleep_job(self, job_id: uuid.UUID, token: uuid.UUID, step: str, seconds: float) -> Statement[str]:
         """'ready' once the stored wake-up time has passed, 'parked' (lease given back) or 'lost'."""

@@ -7,7 +7,7 @@
 
 -- name: dashboard_failures
 -- Every failed job, grouped by its error with what varies from job to job folded into placeholders
--- (error_group, written with each failure by fold_error of migration 0015): the groups are found by a
+-- (error_group, written with each failure by fold_error, sql/current.sql): the groups are found by a
 -- loose index scan of job_failure_group_idx, one probe each, whatever the number of failed jobs. Per
 -- group, the newest failure (its message as the example) and the oldest, each one more probe, and a
 -- count read along the index up to %(cap)s + 1 (past it, the caller estimates); the types and queues

@@ -100,7 +100,7 @@ FROM (SELECT DISTINCT queue, type FROM inserted) AS q;
 
 -- name: insert_group
 -- `schedule_group`: insert_jobs_chained for the members of one group, then the function group_scheduled
--- of migration 0013, which refuses a group id that already has other jobs and writes the callback's row
+-- (sql/current.sql), which refuses a group id that already has other jobs and writes the callback's row
 -- (raising SQLSTATE JB409 rolls the whole statement back: nothing is written).
 WITH input AS (
     SELECT *
@@ -198,7 +198,7 @@ SELECT pg_notify(%(channel)s, pair) FROM unnest(%(pairs)s::text[]) AS pair;
 -- order, skipping rows other workers hold, in one transaction (FOR UPDATE SKIP LOCKED + UPDATE ...
 -- RETURNING over job_queue_claim_idx), kept in a function so the planner settings that keep it on the
 -- index travel with it (also through PgBouncer). A last row with a NULL id says that the claim stopped
--- at its expiry budget with expired jobs left ahead: claim again (migration 0023).
+-- at its expiry budget with expired jobs left ahead: claim again (the function: sql/current.sql).
 SELECT * FROM {schema}.claim_jobs(
     %(worker_id)s, %(limit)s, %(pair_queues)s::text[], %(pair_types)s::text[], %(lease_seconds)s::float8,
     %(max_payload_bytes)s::int, %(limited_queues)s::text[], %(expiry_budget)s::int
@@ -302,7 +302,7 @@ RETURNING cancellation_requested_at IS NOT NULL;
 -- while this statement waits for the row is seen when the row is read again.
 -- Each outcome is appended to the job's history (the last 50 are kept), with the traceback of an
 -- attempt that raised (NULL, and so no key, for every other outcome). A job that fails gets its
--- failure group (fold_error of migration 0015, for the dashboard's failures page); the CASE spares every
+-- failure group (fold_error in sql/current.sql, for the dashboard's failures page); the CASE spares every
 -- other outcome the fold, and clears a group an earlier failure left. Jobs queued again and
 -- available at once are announced like new ones, one notification per (queue, type).
 WITH written AS (
@@ -556,9 +556,9 @@ LIMIT %(limit)s;
 -- fewer than %(limit)s rows come back. The batch is an array, so the delete stays on the primary key
 -- whatever plan the statement gets (`id IN (subquery)` could become a hash join over a sequential scan
 -- of the whole table in a generic plan: docs/capacity.md, retention). A finished child whose parent
--- is queued or running is kept, as retention keeps it (migration 0017): its parent's
--- `wait_for_children()` has yet to answer with it. `OFFSET 0` keeps that check a probe by primary key
--- per row (as an anti-join it scanned the table for running parents).
+-- is queued or running is kept, as retention's delete_finished_jobs keeps it (sql/current.sql): its
+-- parent's `wait_for_children()` has yet to answer with it. `OFFSET 0` keeps that check a probe by
+-- primary key per row (as an anti-join it scanned the table for running parents).
 DELETE FROM {schema}.job
 WHERE id = ANY (ARRAY(
     SELECT j.id FROM {schema}.job AS j

@@ -31,8 +31,8 @@ SELECT {schema}.delete_finished_groups(%(older_than_seconds)s, %(limit)s);
 SELECT queue, type FROM {schema}.queued_pairs();
 
 -- name: sample_queues
--- One sample of every queue for the whole fleet, each finished job counted once (the function of
--- migration 0016 says how); returns the rows written, from which the leader's metrics gauges are set, so
+-- One sample of every queue for the whole fleet, each finished job counted once (the function, in
+-- sql/current.sql, says how); returns the rows written, from which the leader's metrics gauges are set, so
 -- Prometheus never causes a query of its own.
 SELECT * FROM {schema}.sample_queues(%(interval_seconds)s, %(late_seconds)s, %(keep_seconds)s);
 

@@ -234,7 +234,8 @@ SELECT count(*) FROM (SELECT 1 FROM {schema}.job AS j WHERE {predicate} LIMIT %(
 
 -- name: estimate_rows
 -- The planner's estimate of the rows of a view past the count's bound, from its statistics (those over
--- status, queue and type together of migration 25): EXPLAIN of the view's predicate, {predicate}.
+-- status, queue and type together, job_status_queue_type in sql/current.sql): EXPLAIN of the view's
+-- predicate, {predicate}.
 EXPLAIN (FORMAT JSON) SELECT 1 FROM {schema}.job AS j WHERE {predicate};
 
 -- name: pairs_finished

@@ -70,7 +70,7 @@ SELECT 'latest', '', '', coalesce(max(generation), 0) FROM {schema}.command;
 -- declared dead (once; a worker that speaks again clears the mark), and the jobs it holds that started
 -- before that instant are requeued at once instead of after lease expiry. A job whose cancellation was
 -- asked for becomes cancelled, one out of attempts fails (the attempt was counted at claim time) with its
--- failure group (fold_error of migration 0015).
+-- failure group (fold_error, sql/current.sql).
 --
 -- Never a job of a live worker: the worker row is locked by the declaration, so a refresh that
 -- committed first leaves the row not silent (it is re-read under the lock) and one that comes later

@@ -4,7 +4,7 @@ Gauges (available, scheduled, running, the age of the oldest available job) and 
 sample counted before, read once for the whole fleet by the leader. Each finished job is counted once:
 two leaders for a moment take turns, a job committed after a sample it predates (by up to `LATE_SECONDS`)
 is counted by the next one, and a database clock set back (by up to `TALLY_SECONDS`) neither loses nor
-repeats a count (`queue_tally`, migration 0016). Metrics and the dashboard read these rows: no request
+repeats a count (`queue_tally`, sql/current.sql). Metrics and the dashboard read these rows: no request
 path and no scrape counts the job table. Every sample of the last `RAW_SECONDS` is kept; older ones are
 merged into one row per queue and `STEP_SECONDS` (the dashboard's 24 h and 7 d charts), and rows older
 than `KEEP_SECONDS` are deleted: at most about 1,400 rows per queue whatever the interval. The rows
