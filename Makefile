@@ -62,7 +62,7 @@ test-smoke: venv
 
 # The fault-injection suite at full scale (CI runs it at a smaller scale with every test run).
 faults: venv
-	JOBBUS_FULL_FAULTS=1 $(VENV)/bin/pytest tests/faults -n 2
+	JOBBUS_FULL_FAULTS=1 $(VENV)/bin/pytest tests/faults tests/failover -n 2
 
 # The model check's sweep: new seeds, each a random topology run by real workers under faults, until
 # VERIFY_MINUTES are up; prints each seed's result and a summary (CI runs a few fixed seeds).
