@@ -218,8 +218,8 @@ def test_workers_and_producers_ride_a_failover_to_the_promoted_standby(synchrono
                 os.kill(sender, signal.SIGSTOP)
                 time.sleep(behind_seconds)  # the standby falls behind (a stalled link) while the load goes on
             primary_lsn = _one(primary.dsn, "SELECT pg_current_wal_lsn()::text")
-            failed_at = time.time()
             primary.kill()
+            failed_at = time.time()  # every process of the primary is gone
             standby.promote()
             promoted_at = time.time()
             replay_lsn = _one(standby.dsn, "SELECT pg_last_wal_replay_lsn()::text")
@@ -264,6 +264,8 @@ def test_workers_and_producers_ride_a_failover_to_the_promoted_standby(synchrono
     else:
         early = [a for a in lost if a.at < replayed_until - CLOCK_SLACK]
         assert early == [], f"lost though acknowledged before the standby's last replayed commit: {early[:5]}"
+        late = [a for a in lost if a.at > promoted_at]
+        assert late == [], f"lost though acknowledged by the new primary: {late[:5]}"
 
     # Every job on the new primary completed; a follow-up exists for every completed parent with `then=`.
     assert Counter(status for status, *_ in jobs.values()) == Counter(completed=len(jobs))
