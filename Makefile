@@ -60,7 +60,7 @@ test-django6: $(VENV_DJANGO6)/.installed
 test-smoke: venv
 	$(VENV)/bin/pytest -m smoke $(PYTEST_ARGS)
 
-# The fault-injection suite at full scale (CI runs it at a smaller scale with every test run).
+# The fault-injection suite and the failover tests at full scale (CI runs them smaller with every test run).
 faults: venv
 	JOBBUS_FULL_FAULTS=1 $(VENV)/bin/pytest tests/faults tests/failover -n 2
 
