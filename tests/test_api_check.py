@@ -70,6 +70,21 @@ def test_a_breaking_signature_change_fails_until_an_entry_names_it(tree: Path) -
     assert done.returncode == 0, done.stderr
 
 
+def test_a_new_optional_parameter_fails_until_an_entry_names_it(tree: Path) -> None:
+    """griffe's check passes what is compatible; a new parameter is still a change to name."""
+    edit(
+        tree / "src/jobbus/errors.py",
+        "def __init__(self, delay: float | timedelta) -> None:",
+        'def __init__(self, delay: float | timedelta, *, reason: str = "") -> None:',
+    )
+    done = api_check(tree)
+    assert done.returncode == 1
+    assert "Snooze.__init__ takes a new parameter reason  [Snooze, reason]" in done.stderr
+    add_entry(tree, "`Snooze(delay, reason=...)` says why in the job's history.")
+    done = api_check(tree)
+    assert done.returncode == 0, done.stderr
+
+
 def test_a_name_added_to_all_fails_until_an_entry_names_it(tree: Path) -> None:
     init = tree / "src/jobbus/__init__.py"
     edit(init, "__all__ = [\n", '__all__ = [\n    "describe_everything",\n')

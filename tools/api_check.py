@@ -4,9 +4,10 @@ The last release is the newest `## [X.Y.Z] - DATE - commit HASH` heading of CHAN
 read: a clone may have none). Its source is read with `git archive` and compared with the tree's:
 
 - the Python API, with griffe: the names added to or removed from the `__all__` of each public module
-  (docs/stability.md lists them), public modules added or removed, and what griffe's API check reports
+  (docs/stability.md lists them), public modules added or removed, what griffe's API check reports
   as breaking (a parameter removed, moved, made required or given another default, an object removed or
-  changed in kind, a base class removed, ...);
+  changed in kind, a base class removed, ...), and what it leaves out as compatible: a new parameter of
+  a public function or method, a new public method of a public class;
 - the command line: commands and their flags, types, choices and multiplicity, as tools/cli_surface.py
   lists them (also checked here to be the committed docs/cli-surface.txt).
 
@@ -249,6 +250,47 @@ def python_changes(old: griffe.ModulesCollection, new: griffe.ModulesCollection)
                 continue  # reported above as a name gone from __all__
             explained = breakage.explain(griffe.ExplanationStyle.MARKDOWN).strip().removeprefix("- ")
             yield Change(f"{breakage.obj.path}: {explained}", breakage_names(breakage))
+        yield from additions(old_module, new_module, old_names & new_names)
+
+
+def public_callables(module: griffe.Object, names: Iterable[str]) -> dict[tuple[str, ...], griffe.Function]:
+    """The module's public functions among `names`, and the public methods of its public classes, by
+    (name,) and (class, method)."""
+    found: dict[tuple[str, ...], griffe.Function] = {}
+    for name in names:
+        target = resolved(module.members.get(name))
+        if isinstance(target, griffe.Function):
+            found[(name,)] = target
+        elif isinstance(target, griffe.Class):
+            for method_name, member in target.all_members.items():
+                method = resolved(member) if member.is_public else None
+                if isinstance(method, griffe.Function):
+                    found[(name, method_name)] = method
+    return found
+
+
+def resolved(member: griffe.Object | griffe.Alias | None) -> griffe.Object | None:
+    """What an alias (a re-exported name) points at; None when it leaves the package."""
+    if isinstance(member, griffe.Alias):
+        try:
+            return member.final_target
+        except (griffe.AliasResolutionError, griffe.CyclicAliasError):
+            return None
+    return member
+
+
+def additions(old_module: griffe.Object, new_module: griffe.Object, names: set[str]) -> Iterator[Change]:
+    """What griffe's check leaves out as compatible: a new method of a public class, a new parameter."""
+    old, new = public_callables(old_module, names), public_callables(new_module, names)
+    for key, function in sorted(new.items()):
+        words = tuple(word for word in key if word != "__init__")
+        if key not in old:
+            yield Change(f"{'.'.join(key)} is new", words)
+            continue
+        known = {parameter.name for parameter in old[key].parameters}
+        for parameter in function.parameters:
+            if parameter.name not in known:
+                yield Change(f"{'.'.join(key)} takes a new parameter {parameter.name}", (*words, parameter.name))
 
 
 def parse_surface(text: str) -> dict[str, dict[str, str]]:
