@@ -162,3 +162,15 @@ def test_a_bullet_names_a_change_by_whole_words() -> None:
     bullets = ("`jobbus jobs list --tag` is repeatable", "`--tag` of `jobbus schedule`")
     assert unnamed(changes, bullets[1:]) == changes
     assert unnamed(changes, bullets) == []
+
+
+def test_the_committed_cli_surface_is_current_and_a_stale_one_fails(tmp_path: Path) -> None:
+    generator = [sys.executable, str(ROOT / "tools/cli_surface.py"), "--check"]
+    done = subprocess.run(generator, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    stale = tmp_path / "cli-surface.txt"
+    stale.write_text(SURFACE.read_text().replace("    --older-than TEXT required\n", ""))
+    assert SURFACE.read_text() != stale.read_text()
+    done = subprocess.run([*generator, "--target", str(stale)], capture_output=True, text=True, check=False)
+    assert done.returncode == 1
+    assert "+    --older-than TEXT required" in done.stderr and "is stale: run `make cli-surface`" in done.stderr
