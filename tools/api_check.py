@@ -70,6 +70,8 @@ class CheckError(Exception):
 
 @dataclass(frozen=True)
 class Release:
+    """A release heading of CHANGELOG.md; `commit` is None while the release is cut, until it is recorded."""
+
     version: str
     date: str
     commit: str | None
@@ -86,16 +88,12 @@ class Change:
 
 @dataclass(frozen=True)
 class Changelog:
-    releases: tuple[Release, ...]
-    #: The bullets above the last release with a recorded commit, each joined into one line.
-    pending: tuple[str, ...]
+    """The releases, newest first; the newest with a recorded commit is what the tree is compared with."""
 
-    @property
-    def baseline(self) -> Release:
-        for release in self.releases:
-            if release.commit is not None:
-                return release
-        raise CheckError("CHANGELOG.md names no release with its commit (`## [X.Y.Z] - DATE - commit HASH`)")
+    releases: tuple[Release, ...]
+    baseline: Release
+    #: The bullets above the baseline's heading, each joined into one line.
+    pending: tuple[str, ...]
 
 
 def parse_changelog(text: str) -> Changelog:
@@ -119,15 +117,16 @@ def parse_changelog(text: str) -> Changelog:
                 f"CHANGELOG.md:{release.line}: release {release.version} names no commit; only the newest "
                 "release, while it is cut, may wait for its commit to be recorded"
             )
-    changelog = Changelog(tuple(releases), ())
-    end = changelog.baseline.line - 1
+    recorded = [release for release in releases if release.commit is not None]
+    if not recorded:
+        raise CheckError("CHANGELOG.md names no release with its commit (`## [X.Y.Z] - DATE - commit HASH`)")
     bullets: list[str] = []
-    for line in lines[lines.index(UNRELEASED) + 1 : end]:
+    for line in lines[lines.index(UNRELEASED) + 1 : recorded[0].line - 1]:
         if line.startswith("- "):
             bullets.append(line[2:])
         elif bullets and line.startswith("  ") and line.strip():
             bullets[-1] += " " + line.strip()
-    return Changelog(tuple(releases), tuple(bullets))
+    return Changelog(tuple(releases), recorded[0], tuple(bullets))
 
 
 def names_in(bullet: str, names: Iterable[str]) -> bool:
