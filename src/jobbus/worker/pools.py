@@ -54,6 +54,11 @@ class Pools:
         self._handler_pool: AsyncConnectionPool[Any] | None = None
         self._handler_outage = Outage("handler calls")
 
+    @property
+    def max_connections(self) -> int:
+        """The most connections both pools hold at once."""
+        return SYSTEM_POOL_SIZE + self.settings.pool_max_size
+
     async def open(self, dsn: str) -> None:
         """The worker's pool waits for the database (`database_wait_seconds`); the handlers' opens empty."""
         self._pool = await self._open(dsn, "jobbus-worker", 1, SYSTEM_POOL_SIZE)

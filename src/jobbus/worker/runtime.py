@@ -154,6 +154,10 @@ class Worker:
                 lease_seconds=self.settings.lease_seconds,
                 dead_after_seconds=self.settings.worker_dead_after_seconds,
                 heartbeat_seconds=self.settings.heartbeat_seconds,
+                # Its two pools, the App's pool (handlers may use it) and the LISTEN connection.
+                pool_size=self.pools.max_connections
+                + self.settings.pool_max_size
+                + (1 if self.settings.notification_dsn else 0),
             ),
             workers=self.workers,
             run=self.pools.run,
