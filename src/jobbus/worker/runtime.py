@@ -328,10 +328,13 @@ class Worker:
         if port is None:
             return None
         return HealthServer(
-            self.health, host=self.options.health_host, port=port, heartbeat_seconds=self.settings.heartbeat_seconds
+            self._health_report,
+            host=self.options.health_host,
+            port=port,
+            heartbeat_seconds=self.settings.heartbeat_seconds,
         )
 
-    def health(self) -> HealthReport:
+    def _health_report(self) -> HealthReport:
         """What the health endpoints answer from: read from any thread, never waiting for the loop."""
         now = time.monotonic()
         if self._finished:
