@@ -9,8 +9,7 @@ import psycopg
 import pytest
 
 import jobbus
-from jobbus import JobStatus
-from jobbus.errors import TransactionPoolerError
+from jobbus import JobStatus, TransactionPoolerError
 from tests.bouncer import pgbouncer, pgbouncer_binary
 from tests.processes import finish, prepare, start_worker
 
