@@ -85,7 +85,7 @@ def test_a_handler_blocking_the_event_loop_turns_livez_to_503_until_the_loop_run
 
 
 def test_a_stopping_worker_answers_503_while_it_waits_for_its_jobs(dsn: str, port: int, sync_app: jobbus.App) -> None:
-    job_id = sync_app.sync.schedule("nap", {"seconds": 3})
+    job_id = sync_app.sync.schedule("nap", {"seconds": 6})
     worker = start_worker(dsn, "--health-port", str(port), "--shutdown-timeout", "30", app=APP)
     try:
         wait_until(lambda: status_of(dsn, job_id) == "running", timeout=30, what="the job to start")
