@@ -123,6 +123,8 @@ class Process:
     popen: subprocess.Popen[bytes]
     log: Path
     exit_code: int | None = None
+    #: Set when the rehearsal killed it for running past its time.
+    killed_after: float | None = None
 
     @property
     def pid(self) -> int:
@@ -182,7 +184,7 @@ class Rehearsal:
         except subprocess.TimeoutExpired:
             process.popen.kill()
             process.exit_code = process.popen.wait()
-            self.problems.append(f"step {name}: {self._who(process)} did not finish within {timeout:g} s, killed")
+            process.killed_after = timeout
         return process
 
     def worker(self, name: str, release: str) -> Process:
@@ -374,7 +376,9 @@ def rehearse(rehearsal: Rehearsal) -> dict[str, Any]:
     with rehearsal.timed("previous release's jobbus migrate"):
         old_migrate = rehearsal.run("migrate-old", "old", "-m", "jobbus", "migrate", timeout=args.migrate_timeout)
     if old_migrate.exit_code != 0:
-        raise RehearsalError(f"the previous release's jobbus migrate exited {old_migrate.exit_code}: {old_migrate.log}")
+        raise RehearsalError(
+            f"the previous release's jobbus migrate exited {old_migrate.exit_code}: see {old_migrate.log}"
+        )
     rehearsal.phase = "fill"
     with rehearsal.timed("fill"):
         fill(rehearsal, args.jobs, args.future)
@@ -407,14 +411,17 @@ def rehearse(rehearsal: Rehearsal) -> dict[str, Any]:
         migrated_at = database_now(dsn)
         migrate_output = new_migrate.log.read_text(errors="replace").strip()
         if new_migrate.exit_code != 0:
+            ended = (
+                f"was killed after {new_migrate.killed_after:g} s (--migrate-timeout)"
+                if new_migrate.killed_after is not None
+                else f"exited {new_migrate.exit_code}"
+            )
+            last = "\n    ".join(migrate_output.splitlines()[-12:]) or "(nothing)"
             rehearsal.problems.append(
-                f"step this release's jobbus migrate: {rehearsal._who(new_migrate)} exited "
-                f"{new_migrate.exit_code} under the previous release's load:\n    "
-                + "\n    ".join(migrate_output.splitlines()[-12:])
+                f"step this release's jobbus migrate: {rehearsal._who(new_migrate)} {ended} under the previous "
+                f"release's load; its last output:\n    {last}"
             )
-            rehearsal.say(
-                f"this release's jobbus migrate FAILED (exit {new_migrate.exit_code}): no rolling replacement"
-            )
+            rehearsal.say(f"this release's jobbus migrate FAILED ({ended}): no rolling replacement")
         else:
             rehearsal.say(f"this release's jobbus migrate done in {rehearsal.durations[NEW_MIGRATE]:.1f} s")
             rehearsal.phase = "rolling replacement"
@@ -460,7 +467,7 @@ def rehearse(rehearsal: Rehearsal) -> dict[str, Any]:
     return figures
 
 
-def verdict(rehearsal: Rehearsal) -> dict[str, Any]:
+def verdict(rehearsal: Rehearsal, figures: dict[str, Any]) -> dict[str, Any]:
     """Read what the run left, check it, and return the counts of the summary."""
     dsn = rehearsal.dsn
     acked: list[uuid.UUID] = []
@@ -495,6 +502,7 @@ def verdict(rehearsal: Rehearsal) -> dict[str, Any]:
     by_role = Counter(start.role for start in starts)
     return {
         "jobs scheduled (acknowledged)": len(set(acked)),
+        "jobs per second scheduled": round(len(acked) / figures["load seconds"], 1),
         "per producer": per_producer,
         "completed": sum(row.status == "completed" for row in rows),
         "attempts": sum(row.attempts for row in rows),
@@ -525,13 +533,17 @@ def _slowest_calls(rehearsal: Rehearsal) -> dict[str, str]:
     return found
 
 
-def summary(rehearsal: Rehearsal, figures: dict[str, Any], previous: str) -> str:
-    args = rehearsal.args
-    head = _git("rev-parse", "--short", "HEAD")
+def this_release() -> str:
+    """The commit under test, and whether the work tree differs from it."""
     dirty = " (with uncommitted changes)" if _git("status", "--porcelain", "--untracked-files=no") else ""
+    return _git("rev-parse", "--short", "HEAD") + dirty
+
+
+def summary(rehearsal: Rehearsal, figures: dict[str, Any], previous: str, current: str) -> str:
+    args = rehearsal.args
     lines = [
         "=== upgrade rehearsal summary",
-        f"previous release {previous[:7]} -> this release {head}{dirty}",
+        f"previous release {previous[:7]} -> this release {current}",
         f"server {query(rehearsal.dsn, 'SHOW server_version')[0][0]}; fill {args.jobs:,} finished and "
         f"{args.future:,} future jobs; load {args.rate:g} jobs/s from {args.producers} producers "
         f"for {figures.get('load seconds', 0):.0f} s, {args.workers} workers of concurrency {args.concurrency}",
@@ -601,6 +613,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    current = this_release()
     try:
         old_venv, previous = previous_release(args.previous)
     except RehearsalError as exc:
@@ -613,13 +626,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         figures: dict[str, Any] = {}
         try:
             figures = rehearse(rehearsal)
-            figures.update(verdict(rehearsal))
+            figures.update(verdict(rehearsal, figures))
         except RehearsalError as exc:
             rehearsal.problems.append(f"step {rehearsal.phase}: {exc}")
         finally:
             rehearsal.stop_everything()
         rehearsal.durations["total"] = time.monotonic() - rehearsal.started
-        print(summary(rehearsal, figures, previous), flush=True)
+        print(summary(rehearsal, figures, previous, current), flush=True)
     return 1 if rehearsal.problems else 0
 
 
