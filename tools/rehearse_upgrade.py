@@ -545,7 +545,7 @@ def summary(rehearsal: Rehearsal, figures: dict[str, Any], previous: str, curren
         "=== upgrade rehearsal summary",
         f"previous release {previous[:7]} -> this release {current}",
         f"server {query(rehearsal.dsn, 'SHOW server_version')[0][0]}; fill {args.jobs:,} finished and "
-        f"{args.future:,} future jobs; load {args.rate:g} jobs/s from {args.producers} producers "
+        f"{args.future:,} future jobs; {args.rate:g} jobs/s asked of {args.producers} producers "
         f"for {figures.get('load seconds', 0):.0f} s, {args.workers} workers of concurrency {args.concurrency}",
     ]
     lines += [f"{name}: {seconds:.1f} s" for name, seconds in rehearsal.durations.items()]
