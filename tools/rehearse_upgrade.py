@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import make_conninfo
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # `python tools/rehearse_upgrade.py` puts tools/ first, not the repository root
@@ -59,6 +61,8 @@ PREVIOUS_RELEASE = "149910a"
 #: Where the previous release's source, wheel and venv, and every run's logs, are kept (gitignored).
 CACHE = ROOT / ".rehearse"
 APP = "tools.rehearse_app:app"
+#: Every session of a process the rehearsal started is named `rehearsal:<its name>`.
+APPLICATION_PREFIX = "rehearsal:"
 TERMINAL = ("completed", "failed", "cancelled")
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 NEW_MIGRATE = "this release's jobbus migrate (under load)"
@@ -159,9 +163,12 @@ class Rehearsal:
     durations: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
-    def environment(self, release: str) -> dict[str, str]:
+    def environment(self, name: str, release: str) -> dict[str, str]:
+        """The process's own: its sessions carry its name as `application_name`, so that a lock the
+        server reports (`Process 5767 waits for ...`) is traced back to the process that held it."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("JOBBUS_") and k != "PYTHONPATH"}
-        return {**env, "JOBBUS_DSN": self.dsn, "REHEARSAL_ROLE": release, "PYTHONUNBUFFERED": "1"}
+        dsn = make_conninfo(self.dsn, application_name=f"{APPLICATION_PREFIX}{name}")
+        return {**env, "JOBBUS_DSN": dsn, "REHEARSAL_ROLE": release, "PYTHONUNBUFFERED": "1"}
 
     def python(self, release: str) -> str:
         return str(self.old_venv / "bin/python") if release == "old" else sys.executable
@@ -170,7 +177,7 @@ class Rehearsal:
         log = self.run_dir / f"{name}.log"
         with log.open("wb") as out:
             popen = subprocess.Popen(
-                [self.python(release), *args], cwd=ROOT, env=self.environment(release), stdout=out, stderr=out
+                [self.python(release), *args], cwd=ROOT, env=self.environment(name, release), stdout=out, stderr=out
             )
         process = Process(name, release, popen, log)
         self.processes.append(process)
@@ -282,6 +289,24 @@ def fill(rehearsal: Rehearsal, finished: int, future: int) -> None:
         )
         conn.execute("ANALYZE jobbus.job")
         conn.execute(STARTS_DDL.encode())
+
+
+def backends(dsn: str, error: str) -> list[str]:
+    """Which of the rehearsal's processes each server process an error names (`Process 5767 waits for
+    ...`) belongs to, and what it runs now; read at once, while they still hold their sessions."""
+    pids = sorted({int(pid) for pid in re.findall(r"\bProcess (\d+)", error)})
+    if not pids:
+        return []
+    rows = query(
+        dsn,
+        "SELECT pid, application_name, state, left(regexp_replace(query, '\\s+', ' ', 'g'), 100)"
+        " FROM pg_stat_activity WHERE pid = ANY(%s)",
+        (pids,),
+    )
+    found = {
+        pid: f"{name.removeprefix(APPLICATION_PREFIX) or '?'} ({state}: {text})" for pid, name, state, text in rows
+    }
+    return [f"server process {pid}: {found.get(pid, 'no longer connected')}" for pid in pids]
 
 
 def fill_counts(dsn: str) -> tuple[int, int]:
@@ -416,7 +441,7 @@ def rehearse(rehearsal: Rehearsal) -> dict[str, Any]:
                 if new_migrate.killed_after is not None
                 else f"exited {new_migrate.exit_code}"
             )
-            last = "\n    ".join(migrate_output.splitlines()[-12:]) or "(nothing)"
+            last = "\n    ".join([*migrate_output.splitlines()[-12:], *backends(dsn, migrate_output)]) or "(nothing)"
             rehearsal.problems.append(
                 f"step this release's jobbus migrate: {rehearsal._who(new_migrate)} {ended} under the previous "
                 f"release's load; its last output:\n    {last}"
@@ -545,7 +570,7 @@ def summary(rehearsal: Rehearsal, figures: dict[str, Any], previous: str, curren
         "=== upgrade rehearsal summary",
         f"previous release {previous[:7]} -> this release {current}",
         f"server {query(rehearsal.dsn, 'SHOW server_version')[0][0]}; fill {args.jobs:,} finished and "
-        f"{args.future:,} future jobs; {args.rate:g} jobs/s asked of {args.producers} producers "
+        f"{args.future:,} future jobs; {args.rate:g} jobs/s asked of {args.producers} producer(s) "
         f"for {figures.get('load seconds', 0):.0f} s, {args.workers} workers of concurrency {args.concurrency}",
     ]
     lines += [f"{name}: {seconds:.1f} s" for name, seconds in rehearsal.durations.items()]
