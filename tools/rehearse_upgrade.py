@@ -158,6 +158,8 @@ class Rehearsal:
     run_dir: Path
     started: float = field(default_factory=time.monotonic)
     phase: str = "setup"
+    #: When each phase began, on the local clock the processes' log lines carry.
+    phases: list[tuple[datetime, str]] = field(default_factory=list)
     processes: list[Process] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     durations: dict[str, float] = field(default_factory=dict)
@@ -212,6 +214,19 @@ class Rehearsal:
         for producer in producers:
             if not wait_until(partial(_has_acks, self.run_dir / f"{producer.name}.acks"), 60):
                 self.problems.append(f"step {step}: {self._who(producer)} scheduled no job within 60 s")
+
+    def enter(self, phase: str) -> None:
+        self.phase = phase
+        self.phases.append((datetime.now(), phase))
+
+    def phase_at(self, line: str) -> str:
+        """The phase a log line's time falls in, for a line that starts with one."""
+        try:
+            at = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+        except ValueError:
+            return ""
+        during = [phase for began, phase in self.phases if began <= at]
+        return f" during {during[-1]}" if during else ""
 
     def say(self, text: str) -> None:
         print(f"[{time.monotonic() - self.started:7.1f} s] {text}", flush=True)
@@ -397,21 +412,21 @@ def rehearse(rehearsal: Rehearsal) -> dict[str, Any]:
     """Run every step; problems land in `rehearsal.problems`. Returns the figures of the summary."""
     args, dsn = rehearsal.args, rehearsal.dsn
     figures: dict[str, Any] = {}
-    rehearsal.phase = "previous release's migrate"
+    rehearsal.enter("previous release's migrate")
     with rehearsal.timed("previous release's jobbus migrate"):
         old_migrate = rehearsal.run("migrate-old", "old", "-m", "jobbus", "migrate", timeout=args.migrate_timeout)
     if old_migrate.exit_code != 0:
         raise RehearsalError(
             f"the previous release's jobbus migrate exited {old_migrate.exit_code}: see {old_migrate.log}"
         )
-    rehearsal.phase = "fill"
+    rehearsal.enter("fill")
     with rehearsal.timed("fill"):
         fill(rehearsal, args.jobs, args.future)
     rehearsal.say(f"fill: {args.jobs:,} finished and {args.future:,} future jobs")
 
     per_producer = args.rate / args.producers
     vias = ["python", "sql"]
-    rehearsal.phase = "old load"
+    rehearsal.enter("old load")
     old_workers = [rehearsal.worker(f"old-worker-{i + 1}", "old") for i in range(args.workers)]
     producers = [
         rehearsal.producer(f"old-producer-{i + 1}-{vias[i % 2]}", "old", vias[i % 2], per_producer)
@@ -419,7 +434,6 @@ def rehearse(rehearsal: Rehearsal) -> dict[str, Any]:
     ]
     new_workers: list[Process] = []
     with progress(rehearsal, args.progress_every):
-        rehearsal.phase = "old load"
         # The load counts from when every old producer has scheduled and every old worker has run a job.
         rehearsal.expect_acks("old load", producers)
         for worker in old_workers:
@@ -429,7 +443,7 @@ def rehearse(rehearsal: Rehearsal) -> dict[str, Any]:
         rehearsal.say(f"load: {args.workers} old workers, {args.producers} old producers at {args.rate:g} jobs/s")
         time.sleep(max(0.0, load_started + args.seconds * 0.3 - time.monotonic()))
 
-        rehearsal.phase = "this release's migrate"
+        rehearsal.enter("this release's migrate")
         rehearsal.say("this release's jobbus migrate starts")
         with rehearsal.timed(NEW_MIGRATE):
             new_migrate = rehearsal.run("migrate-new", "new", "-m", "jobbus", "migrate", timeout=args.migrate_timeout)
@@ -449,7 +463,7 @@ def rehearse(rehearsal: Rehearsal) -> dict[str, Any]:
             rehearsal.say(f"this release's jobbus migrate FAILED ({ended}): no rolling replacement")
         else:
             rehearsal.say(f"this release's jobbus migrate done in {rehearsal.durations[NEW_MIGRATE]:.1f} s")
-            rehearsal.phase = "rolling replacement"
+            rehearsal.enter("rolling replacement")
             for index, old in enumerate(old_workers):
                 new = rehearsal.worker(f"new-worker-{index + 1}", "new")
                 new_workers.append(new)
@@ -464,7 +478,7 @@ def rehearse(rehearsal: Rehearsal) -> dict[str, Any]:
                 rehearsal.durations[f"{step}: the old worker's graceful stop"] = rehearsal.stop(old, step)
                 rehearsal.say(f"{step}: {new.name} runs jobs, {old.name} stopped (exit {old.exit_code})")
 
-            rehearsal.phase = "producers switched"
+            rehearsal.enter("producers switched")
             new_producers = [
                 rehearsal.producer(f"new-producer-{i + 1}-{vias[i % 2]}", "new", vias[i % 2], per_producer)
                 for i in range(args.producers)
@@ -476,7 +490,7 @@ def rehearse(rehearsal: Rehearsal) -> dict[str, Any]:
             rehearsal.say("producers switched to this release")
             time.sleep(max(args.seconds * 0.2, load_started + args.seconds - time.monotonic()))
 
-        rehearsal.phase = "drain"
+        rehearsal.enter("drain")
         for producer in producers:
             rehearsal.stop(producer, "drain")
         figures["load seconds"] = time.monotonic() - load_started
@@ -523,7 +537,7 @@ def verdict(rehearsal: Rehearsal, figures: dict[str, Any]) -> dict[str, Any]:
         )
     for process in rehearsal.processes:
         for line in _first(scan_log(process.log.read_text(errors="replace"))):
-            rehearsal.problems.append(f"check logs: {rehearsal._who(process)} logged: {line}")
+            rehearsal.problems.append(f"check logs: {rehearsal._who(process)} logged{rehearsal.phase_at(line)}: {line}")
     by_role = Counter(start.role for start in starts)
     return {
         "jobs scheduled (acknowledged)": len(set(acked)),
