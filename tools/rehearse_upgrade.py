@@ -156,6 +156,7 @@ class Rehearsal:
     dsn: str
     old_venv: Path
     run_dir: Path
+    server: str
     started: float = field(default_factory=time.monotonic)
     phase: str = "setup"
     #: When each phase began, on the local clock the processes' log lines carry.
@@ -583,7 +584,7 @@ def summary(rehearsal: Rehearsal, figures: dict[str, Any], previous: str, curren
     lines = [
         "=== upgrade rehearsal summary",
         f"previous release {previous[:7]} -> this release {current}",
-        f"server {query(rehearsal.dsn, 'SHOW server_version')[0][0]}; fill {args.jobs:,} finished and "
+        f"server {rehearsal.server}; fill {args.jobs:,} finished and "
         f"{args.future:,} future jobs; {args.rate:g} jobs/s asked of {args.producers} producer(s) "
         f"for {figures.get('load seconds', 0):.0f} s, {args.workers} workers of concurrency {args.concurrency}",
     ]
@@ -660,18 +661,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     run_dir = CACHE / "runs" / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     run_dir.mkdir(parents=True, exist_ok=True)
-    with fresh_database(args.dsn or server_dsn(), None) as dsn:
-        rehearsal = Rehearsal(args, dsn, old_venv, run_dir)
-        figures: dict[str, Any] = {}
-        try:
-            figures = rehearse(rehearsal)
-            figures.update(verdict(rehearsal, figures))
-        except RehearsalError as exc:
-            rehearsal.problems.append(f"step {rehearsal.phase}: {exc}")
-        finally:
-            rehearsal.stop_everything()
-        rehearsal.durations["total"] = time.monotonic() - rehearsal.started
-        print(summary(rehearsal, figures, previous, current), flush=True)
+    try:
+        with fresh_database(args.dsn or server_dsn(), None) as dsn:
+            rehearsal = Rehearsal(args, dsn, old_venv, run_dir, server=query(dsn, "SHOW server_version")[0][0])
+            figures: dict[str, Any] = {}
+            try:
+                figures = rehearse(rehearsal)
+                figures.update(verdict(rehearsal, figures))
+            except (RehearsalError, psycopg.Error) as exc:
+                rehearsal.problems.append(f"step {rehearsal.phase}: the rehearsal itself failed: {exc}")
+            finally:
+                rehearsal.stop_everything()
+            rehearsal.durations["total"] = time.monotonic() - rehearsal.started
+            print(summary(rehearsal, figures, previous, current), flush=True)
+    except psycopg.OperationalError as exc:
+        print(f"rehearse-upgrade: the database server: {exc}", file=sys.stderr)
+        return 1
     return 1 if rehearsal.problems else 0
 
 
