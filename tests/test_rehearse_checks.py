@@ -107,6 +107,11 @@ def test_errors_and_unplanned_tracebacks_in_a_log_are_named() -> None:
     warning = "2026-12-07 11:22:41,000 WARNING jobbus.worker: heartbeat failed"
     unplanned = f"{warning}\nTraceback (most recent call last):\npsycopg.errors.DeadlockDetected: deadlock detected\n"
     assert scan_log(WORKER_LOG + unplanned) == [f"{warning} (with a traceback)"]
+    retried = (
+        "2026-12-07 11:22:41,000 WARNING jobbus.worker: completer hit a transient database error"
+        " (DeadlockDetected: deadlock detected); retrying with backoff"
+    )
+    assert scan_log(WORKER_LOG + retried + "\n") == [retried]
     crash = "Traceback (most recent call last):\nKeyError: 'x'\n"
     assert scan_log(crash) == ["Traceback (most recent call last):", "KeyError: 'x'"]
 

@@ -105,6 +105,9 @@ def check_attempts(rows: Iterable[JobRow], starts: Iterable[Start]) -> list[str]
 
 #: The start of a log record as the worker and the producers format them: a time, then the level.
 _RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (?P<level>[A-Z]+) ")
+#: A warning that a statement failed on the database (the worker retries it, but it erred: a deadlock with
+#: the migration, a lock or statement timeout, a lost connection).
+_DATABASE_TROUBLE = re.compile(r"deadlock|database error|lost the database", re.IGNORECASE)
 #: A retry of an attempt failed on purpose logs a warning with its traceback: that one is expected.
 _PLANNED = "rehearse_app.PlannedRetry: "
 
@@ -116,8 +119,9 @@ def _planned_retry(level: str, record: list[str]) -> bool:
 
 
 def scan_log(text: str) -> list[str]:
-    """The error lines of one process's output: a record at level ERROR or CRITICAL, a traceback other
-    than a planned retry's, or anything outside a log record that mentions an error or a traceback."""
+    """The error lines of one process's output: a record at level ERROR or CRITICAL, a warning of a
+    statement the database failed (retried or not), a traceback other than a planned retry's, or anything
+    outside a log record that mentions an error or a traceback."""
     problems: list[str] = []
     record: list[str] = []
 
@@ -127,7 +131,7 @@ def scan_log(text: str) -> list[str]:
         head = _RECORD.match(record[0])
         level = head.group("level") if head else ""
         body = "\n".join(record)
-        if level in ("ERROR", "CRITICAL"):
+        if level in ("ERROR", "CRITICAL") or (level == "WARNING" and _DATABASE_TROUBLE.search(record[0])):
             problems.append(record[0])
         elif "Traceback" in body and not _planned_retry(level, record):
             problems.append(record[0] + " (with a traceback)")
