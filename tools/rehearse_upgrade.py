@@ -367,25 +367,35 @@ def progress(rehearsal: Rehearsal, every: float) -> Iterator[None]:
     load's finished jobs (`?` while the job table is locked past 200 ms: the migration holds it)."""
     stopping = threading.Event()
 
+    def line(conn: psycopg.Connection[Any]) -> str:
+        acked = sum(_count_lines(path) for path in rehearsal.run_dir.glob("*.acks"))
+        by_role: dict[str, int] = dict(conn.execute("SELECT role, count(*) FROM public.rehearsal_start GROUP BY role"))
+        try:
+            row = conn.execute(
+                "SELECT count(*) FROM jobbus.job WHERE type = %s AND status = 'completed'", (JOB_TYPE,)
+            ).fetchone()
+            done = f"{row[0]:,}" if row else "?"
+        except psycopg.errors.LockNotAvailable:
+            done = "? (job table locked)"
+        return (
+            f"{rehearsal.phase}: {acked:,} scheduled, {done} completed; handler starts "
+            f"old {by_role.get('old', 0):,}, new {by_role.get('new', 0):,}"
+        )
+
     def report() -> None:
-        with psycopg.connect(rehearsal.dsn, autocommit=True) as conn:
-            conn.execute("SET lock_timeout = '200ms'")
-            while not stopping.wait(every):
-                acked = sum(_count_lines(path) for path in rehearsal.run_dir.glob("*.acks"))
-                by_role: dict[str, int] = dict(
-                    conn.execute("SELECT role, count(*) FROM public.rehearsal_start GROUP BY role")
-                )
-                try:
-                    row = conn.execute(
-                        "SELECT count(*) FROM jobbus.job WHERE type = %s AND status = 'completed'", (JOB_TYPE,)
-                    ).fetchone()
-                    done = f"{row[0]:,}" if row else "?"
-                except psycopg.errors.LockNotAvailable:
-                    done = "? (job table locked)"
-                rehearsal.say(
-                    f"{rehearsal.phase}: {acked:,} scheduled, {done} completed; handler starts "
-                    f"old {by_role.get('old', 0):,}, new {by_role.get('new', 0):,}"
-                )
+        conn: psycopg.Connection[Any] | None = None
+        while not stopping.wait(every):
+            try:
+                if conn is None or conn.closed:
+                    conn = psycopg.connect(rehearsal.dsn, autocommit=True)
+                    conn.execute("SET lock_timeout = '200ms'")
+                rehearsal.say(line(conn))
+            except psycopg.Error as exc:  # the rehearsal goes on; the next line tries again
+                rehearsal.say(f"{rehearsal.phase}: progress unknown ({type(exc).__name__}: {exc})")
+                if conn is not None:
+                    conn.close()
+        if conn is not None:
+            conn.close()
 
     thread = threading.Thread(target=report, name="progress", daemon=True)
     thread.start()
@@ -503,7 +513,6 @@ def rehearse(rehearsal: Rehearsal) -> dict[str, Any]:
         for worker in [*old_workers, *new_workers]:
             if worker.exit_code is None:
                 rehearsal.stop(worker, "drain")
-    figures["this release's migrate output"] = migrate_output
     return figures
 
 
@@ -590,7 +599,7 @@ def summary(rehearsal: Rehearsal, figures: dict[str, Any], previous: str, curren
     ]
     lines += [f"{name}: {seconds:.1f} s" for name, seconds in rehearsal.durations.items()]
     for name, value in figures.items():
-        if name in ("load seconds", "this release's migrate output"):
+        if name == "load seconds":
             continue
         lines.append(f"{name}: {json.dumps(value) if isinstance(value, dict) else f'{value:,}'}")
     lines.append(f"logs: {rehearsal.run_dir}")
