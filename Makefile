@@ -3,7 +3,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 PYTEST_ARGS ?= -n 2
 
-.PHONY: venv sync schema test test-server test-smoke test-django6 faults verify browser lint docs dist-check demo bench gate bench-capacity bench-steady bench-dashboard bench-unused rehearse-upgrade dashboard clean
+.PHONY: venv sync schema cli-surface api-check test test-server test-smoke test-django6 faults verify browser lint docs dist-check demo bench gate bench-capacity bench-steady bench-dashboard bench-unused rehearse-upgrade dashboard clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,17 @@ sync: venv
 # the tests' server: JOBBUS_TEST_DSN, else the embedded one). Run it after adding a migration.
 schema: venv
 	$(PY) tools/generate_schema.py
+
+# The command line's commands and flags, docs/cli-surface.txt, listed from the click commands. Run it after
+# changing a command or a flag; `make api-check` fails while the file is stale.
+cli-surface: venv
+	$(PY) tools/cli_surface.py
+
+# The public surface (jobbus.__all__ and the public modules' names and signatures, read by griffe; the CLI's
+# commands and flags) against the last release's commit in CHANGELOG.md: every change must be named by an
+# entry of CHANGELOG.md's [Unreleased] (docs/stability.md). Needs the release's commit in the clone, no server.
+api-check: venv
+	$(PY) tools/api_check.py
 
 lint: venv
 	$(VENV)/bin/ruff check $(LINTED)
@@ -60,9 +71,9 @@ test-django6: $(VENV_DJANGO6)/.installed
 test-smoke: venv
 	$(VENV)/bin/pytest -m smoke $(PYTEST_ARGS)
 
-# The fault-injection suite at full scale (CI runs it at a smaller scale with every test run).
+# The fault-injection suite and the failover tests at full scale (CI runs them smaller with every test run).
 faults: venv
-	JOBBUS_FULL_FAULTS=1 $(VENV)/bin/pytest tests/faults -n 2
+	JOBBUS_FULL_FAULTS=1 $(VENV)/bin/pytest tests/faults tests/failover -n 2
 
 # The model check's sweep: new seeds, each a random topology run by real workers under faults, until
 # VERIFY_MINUTES are up; prints each seed's result and a summary (CI runs a few fixed seeds).

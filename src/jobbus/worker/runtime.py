@@ -168,7 +168,7 @@ class Worker:
             write_lock=self._write_lock,
             worker_id=self.worker_id,
             on_fatal=self._fatal,
-            on_registration_lost=self.registrar.register_again,
+            on_registration_lost=self._registration_lost,
         )
         self.watchdog = LoopWatchdog(in_flight.values, self.worker_id, on_freeze=self.monitor.after_freeze)
         self.producer = Producer(
@@ -321,11 +321,19 @@ class Worker:
         self.control.acked_generation = await self.registrar.register()
         self.monitor.last_contact = time.monotonic()
         recovered = await self.registrar.reclaim_predecessor_jobs()
-        await self._starting(
-            functools.partial(sync_periodics, self.app, self.pools.run, types=self.types, worker_id=self.worker_id)
-        )
+        await self._starting(self._sync_periodics)
         if recovered:
             await announce_recovered(self.registry.events, recovered)
+
+    async def _registration_lost(self) -> None:
+        """Our registry row is gone, and with it, maybe, what this worker stored at its start: after a
+        failover to a standby that was behind, or a restore, the periodic jobs too. Store them again
+        (first, so that a failure tries both again at the next refresh), then register again."""
+        await self._sync_periodics()
+        await self.registrar.register_again()
+
+    async def _sync_periodics(self) -> None:
+        await sync_periodics(self.app, self.pools.run, types=self.types, worker_id=self.worker_id)
 
     async def _serve(self) -> int:
         logger.info(
