@@ -3,7 +3,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 PYTEST_ARGS ?= -n 2
 
-.PHONY: venv sync schema cli-surface api-check test test-server test-smoke test-django6 faults verify browser lint docs dist-check demo bench gate bench-capacity bench-steady bench-dashboard bench-unused dashboard clean
+.PHONY: venv sync schema cli-surface api-check test test-server test-smoke test-django6 faults verify browser lint docs dist-check demo bench gate bench-capacity bench-steady bench-dashboard bench-unused rehearse-upgrade dashboard clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -150,8 +150,17 @@ bench-unused: venv
 bench-dashboard: venv
 	$(PY) bench/dashboard.py $(BENCH_DASHBOARD_ARGS)
 
+# The upgrade rehearsal (tools/rehearse_upgrade.py): the previous release's workers and producers under
+# load while this release's `jobbus migrate` runs, then new workers replace them one by one; fails on a
+# lost or twice-run job or an error of any process. Full size by default (1M finished rows, a minute of
+# load); CI runs it small (REHEARSE_ARGS="--jobs 20000 --seconds 20"). On JOBBUS_TEST_DSN's server, else
+# the embedded one; the previous release's wheel and venv are built once into .rehearse/.
+REHEARSE_ARGS ?= --jobs 1000000 --seconds 60 --rate 100
+rehearse-upgrade: venv
+	$(PY) -m tools.rehearse_upgrade $(REHEARSE_ARGS)
+
 dashboard: venv
 	$(VENV)/bin/jobbus dashboard
 
 clean:
-	rm -rf $(VENV) $(VENV_DJANGO6) $(VENV_DEMO) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache dist site
+	rm -rf $(VENV) $(VENV_DJANGO6) $(VENV_DEMO) .rehearse .pytest_cache .mypy_cache .ruff_cache .import_linter_cache dist site
