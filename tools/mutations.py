@@ -105,6 +105,14 @@ BREAKS: tuple[Break, ...] = (
         tests=("tests/test_store.py::test_stale_worker_outcomes_are_rejected_after_reclaim",),
     ),
     Break(
+        name="completion-past-its-lease",
+        promise="a completion after its lease expired is refused, also before anyone reclaims the job",
+        file=f"{QUERIES}/jobs.sql",
+        original="j.lease_token = i.token AND j.status = 'running' AND j.lease_expires_at > now()",
+        replacement="j.lease_token = i.token AND j.status = 'running'",
+        tests=("tests/test_store.py::test_expired_lease_cannot_complete_even_before_anyone_reclaims",),
+    ),
+    Break(
         name="checkpoint-progress-heartbeat-step-without-their-lease-token",
         promise="a checkpoint, progress, heartbeat or step of a stale attempt is refused: fenced by its lease token",
         file=f"{QUERIES}/jobs.sql",
