@@ -3,7 +3,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 PYTEST_ARGS ?= -n 2
 
-.PHONY: venv sync schema cli-surface api-check test test-server test-smoke test-django6 faults verify browser lint docs dist-check demo bench gate bench-capacity bench-steady bench-dashboard bench-unused rehearse-upgrade dashboard clean
+.PHONY: venv sync schema cli-surface api-check test test-server test-smoke test-django6 faults verify mutate browser lint docs dist-check demo bench gate bench-capacity bench-steady bench-dashboard bench-unused rehearse-upgrade dashboard clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -80,6 +80,13 @@ faults: venv
 VERIFY_MINUTES ?= 20
 verify: venv
 	$(PY) -m tests.model --minutes $(VERIFY_MINUTES)
+
+# Each hand-written break of tools/mutations.py applied in turn to a scratch copy of the tree, its tests
+# run there: exit 1 when a break passes every test named to catch it (a release runs it; not in CI).
+# MUTATE_ARGS="--only NAME" for one break, "--list" to see them.
+MUTATE_ARGS ?=
+mutate: venv
+	$(PY) tools/mutate.py $(MUTATE_ARGS)
 
 # The full browser sweep (the normal suite runs a slice): Debian's chromium, screenshots in artifacts/screenshots/.
 browser: venv
