@@ -112,6 +112,28 @@ async def test_a_text_frequent_in_one_tab_is_read_through_the_index_in_the_other
     assert [view for _dsn, _schema, view, _text in views._frequent] == ["failed"]
 
 
+async def test_an_index_read_that_ran_out_before_a_slow_walk_is_tried_again(
+    dsn: str, app: jobbus.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An index read cut short by its time is not enough to call a text frequent: a rare text's first
+    read of a cold index can take longer than `INDEX_FIRST_SECONDS`. Only a walk that then meets its
+    answer quickly makes the text walked next time; after a slow one the index is tried again."""
+    if not _has_trgm(dsn):
+        pytest.skip("this server has no pg_trgm")
+    _fill(dsn)
+    assert run_cli(dsn, "search-index", "create").returncode == 0
+    rare = views.Filters(text="gate 39990")
+    monkeypatch.setattr(views, "_frequent", {})
+    monkeypatch.setattr(views, "INDEX_FIRST_SECONDS", 0.000001)
+    monkeypatch.setattr(views, "FREQUENT_WALK_SECONDS", 0.0)  # every walk is slower than this
+    assert len((await views.page(app, "failed", rare)).jobs) == 1
+    assert await views.count(app, "failed", rare) == views.Count(1)
+    assert views._frequent == {}
+    monkeypatch.setattr(views, "FREQUENT_WALK_SECONDS", 60.0)  # every walk is quicker than this
+    assert len((await views.page(app, "failed", rare)).jobs) == 1
+    assert [(view, text) for _dsn, _schema, view, text in views._frequent] == [("failed", "gate 39990")]
+
+
 async def test_an_index_a_build_left_invalid_is_built_again(dsn: str, app: jobbus.App) -> None:
     if not _has_trgm(dsn):
         pytest.skip("this server has no pg_trgm")
