@@ -19,10 +19,12 @@ LINTED := src tests tools $(wildcard bench) examples conftest.py
 sync: venv
 	$(PY) tools/generate_sync.py
 
-# The database program, src/jobbus/sql/current.sql, read back from a database the migrations built (on
-# the tests' server: JOBBUS_TEST_DSN, else the embedded one). Run it after adding a migration.
+# The database program, src/jobbus/sql/current.sql, read back from a database the migrations built, and
+# the locks each migration takes, src/jobbus/sql/migration_locks.json, read from pg_locks while each is
+# applied (on the tests' server: JOBBUS_TEST_DSN, else the embedded one). Run it after adding a migration.
 schema: venv
 	$(PY) tools/generate_schema.py
+	$(PY) tools/generate_migration_locks.py
 
 lint: venv
 	$(VENV)/bin/ruff check $(LINTED)

@@ -20,7 +20,13 @@ import psycopg_pool
 from jobbus.cli import exit_codes
 from jobbus.cli.loading import AppLoadError
 from jobbus.cli.text import visible
-from jobbus.errors import DatabaseUnavailableError, InvalidJobError, InvalidStateError, SchemaError
+from jobbus.errors import (
+    DatabaseUnavailableError,
+    InvalidJobError,
+    InvalidStateError,
+    MigrationLockError,
+    SchemaError,
+)
 from jobbus.settings import redact
 from jobbus.worker import WorkerIdInUseError
 
@@ -79,6 +85,8 @@ def run(coroutine_factory: Callable[[], Coroutine[Any, Any, int]]) -> int:
         return fail(str(exc), exit_codes.CONFIG)
     except (DatabaseUnavailable, DatabaseUnavailableError, PortInUse) as exc:
         return fail(str(exc), exit_codes.UNAVAILABLE)
+    except MigrationLockError as exc:
+        return fail(str(exc), exit_codes.LOCKED)
     except InvalidStateError as exc:
         return fail(str(exc), exit_codes.FAILURE)
     except InvalidJobError as exc:
