@@ -3,7 +3,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 PYTEST_ARGS ?= -n 2
 
-.PHONY: venv sync schema test test-server test-smoke test-django6 faults verify browser lint docs dist-check demo bench gate bench-capacity bench-steady bench-dashboard bench-unused dashboard clean
+.PHONY: venv sync schema test test-server test-smoke test-django6 faults verify browser lint docs dist-check demo bench gate bench-capacity bench-steady bench-dashboard bench-unused bench-migrate dashboard clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -140,6 +140,13 @@ bench-unused: venv
 # p95 of every dashboard page on a large table (BENCH_DASHBOARD_ARGS="--rows 1000000" for a smaller one).
 bench-dashboard: venv
 	$(PY) bench/dashboard.py $(BENCH_DASHBOARD_ARGS)
+
+# Each migration since the previous release applied under a producer and a worker on a table of 10M jobs:
+# the locks it takes, the longest schedule and claim call, its duration (BENCH_MIGRATE_ARGS="--rows 1000000"
+# for a smaller table; docs/schema.md keeps the table).
+BENCH_MIGRATE_ARGS ?=
+bench-migrate: venv
+	$(PY) bench/migrate.py $(BENCH_MIGRATE_ARGS)
 
 dashboard: venv
 	$(VENV)/bin/jobbus dashboard
