@@ -299,7 +299,8 @@ def migrate(
                 _apply_concurrently(conn, schema, migration, lock_wait)
             say(f"applied {migration.version:04d}_{migration.name}")
     finally:
-        conn.execute("RESET lock_timeout")
+        conn.execute("RESET lock_timeout")  # the caller's session as it was
+        conn.execute("RESET statement_timeout")
         conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", lock)
     return pending
 
