@@ -33,6 +33,7 @@ lint: venv
 	$(VENV)/bin/lint-imports
 	$(PY) tools/generate_sync.py --check
 	$(PY) tools/generate_schema.py --check-migrations
+	$(PY) tools/generate_migration_locks.py --check-migrations
 
 test: lint
 	$(VENV)/bin/pytest $(PYTEST_ARGS)

@@ -10,6 +10,7 @@ relfilenode changed was rewritten.
 
     python tools/generate_migration_locks.py            # write it (`make schema` does)
     python tools/generate_migration_locks.py --check    # exit 1 if it is stale
+    python tools/generate_migration_locks.py --check-migrations   # no server: exit 1 unless it names each migration
 
 The server is the tests' (`JOBBUS_TEST_DSN`, else the embedded one), or `--dsn`.
 """
@@ -156,9 +157,17 @@ def as_json(found: dict[str, list[schema.TableLock]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if the record on disk is stale")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true", help="exit 1 if the record on disk is stale")
+    mode.add_argument("--check-migrations", action="store_true", help="exit 1 unless it names each migration")
     parser.add_argument("--dsn", help="a server to record on (default: the tests')")
     args = parser.parse_args(argv)
+    if args.check_migrations:
+        recorded = list(json.loads(TARGET.read_text())) if TARGET.exists() else []
+        if recorded != [m.key for m in schema.migrations()]:
+            print(f"generate_migration_locks: {TARGET} is stale (other migrations): run `make schema`", file=sys.stderr)
+            return 1
+        return 0
     with fresh_database(args.dsn or server_dsn(), None) as dsn:
         text = as_json(observe(dsn))
     if not args.check:
