@@ -82,6 +82,11 @@ def test_the_covering_mode_lets_every_recorded_mode_follow_without_a_wait() -> N
     assert schema.lock_mode_sql("ShareRowExclusiveLock") == "SHARE ROW EXCLUSIVE"
     with pytest.raises(ValueError, match="not a table lock mode"):
         schema.lock_mode_sql("SIReadLock")
+    durable_waits = next(m for m in schema.migrations() if m.version == 13)
+    plan = schema.lock_plan("jobs", [durable_waits]).splitlines()
+    assert plan[0] == "0013_durable_waits (in one transaction)"
+    assert "  jobs.event: ROW SHARE, ROW EXCLUSIVE, SHARE (taken first as SHARE ROW EXCLUSIVE); no rewrite" in plan
+    assert "  jobs.job_parent: ACCESS EXCLUSIVE; no rewrite" in plan
 
 
 def test_migrating_under_traffic_that_holds_the_job_table_never_deadlocks(empty_dsn: str) -> None:

@@ -450,6 +450,9 @@ def lock_plan(schema: str, chosen: Iterable[Migration]) -> str:
         created = [lock.table for lock in migration.locks() if lock.created]
         for lock in existing:
             modes = ", ".join(lock_mode_sql(mode) for mode in lock.modes)
+            first = covering_mode(lock.modes)
+            if migration.transactional and first != lock.modes[-1]:
+                modes += f" (taken first as {lock_mode_sql(first)})"
             rewrite = "REWRITES the table" if lock.rewritten else "no rewrite"
             lines.append(f"  {schema}.{lock.table}: {modes}; {rewrite}")
         if created:
