@@ -13,9 +13,9 @@ watcher samples, every few milliseconds, the migrating session's table locks in 
 producer's and worker's sessions waiting for a lock in pg_stat_activity (for how long their statement
 has run). Per migration, the table prints the locks on the job table the record gives
 (src/jobbus/sql/migration_locks.json) and those the watcher saw (a lock held for milliseconds can go
-unseen), the longest lock wait seen of `schedule` and of a claim, the longest `schedule` and claim call
-that overlapped it (waits for the machine included) and its duration. The database is dropped
-afterwards.
+unseen), the longest lock wait seen of `schedule` and of a claim with the kind of lock it waited for,
+the longest `schedule` and claim call that overlapped it (waits for the machine included) and its
+duration. The database is dropped afterwards.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ COMPLETE_SQL = (
     " WHERE id = %s AND lease_token = %s"
 )
 WAITS_SQL = (
-    "SELECT application_name, extract(epoch FROM clock_timestamp() - query_start) FROM pg_stat_activity"
+    "SELECT application_name, extract(epoch FROM clock_timestamp() - query_start), wait_event FROM pg_stat_activity"
     " WHERE application_name IN ('bench-producer', 'bench-worker') AND wait_event_type = 'Lock'"
 )
 LOCKS_SQL = (
@@ -178,7 +178,7 @@ class Watch:
 
     pid: int
     modes: dict[int, set[str]] = field(default_factory=dict)
-    waits: dict[tuple[int, str], float] = field(default_factory=dict)
+    waits: dict[tuple[int, str], tuple[float, str]] = field(default_factory=dict)
     current: list[int] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
 
@@ -191,9 +191,9 @@ class Watch:
                 version = self.current[0] if self.current else None
                 if version is not None:
                     self.modes.setdefault(version, set()).update(mode for table, mode in locks if table == "job")
-                    for application, seconds in waits:
+                    for application, seconds, event in waits:
                         key = (version, kinds[application])
-                        self.waits[key] = max(self.waits.get(key, 0.0), float(seconds))
+                        self.waits[key] = max(self.waits.get(key, (0.0, "")), (float(seconds), event))
                 time.sleep(0.002)
 
 
@@ -225,8 +225,7 @@ def run(dsn: str) -> list[dict[str, Any]]:
                         "migration": migration.key,
                         "recorded": [mode for lock in migration.locks() if lock.table == "job" for mode in lock.modes],
                         "locks": sorted(watch.modes.get(migration.version, set()), key=schema.LOCK_MODES.index),
-                        "schedule_wait_ms": watch.waits.get((migration.version, "schedule"), 0.0) * 1000,
-                        "claim_wait_ms": watch.waits.get((migration.version, "claim"), 0.0) * 1000,
+                        **_waits(watch, migration.version),
                         "schedule_ms": traffic.longest("schedule", started, ended) * 1000,
                         "claim_ms": traffic.longest("claim", started, ended) * 1000,
                         "seconds": ended - started,
@@ -244,12 +243,28 @@ def run(dsn: str) -> list[dict[str, Any]]:
     return results
 
 
+def _waits(watch: Watch, version: int) -> dict[str, Any]:
+    """The longest lock wait seen of each kind of call, in ms, and the lock it waited for (pg_stat_activity's
+    wait_event: `relation` a table or index lock, `extend` a file extension, `transactionid` a row)."""
+    found: dict[str, Any] = {}
+    for kind in ("schedule", "claim"):
+        seconds, event = watch.waits.get((version, kind), (0.0, ""))
+        found[f"{kind}_wait_ms"] = seconds * 1000
+        found[f"{kind}_wait_event"] = event
+    return found
+
+
+def _wait(result: dict[str, Any], kind: str) -> str:
+    event = result[f"{kind}_wait_event"]
+    return f"{result[f'{kind}_wait_ms']:,.0f}" + (f" ({event})" if event else "")
+
+
 def _row(result: dict[str, Any]) -> str:
     recorded = ", ".join(schema.lock_mode_sql(mode) for mode in result["recorded"]) or "none"
     seen = ", ".join(schema.lock_mode_sql(mode) for mode in result["locks"]) or "none seen"
     return (
-        f"| {result['migration']} | {recorded} | {seen} | {result['schedule_wait_ms']:,.0f}"
-        f" | {result['claim_wait_ms']:,.0f} | {result['schedule_ms']:,.0f} | {result['claim_ms']:,.0f}"
+        f"| {result['migration']} | {recorded} | {seen} | {_wait(result, 'schedule')}"
+        f" | {_wait(result, 'claim')} | {result['schedule_ms']:,.0f} | {result['claim_ms']:,.0f}"
         f" | {result['seconds']:,.2f} |"
     )
 
