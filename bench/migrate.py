@@ -223,7 +223,9 @@ def run(dsn: str) -> list[dict[str, Any]]:
                 results.append(
                     {
                         "migration": migration.key,
-                        "recorded": [mode for lock in migration.locks() if lock.table == "job" for mode in lock.modes],
+                        "recorded": [
+                            mode for lock in migration.locks() or () if lock.table == "job" for mode in lock.modes
+                        ],
                         "locks": sorted(watch.modes.get(migration.version, set()), key=schema.LOCK_MODES.index),
                         **_waits(watch, migration.version),
                         "schedule_ms": traffic.longest("schedule", started, ended) * 1000,

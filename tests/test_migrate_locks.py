@@ -87,6 +87,11 @@ def test_the_covering_mode_lets_every_recorded_mode_follow_without_a_wait() -> N
     assert plan[0] == "0013_durable_waits (in one transaction)"
     assert "  jobs.event: ROW SHARE, ROW EXCLUSIVE, SHARE (taken first as SHARE ROW EXCLUSIVE); no rewrite" in plan
     assert "  jobs.job_parent: ACCESS EXCLUSIVE; no rewrite" in plan
+    unrecorded = schema.Migration(schema.latest_version() + 1, "not_recorded_yet", "SELECT 1;\n")
+    assert unrecorded.locks() is None and unrecorded.locks_up_front() == []
+    assert schema.lock_plan("jobs", [unrecorded]).splitlines()[1] == (
+        "  locks not recorded in sql/migration_locks.json: run `make schema`"
+    )
 
 
 def test_migrating_under_traffic_that_holds_the_job_table_never_deadlocks(empty_dsn: str) -> None:
