@@ -308,3 +308,20 @@ def test_the_dry_run_prints_each_pending_migrations_locks_without_taking_any(emp
     refused = jobbus(empty_dsn, "migrate", "--sql")
     assert refused.returncode == 64
     assert "--sql goes with --dry-run" in refused.stderr
+
+
+def test_an_index_build_that_waits_out_an_old_transaction_past_lock_wait_exits_73_naming_it(empty_dsn: str) -> None:
+    _at_version(empty_dsn, schema.latest_version() - 1, finished_rows=5_000)
+    with _holding(empty_dsn, "SELECT txid_current()") as holder:
+        result = jobbus(empty_dsn, "migrate", "--lock-timeout", "0.5", "--lock-wait", "1")
+        assert result.returncode == 73, (result.stdout, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert "0026_view_indexes waited 1 s for jobbus.job and the transactions its index build waits out" in (
+            result.stderr
+        )
+        assert f"pid {holder.info.backend_pid} (an open transaction, idle in transaction" in result.stderr
+    assert _invalid_indexes(empty_dsn) != []
+    again = jobbus(empty_dsn, "migrate")
+    assert again.returncode == 0, again.stderr
+    assert _invalid_indexes(empty_dsn) == []
+    assert _version(empty_dsn) == schema.latest_version()

@@ -356,10 +356,10 @@ def _apply_concurrently(conn: psycopg.Connection[Any], schema: str, migration: M
             _drop_invalid_index(conn, schema, statement)
             conn.execute(statement.encode())
         except psycopg.errors.LockNotAvailable:
-            holders = _holders(conn, schema, "job")
+            holders = _holders(conn, schema, "job", or_oldest_transactions=True)
             raise MigrationLockError(
                 f"migration {migration.version:04d}_{migration.name} waited {lock_wait:g} s for {schema}.job "
-                f"(and the transactions its index build waits out): held by {holders}; the index left behind "
+                f"and the transactions its index build waits out: held by {holders}; the index left behind "
                 "is dropped and built again by the next `jobbus migrate`",
                 table=f"{schema}.job",
                 mode="ShareUpdateExclusiveLock",
@@ -374,9 +374,11 @@ def _backoff(attempt: int) -> float:
     return min(0.1 * 2.0 ** min(attempt - 1, 6), 5.0) * (0.5 + random.random() / 2)
 
 
-def _holders(conn: psycopg.Connection[Any], schema: str, table: str) -> str:
+def _holders(conn: psycopg.Connection[Any], schema: str, table: str, *, or_oldest_transactions: bool = False) -> str:
     """The other sessions holding a lock on `table` (all of the schema's tables when not known), as
-    one phrase: pid, mode, state and for how long, application name."""
+    one phrase: pid, mode, state and for how long, application name. With `or_oldest_transactions`,
+    when none does, the oldest open transactions of the database instead: an index built
+    CONCURRENTLY waits out every transaction older than its snapshots, whatever it locks."""
     rows = conn.execute(
         "SELECT l.pid, l.mode, a.state, a.application_name,"
         " extract(epoch FROM clock_timestamp() - coalesce(a.xact_start, a.backend_start))"
@@ -387,6 +389,13 @@ def _holders(conn: psycopg.Connection[Any], schema: str, table: str) -> str:
         " AND (c.relname = %s OR %s = '') ORDER BY 5 DESC NULLS LAST, l.pid LIMIT 3",
         (schema, table, table),
     ).fetchall()
+    if not rows and or_oldest_transactions:
+        rows = conn.execute(
+            "SELECT pid, 'an open transaction', state, application_name,"
+            " extract(epoch FROM clock_timestamp() - xact_start) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid() AND xact_start IS NOT NULL"
+            " ORDER BY xact_start LIMIT 3"
+        ).fetchall()
     if not rows:
         return "sessions that ended before they could be named"
     described = []
