@@ -63,9 +63,9 @@ SEARCH_COUNT_CAP = 1_000
 #: walk in its own order meets a page of them at once. Measured at 10 million jobs: a rare text 25 ms
 #: through the index, a text of every other job 12.7 s through it and 20 ms walking.
 INDEX_FIRST_SECONDS = 0.1
-#: Texts found frequent lately (database, schema, text) -> when, so that a page's counts and the pages after it
-#: walk at once instead of trying the index again.
-_frequent: dict[tuple[str, str, str], float] = {}
+#: Texts found frequent lately in a view (database, schema, view, text) -> when, so that a page's count and
+#: the pages after it walk at once instead of trying the index again.
+_frequent: dict[tuple[str, str, str, str], float] = {}
 _FREQUENT_FOR_SECONDS = 300.0
 _FREQUENT_KEPT = 256
 
@@ -209,7 +209,7 @@ async def _through_index(app: App, view: str, filters: Filters, statement: State
     """`statement` read through the search index within `INDEX_FIRST_SECONDS`, or None: no index serves
     this search, or its text is frequent (then remembered as such for a while)."""
     assert filters.text is not None
-    key = (app.dsn, app.settings.schema, filters.text.lower())
+    key = (app.dsn, app.settings.schema, view, filters.text.lower())
     now = time.monotonic()
     if now - _frequent.get(key, -_FREQUENT_FOR_SECONDS) < _FREQUENT_FOR_SECONDS:
         return None
@@ -225,12 +225,11 @@ async def _through_index(app: App, view: str, filters: Filters, statement: State
 
 
 async def search_indexed(app: App, view: str, filters: Filters) -> bool:
-    """Whether a search of `view` can use the search index: it searches finished jobs, and the index
+    """Whether a search of `view` can use the search index: it searches one finished status, whose index
     exists and is valid (one catalog read, only for a search)."""
-    if not filters.text or view not in (*FINISHED, "finished"):
+    if not filters.text or view not in FINISHED:
         return False
-    valid, _exists = await _run(app, _store(app.settings.schema).search_index_state())
-    return valid
+    return f"job_search_{view}_idx" in await _run(app, _store(app.settings.schema).search_indexes())
 
 
 async def counts(
@@ -248,7 +247,10 @@ NAME_SUGGESTIONS_FROM = 500
 async def names(app: App, view: str, filters: Filters) -> list[str]:
     """The names (a Django task's import path) among the first `NAME_SUGGESTIONS_FROM` jobs of `view` in
     its order under `filters`' queues and types, sorted: suggestions for the name field, which filters
-    by any name. Every distinct name would need an index of (type, name) that each job pays for."""
+    by any name; none until a type is chosen. Every distinct name would need an index of (type, name)
+    that each job pays for."""
+    if not filters.types:
+        return []
     latest = await page(app, view, replace(filters, name=None, text=None), limit=NAME_SUGGESTIONS_FROM)
     return sorted({job.name for job in latest.jobs if job.name})
 

@@ -26,9 +26,11 @@ from jobbus.errors import (
     InvalidStateError,
     MigrationLockError,
     SchemaError,
+    TransactionPoolerError,
 )
 from jobbus.settings import redact
 from jobbus.worker import WorkerIdInUseError
+from jobbus.worker.health import HealthServerError
 
 T = TypeVar("T")
 
@@ -81,9 +83,9 @@ def run(coroutine_factory: Callable[[], Coroutine[Any, Any, int]]) -> int:
         return asyncio.run(coroutine_factory())
     except click.UsageError:
         raise
-    except (AppLoadError, BadDsn, SchemaError, WorkerIdInUseError) as exc:
+    except (AppLoadError, BadDsn, SchemaError, TransactionPoolerError, WorkerIdInUseError) as exc:
         return fail(str(exc), exit_codes.CONFIG)
-    except (DatabaseUnavailable, DatabaseUnavailableError, PortInUse) as exc:
+    except (DatabaseUnavailable, DatabaseUnavailableError, PortInUse, HealthServerError) as exc:
         return fail(str(exc), exit_codes.UNAVAILABLE)
     except MigrationLockError as exc:
         return fail(str(exc), exit_codes.LOCKED)
