@@ -3,7 +3,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 PYTEST_ARGS ?= -n 2
 
-.PHONY: venv sync schema cli-surface api-check test test-server test-smoke test-django6 faults verify mutate browser lint docs dist-check demo bench gate bench-capacity bench-steady bench-dashboard bench-unused rehearse-upgrade dashboard clean
+.PHONY: venv sync schema cli-surface api-check test test-server test-smoke test-django6 faults verify mutate browser lint docs dist-check demo bench gate bench-capacity bench-steady bench-dashboard bench-unused bench-migrate rehearse-upgrade dashboard clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,10 +19,12 @@ LINTED := src tests tools $(wildcard bench) examples conftest.py
 sync: venv
 	$(PY) tools/generate_sync.py
 
-# The database program, src/jobbus/sql/current.sql, read back from a database the migrations built (on
-# the tests' server: JOBBUS_TEST_DSN, else the embedded one). Run it after adding a migration.
+# The database program, src/jobbus/sql/current.sql, read back from a database the migrations built, and
+# the locks each migration takes, src/jobbus/sql/migration_locks.json, read from pg_locks while each is
+# applied (on the tests' server: JOBBUS_TEST_DSN, else the embedded one). Run it after adding a migration.
 schema: venv
 	$(PY) tools/generate_schema.py
+	$(PY) tools/generate_migration_locks.py
 
 # The command line's commands and flags, docs/cli-surface.txt, listed from the click commands. Run it after
 # changing a command or a flag; `make api-check` fails while the file is stale.
@@ -42,6 +44,7 @@ lint: venv
 	$(VENV)/bin/lint-imports
 	$(PY) tools/generate_sync.py --check
 	$(PY) tools/generate_schema.py --check-migrations
+	$(PY) tools/generate_migration_locks.py --check-migrations
 
 test: lint
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
@@ -156,6 +159,13 @@ bench-unused: venv
 # p95 of every dashboard page on a large table (BENCH_DASHBOARD_ARGS="--rows 1000000" for a smaller one).
 bench-dashboard: venv
 	$(PY) bench/dashboard.py $(BENCH_DASHBOARD_ARGS)
+
+# Each migration since the previous release applied under a producer and a worker on a table of 10M jobs:
+# the locks it takes, the longest schedule and claim call, its duration (BENCH_MIGRATE_ARGS="--rows 1000000"
+# for a smaller table; docs/schema.md keeps the table).
+BENCH_MIGRATE_ARGS ?=
+bench-migrate: venv
+	$(PY) bench/migrate.py $(BENCH_MIGRATE_ARGS)
 
 # The upgrade rehearsal (tools/rehearse_upgrade.py): the previous release's workers and producers under
 # load while this release's `jobbus migrate` runs, then new workers replace them one by one; fails on a

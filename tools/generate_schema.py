@@ -393,7 +393,7 @@ def build(conn: psycopg.Connection[Any]) -> Program:
 def _migrate_one_by_one(conn: psycopg.Connection[Any], name: str) -> Iterator[int]:
     """What `schema.migrate` does, a migration at a time, yielding each version once it is applied; its
     bookkeeping first, as version 0."""
-    conn.execute(schema._bookkeeping(name).encode())
+    conn.execute(schema.bookkeeping(name).encode())
     yield 0
     for migration in schema.migrations():
         if migration.transactional:

@@ -59,3 +59,17 @@ class Snooze(Exception):
     def __init__(self, delay: float | timedelta) -> None:
         super().__init__(f"snoozed for {delay.total_seconds() if isinstance(delay, timedelta) else delay} s")
         self.delay = delay
+
+
+class MigrationLockError(JobbusError):
+    """A migration could not take the locks it needs within its bounded wait; nothing of it was applied.
+
+    Another session held them the whole time (`holders` says which, when the server could tell): run
+    `jobbus migrate` again once it has ended.
+    """
+
+    def __init__(self, message: str, *, table: str, mode: str, holders: str) -> None:
+        super().__init__(message)
+        self.table = table
+        self.mode = mode
+        self.holders = holders

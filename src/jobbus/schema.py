@@ -7,9 +7,12 @@ never pasted into SQL as free text.
 
 from __future__ import annotations
 
+import itertools
+import json
+import random
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -18,7 +21,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from jobbus.errors import SchemaError
+from jobbus.errors import MigrationLockError, SchemaError
 from jobbus.settings import validate_identifier, validate_schema_name
 
 _FILE_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
@@ -30,6 +33,77 @@ _LOCK_NAMESPACE = "jobbus.migrate."
 #: The oldest PostgreSQL jobbus runs on (`server_version_num`): 13 reached its end of life in November
 #: 2025, and the claim measures compressed payloads with `pg_column_compression` (14).
 MIN_SERVER_VERSION = 140000
+#: Seconds `migrate` waits for one lock before it lets go and tries again: what `schedule` and a claim
+#: queued behind its request wait at most. Below the server's `deadlock_timeout` (1 s by default), so a
+#: wait that would close a cycle ends on the migration's side before the server picks a victim.
+DEFAULT_LOCK_TIMEOUT = 0.5
+#: Seconds `migrate` keeps trying for the locks of one migration before it gives up.
+DEFAULT_LOCK_WAIT = 60.0
+#: PostgreSQL's table lock modes as pg_locks names them, weakest first, each with the modes it conflicts
+#: with (the table of "Explicit Locking" in PostgreSQL's documentation).
+LOCK_MODES = (
+    "AccessShareLock",
+    "RowShareLock",
+    "RowExclusiveLock",
+    "ShareUpdateExclusiveLock",
+    "ShareLock",
+    "ShareRowExclusiveLock",
+    "ExclusiveLock",
+    "AccessExclusiveLock",
+)
+LOCK_CONFLICTS: dict[str, frozenset[str]] = {
+    mode: frozenset(LOCK_MODES[i] for i in conflicts)
+    for mode, conflicts in zip(
+        LOCK_MODES,
+        # the indexes into LOCK_MODES of the modes each conflicts with
+        ({7}, {6, 7}, {4, 5, 6, 7}, {3, 4, 5, 6, 7}, {2, 3, 5, 6, 7}, {2, 3, 4, 5, 6, 7}, {*range(1, 8)}, {*range(8)}),
+        strict=True,
+    )
+}
+#: The record of the locks each migration takes, made by tools/generate_migration_locks.py.
+LOCK_RECORD = "sql/migration_locks.json"
+
+
+def lock_mode_sql(mode: str) -> str:
+    """`ShareRowExclusiveLock` -> `SHARE ROW EXCLUSIVE`, as LOCK TABLE and the documentation spell it."""
+    if mode not in LOCK_CONFLICTS:
+        raise ValueError(f"{mode!r} is not a table lock mode")
+    return re.sub(r"(?<!^)(?=[A-Z])", " ", mode.removesuffix("Lock")).upper()
+
+
+def covering_mode(modes: Iterable[str]) -> str:
+    """The weakest mode that conflicts with everything any of `modes` conflicts with: held first, it
+    lets the migration take each of `modes` afterwards without waiting for another session."""
+    needed = frozenset().union(*(LOCK_CONFLICTS[mode] for mode in modes))
+    return next(mode for mode in LOCK_MODES if LOCK_CONFLICTS[mode] >= needed)
+
+
+@dataclass(frozen=True, slots=True)
+class TableLock:
+    """A table a migration locks, as recorded from pg_locks when it was applied to a scratch database."""
+
+    table: str
+    modes: tuple[str, ...]
+    #: the migration creates the table: no other session can hold it
+    created: bool
+    #: the migration rewrites the table (its relfilenode changes): the lock lasts as long as the copy
+    rewritten: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"table": self.table, "modes": list(self.modes), "created": self.created, "rewritten": self.rewritten}
+
+
+@cache
+def lock_record() -> dict[str, tuple[TableLock, ...]]:
+    """`NNNN_name` -> the tables that migration locks (src/jobbus/sql/migration_locks.json)."""
+    text = resources.files("jobbus").joinpath(LOCK_RECORD).read_text(encoding="utf-8")
+    return {
+        name: tuple(
+            TableLock(entry["table"], tuple(entry["modes"]), bool(entry["created"]), bool(entry["rewritten"]))
+            for entry in tables
+        )
+        for name, tables in json.loads(text).items()
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +122,24 @@ class Migration:
         indexes plainly; `migrate` builds them CONCURRENTLY, one statement at a time."""
         keyword = "CONCURRENTLY" if concurrently else ""
         return render(self.template.replace("{concurrently}", keyword), schema)
+
+    @property
+    def key(self) -> str:
+        return f"{self.version:04d}_{self.name}"
+
+    def locks(self) -> tuple[TableLock, ...] | None:
+        """The tables this migration locks, from the record (`make schema` writes it); None for a
+        migration not recorded yet (`make lint` and a test fail on one)."""
+        return lock_record().get(self.key)
+
+    def locks_up_front(self) -> list[tuple[str, str]]:
+        """(table, mode) to lock before the migration's statements: each table it finds existing, in
+        the mode that covers every lock the statements take on it, the strongest first; none for a
+        migration not recorded (its statements take their locks as they go, each still bounded by
+        the lock_timeout)."""
+        order = list(LOCK_MODES)
+        chosen = [(lock.table, covering_mode(lock.modes)) for lock in self.locks() or () if not lock.created]
+        return sorted(chosen, key=lambda pair: (-order.index(pair[1]), pair[0]))
 
     def statements(self, schema: str) -> list[str]:
         """The statements of a non-transactional migration, each run on its own."""
@@ -87,7 +179,7 @@ def latest_version() -> int:
     return migrations()[-1].version
 
 
-def _bookkeeping(schema: str) -> str:
+def bookkeeping(schema: str) -> str:
     return render(
         "CREATE SCHEMA IF NOT EXISTS {schema};\n"
         "CREATE TABLE IF NOT EXISTS {schema}.migration (\n"
@@ -148,20 +240,41 @@ def roles_script(
     return render(template, schema)
 
 
-def migrate(conn: psycopg.Connection[Any], schema: str) -> list[Migration]:
-    """Apply pending migrations under an advisory lock; returns what was applied.
+def migrate(
+    conn: psycopg.Connection[Any],
+    schema: str,
+    *,
+    target: int | None = None,
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+    lock_wait: float = DEFAULT_LOCK_WAIT,
+    progress: Callable[[str], None] | None = None,
+) -> list[Migration]:
+    """Apply pending migrations (up to version `target`, default all) under an advisory lock; returns
+    what was applied.
 
-    Consecutive migrations run in one transaction each together; one that builds indexes
-    CONCURRENTLY runs statement by statement outside a transaction (never blocking writes; an index a
-    failed run left invalid is dropped and built again). `conn` must be in autocommit mode. The
-    advisory lock is a session lock held across those transactions: run migrations on a direct
-    connection, not through PgBouncer in transaction mode. Concurrent callers serialise on it; the
-    second finds nothing to do. A schema at a newer version than this code raises `SchemaError` and
-    changes nothing: this jobbus cannot tell what the newer migrations did.
+    Each migration commits on its own. One that runs in a transaction first takes, table by table, the
+    locks `migration_locks.json` records for it (the strongest first, so it never asks for a stronger
+    lock while holding a weaker one: no lock upgrade, no deadlock with the traffic), each waited for at
+    most `lock_timeout` seconds so that `schedule` and a claim queued behind the request wait no longer;
+    when one is not granted the transaction rolls back and is tried again with backoff until `lock_wait`
+    seconds have passed, then `MigrationLockError` names the table and who held it. One that builds
+    indexes CONCURRENTLY runs statement by statement outside a transaction (never blocking writes; an
+    index a failed run left invalid is dropped and built again), each statement waiting for its locks at
+    most `lock_wait` seconds. The session ignores a role's `statement_timeout`.
+
+    `conn` must be in autocommit mode. The advisory lock is a session lock held across those
+    transactions: run migrations on a direct connection, not through PgBouncer in transaction mode.
+    Concurrent callers serialise on it; the second finds nothing to do. A schema at a newer version than
+    this code raises `SchemaError` and changes nothing: this jobbus cannot tell what the newer migrations
+    did. `progress` is called with a line for each lock retry and each migration applied.
     """
     if not conn.autocommit:
         raise ValueError("migrate needs a connection in autocommit mode (psycopg.connect(..., autocommit=True))")
+    if not 0 < lock_timeout <= lock_wait:
+        raise ValueError(f"lock_timeout ({lock_timeout} s) must be positive and at most lock_wait ({lock_wait} s)")
     check_server(conn.info.server_version)
+    say = progress or (lambda line: None)
+    conn.execute("SET statement_timeout = 0")
     lock = (_LOCK_NAMESPACE + schema,)
     # Polled, not waited for: a session waiting on the lock would hold a snapshot that a concurrent
     # CREATE INDEX CONCURRENTLY of the holder waits out, and the two would deadlock.
@@ -169,32 +282,133 @@ def migrate(conn: psycopg.Connection[Any], schema: str) -> list[Migration]:
         time.sleep(0.1)
     try:
         with conn.transaction():
-            conn.execute(_bookkeeping(schema).encode())
+            conn.execute(bookkeeping(schema).encode())
             applied = {
                 row[0]
                 for row in conn.execute(sql.SQL("SELECT version FROM {}.migration").format(sql.Identifier(schema)))
             }
         check_not_newer(schema, max(applied, default=0))
-        pending = [m for m in migrations() if m.version not in applied]
-        batch: list[Migration] = []
-        for migration in [*pending, None]:
-            if migration is not None and migration.transactional:
-                batch.append(migration)
-                continue
-            if batch:
-                with conn.transaction():
-                    for done in batch:
-                        conn.execute(done.render(schema).encode())
-                        conn.execute(_record(schema, done).encode())
-                batch = []
-            if migration is not None:
-                for statement in migration.statements(schema):
-                    _drop_invalid_index(conn, schema, statement)
-                    conn.execute(statement.encode())
-                conn.execute(_record(schema, migration).encode())
+        last = latest_version() if target is None else target
+        pending = [m for m in migrations() if m.version not in applied and m.version <= last]
+        for migration in pending:
+            if migration.transactional:
+                _apply_in_transaction(conn, schema, migration, lock_timeout, lock_wait, say)
+            else:
+                _apply_concurrently(conn, schema, migration, lock_wait)
+            say(f"applied {migration.version:04d}_{migration.name}")
     finally:
+        conn.execute("RESET lock_timeout")  # the caller's session as it was
+        conn.execute("RESET statement_timeout")
         conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", lock)
     return pending
+
+
+def _apply_in_transaction(
+    conn: psycopg.Connection[Any],
+    schema: str,
+    migration: Migration,
+    lock_timeout: float,
+    lock_wait: float,
+    say: Callable[[str], None],
+) -> None:
+    """The migration and its record in one transaction, its locks taken first, retried with backoff."""
+    deadline = time.monotonic() + lock_wait
+    tables = migration.locks_up_front()
+    for attempt in itertools.count(1):
+        waiting_for = ("", "")
+        try:
+            with conn.transaction():
+                conn.execute(b"SET LOCAL lock_timeout = %d" % max(1, round(lock_timeout * 1000)))
+                for table, mode in tables:
+                    waiting_for = (table, mode)
+                    conn.execute(
+                        sql.SQL("LOCK TABLE {}.{} IN {} MODE").format(
+                            sql.Identifier(schema), sql.Identifier(table), sql.SQL(lock_mode_sql(mode))
+                        )
+                    )
+                waiting_for = ("", "")
+                conn.execute(migration.render(schema).encode())
+                conn.execute(_record(schema, migration).encode())
+            return
+        except psycopg.errors.LockNotAvailable:
+            table, mode = waiting_for
+            holders = _holders(conn, schema, table)
+            what = f"{schema}.{table} in {lock_mode_sql(mode)} mode" if table else "a lock"
+            if time.monotonic() + _backoff(attempt) >= deadline:
+                raise MigrationLockError(
+                    f"migration {migration.version:04d}_{migration.name} could not take {what} within "
+                    f"{lock_wait:g} s ({attempt} tries of {lock_timeout:g} s each): held by {holders}; "
+                    "nothing of it was applied, run `jobbus migrate` again once that session has ended",
+                    table=f"{schema}.{table}" if table else "",
+                    mode=mode,
+                    holders=holders,
+                ) from None
+            say(f"waiting for {what} for {migration.version:04d}_{migration.name} (held by {holders}), try {attempt}")
+            time.sleep(_backoff(attempt))
+
+
+def _apply_concurrently(conn: psycopg.Connection[Any], schema: str, migration: Migration, lock_wait: float) -> None:
+    """Statement by statement outside a transaction: CREATE INDEX CONCURRENTLY takes only a lock that
+    `schedule` and a claim never wait for, so each statement waits up to `lock_wait` for its own."""
+    conn.execute(b"SET lock_timeout = %d" % max(1, round(lock_wait * 1000)))
+    for statement in migration.statements(schema):
+        try:
+            _drop_invalid_index(conn, schema, statement)
+            conn.execute(statement.encode())
+        except psycopg.errors.LockNotAvailable:
+            holders = _holders(conn, schema, "job", or_oldest_transactions=True)
+            raise MigrationLockError(
+                f"migration {migration.version:04d}_{migration.name} waited {lock_wait:g} s for {schema}.job "
+                f"and the transactions its index build waits out: held by {holders}; the index left behind "
+                "is dropped and built again by the next `jobbus migrate`",
+                table=f"{schema}.job",
+                mode="ShareUpdateExclusiveLock",
+                holders=holders,
+            ) from None
+    conn.execute(_record(schema, migration).encode())
+
+
+def _backoff(attempt: int) -> float:
+    """Seconds before try `attempt + 1`: doubling from 0.1 s up to 5 s, with jitter so that two
+    migrators (or a migrator and a retrying client) do not keep meeting."""
+    return min(0.1 * 2.0 ** min(attempt - 1, 6), 5.0) * (0.5 + random.random() / 2)
+
+
+def _holders(conn: psycopg.Connection[Any], schema: str, table: str, *, or_oldest_transactions: bool = False) -> str:
+    """The other sessions holding a lock on `table` (all of the schema's tables when not known), as
+    one phrase: pid, mode, state and for how long, application name. With `or_oldest_transactions`,
+    when none does, the oldest open transactions of the database instead: an index built
+    CONCURRENTLY waits out every transaction older than its snapshots, whatever it locks."""
+    rows = conn.execute(
+        "SELECT l.pid, l.mode, a.state, a.application_name,"
+        " extract(epoch FROM clock_timestamp() - coalesce(a.xact_start, a.backend_start))"
+        " FROM pg_locks AS l JOIN pg_class AS c ON c.oid = l.relation"
+        " JOIN pg_namespace AS n ON n.oid = c.relnamespace"
+        " LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid"
+        " WHERE l.granted AND l.locktype = 'relation' AND l.pid <> pg_backend_pid() AND n.nspname = %s"
+        " AND (c.relname = %s OR %s = '') ORDER BY 5 DESC NULLS LAST, l.pid LIMIT 3",
+        (schema, table, table),
+    ).fetchall()
+    if not rows and or_oldest_transactions:
+        rows = conn.execute(
+            "SELECT pid, 'an open transaction', state, application_name,"
+            " extract(epoch FROM clock_timestamp() - xact_start) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid() AND xact_start IS NOT NULL"
+            " ORDER BY xact_start LIMIT 3"
+        ).fetchall()
+    if not rows:
+        return "sessions that ended before they could be named"
+    described = []
+    for pid, mode, state, application, seconds in rows:
+        who = f"pid {pid} ({mode}"
+        if state:
+            who += f", {state}"
+        if seconds is not None:
+            who += f" for {float(seconds):.1f} s"
+        if application:
+            who += f", application {application!r}"
+        described.append(who + ")")
+    return ", ".join(described)
 
 
 def _drop_invalid_index(conn: psycopg.Connection[Any], schema: str, statement: str) -> None:
@@ -212,26 +426,58 @@ def _drop_invalid_index(conn: psycopg.Connection[Any], schema: str, statement: s
         conn.execute(sql.SQL("DROP INDEX CONCURRENTLY {}.{}").format(sql.Identifier(schema), sql.Identifier(match[1])))
 
 
+def pending(conn: psycopg.Connection[Any], schema: str) -> list[Migration]:
+    """The migrations `migrate` would apply now (after checking the server and the schema's version)."""
+    check_server(conn.info.server_version)
+    current = current_version_sync(conn, schema)
+    check_not_newer(schema, current)
+    return [m for m in migrations() if m.version > current]
+
+
 def pending_sql(conn: psycopg.Connection[Any], schema: str) -> str:
-    """What `migrate` would run now, as a script that applies on its own (`jobbus migrate --dry-run`).
+    """What `migrate` would run now, as a script that applies on its own (`jobbus migrate --dry-run --sql`).
 
     Like `script`, it creates the schema and the migration table when they are missing and records
     each migration it contains; empty when nothing is pending.
     """
-    check_server(conn.info.server_version)
-    current = current_version_sync(conn, schema)
-    check_not_newer(schema, current)
-    pending = [m for m in migrations() if m.version > current]
-    if not pending:
+    chosen = pending(conn, schema)
+    if not chosen:
         return ""
-    return _migration_script(schema, f"from version {current} to {latest_version()}", pending)
+    return _migration_script(schema, f"from version {chosen[0].version - 1} to {latest_version()}", chosen)
+
+
+def lock_plan(schema: str, chosen: Iterable[Migration]) -> str:
+    """Per migration, the tables it locks, in which modes, and whether it rewrites one (`jobbus migrate
+    --dry-run`): read from the record, no lock taken to find out."""
+    lines = []
+    for migration in chosen:
+        how = "in one transaction" if migration.transactional else "statement by statement, CONCURRENTLY"
+        lines.append(f"{migration.key} ({how})")
+        recorded = migration.locks()
+        if recorded is None:
+            lines.append(f"  locks not recorded in {LOCK_RECORD}: run `make schema`")
+            continue
+        existing = [lock for lock in recorded if not lock.created]
+        created = [lock.table for lock in recorded if lock.created]
+        for lock in existing:
+            modes = ", ".join(lock_mode_sql(mode) for mode in lock.modes)
+            first = covering_mode(lock.modes)
+            if migration.transactional and first != lock.modes[-1]:
+                modes += f" (taken first as {lock_mode_sql(first)})"
+            rewrite = "REWRITES the table" if lock.rewritten else "no rewrite"
+            lines.append(f"  {schema}.{lock.table}: {modes}; {rewrite}")
+        if created:
+            lines.append(f"  creates {', '.join(f'{schema}.{table}' for table in created)}")
+        if not existing:
+            lines.append("  locks no existing table")
+    return "\n".join(lines) + "\n" if lines else ""
 
 
 def _migration_script(schema: str, versions: str, chosen: Iterable[Migration]) -> str:
     """Bookkeeping, then each migration followed by the row that records it."""
     parts = [
         f"-- jobbus schema {schema!r}, {versions}; run it in one transaction (psql -1 -f)\n",
-        _bookkeeping(schema),
+        bookkeeping(schema),
     ]
     for migration in chosen:
         parts.append(f"\n-- {migration.version:04d}_{migration.name}\n")

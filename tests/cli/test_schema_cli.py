@@ -44,7 +44,7 @@ def test_the_schema_script_honours_the_schema_name(empty_dsn: str) -> None:
 
 
 def test_the_dry_run_of_a_fresh_database_applies_as_printed(empty_dsn: str) -> None:
-    dry = jobbus(empty_dsn, "migrate", "--dry-run")
+    dry = jobbus(empty_dsn, "migrate", "--dry-run", "--sql")
     assert dry.returncode == 0, dry.stderr
     assert query_value(empty_dsn, "SELECT count(*) FROM pg_namespace WHERE nspname = 'jobbus'") == 0  # changed nothing
     with psycopg.connect(empty_dsn, autocommit=True) as conn, conn.transaction():
@@ -59,7 +59,7 @@ def test_the_dry_run_of_a_fresh_database_applies_as_printed(empty_dsn: str) -> N
 def test_migrate_refuses_a_schema_newer_than_this_jobbus(dsn: str) -> None:
     newer = schema.latest_version() + 1
     execute(dsn, "INSERT INTO jobbus.migration (version, name) VALUES (%s, 'from_the_future')", newer)
-    for args in (["migrate"], ["migrate", "--dry-run"]):
+    for args in (["migrate"], ["migrate", "--dry-run"], ["migrate", "--dry-run", "--sql"]):
         result = jobbus(dsn, *args)
         assert result.returncode == 78, (args, result.stdout, result.stderr)
         assert f"schema jobbus is at version {newer}, newer than this jobbus" in result.stderr

@@ -24,6 +24,7 @@ from jobbus.errors import (
     DatabaseUnavailableError,
     InvalidJobError,
     InvalidStateError,
+    MigrationLockError,
     SchemaError,
     TransactionPoolerError,
 )
@@ -86,6 +87,8 @@ def run(coroutine_factory: Callable[[], Coroutine[Any, Any, int]]) -> int:
         return fail(str(exc), exit_codes.CONFIG)
     except (DatabaseUnavailable, DatabaseUnavailableError, PortInUse, HealthServerError) as exc:
         return fail(str(exc), exit_codes.UNAVAILABLE)
+    except MigrationLockError as exc:
+        return fail(str(exc), exit_codes.LOCKED)
     except InvalidStateError as exc:
         return fail(str(exc), exit_codes.FAILURE)
     except InvalidJobError as exc:

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import click
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from rich import box
 from rich.console import Console, JustifyMethod, OverflowMethod
 from rich.table import Table
@@ -62,10 +63,22 @@ async def admin_app(dsn: str | None, *, check_schema: bool = True) -> AsyncItera
     if not app.settings.dsn:
         raise UsageProblem("no database: pass --dsn or set JOBBUS_DSN")
     await probe_database(app.settings.dsn)
+    if not app.settings.transaction_pooling:  # a pooler in transaction mode refuses startup options
+        app.reconfigure(dsn=without_statement_timeout(app.settings.dsn))
     async with app:
         if check_schema:
             await app.check_schema()
         yield app
+
+
+def without_statement_timeout(dsn: str) -> str:
+    """`dsn` whose sessions start with `statement_timeout = 0`, whatever the role or database sets: an
+    operator's count over millions of rows must not fail where a worker's statement would be cut short.
+    Options the DSN already gives are kept (a later `-c` wins, so ours goes last)."""
+    params = conninfo_to_dict(dsn)
+    options = str(params.get("options") or "")
+    params["options"] = f"{options} -c statement_timeout=0".strip()
+    return make_conninfo("", **params)
 
 
 # -- consoles ---------------------------------------------------------------------------------------

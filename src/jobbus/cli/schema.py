@@ -58,22 +58,53 @@ def schema_command(schema_name: str | None) -> None:
     "--schema", "schema_name", default=None, metavar="NAME", help="Schema name (default: JOBBUS_SCHEMA or jobbus)."
 )
 @click.option(
-    "--dry-run", is_flag=True, help="Print the SQL that would run (a script that applies as is), change nothing."
+    "--dry-run",
+    is_flag=True,
+    help="Print each pending migration's table locks (mode, rewrite), change nothing; with --sql, its SQL.",
 )
-def migrate_command(dsn: str | None, schema_name: str | None, dry_run: bool) -> None:
-    """Apply pending schema migrations (idempotent; safe to run from several hosts at once).
+@click.option("--sql", "as_sql", is_flag=True, help="With --dry-run: print the SQL, a script that applies as is.")
+@click.option(
+    "--lock-timeout",
+    type=click.FloatRange(min=0.01, max=60),
+    default=schema_module.DEFAULT_LOCK_TIMEOUT,
+    show_default=True,
+    metavar="S",
+    help="Seconds to wait for one lock before letting go and trying again (what traffic waits at most).",
+)
+@click.option(
+    "--lock-wait",
+    type=click.FloatRange(min=0.01, max=86400),
+    default=schema_module.DEFAULT_LOCK_WAIT,
+    show_default=True,
+    metavar="S",
+    help="Seconds to keep trying for one migration's locks before exiting 73.",
+)
+def migrate_command(
+    dsn: str | None, schema_name: str | None, dry_run: bool, as_sql: bool, lock_timeout: float, lock_wait: float
+) -> None:
+    """Apply pending schema migrations (idempotent; safe to run from several hosts at once, and while
+    workers and producers run).
 
-    A schema at a newer version than this jobbus is left alone: the command exits 78 and says to
-    upgrade jobbus.
+    Each migration commits on its own and takes its table locks first, each waited for at most
+    --lock-timeout seconds (so `schedule` and a claim queued behind it wait no longer); when a lock is
+    not granted the migration is rolled back and tried again with backoff for up to --lock-wait
+    seconds. A role's statement_timeout does not apply to this session. A schema at a newer version
+    than this jobbus is left alone: the command exits 78 and says to upgrade jobbus.
 
     \b
     Example:
       JOBBUS_DSN=postgresql://app@db/app jobbus migrate
-      jobbus migrate --dry-run > pending.sql && psql -1 -f pending.sql
+      jobbus migrate --dry-run                  # the locks each pending migration takes
+      jobbus migrate --dry-run --sql > pending.sql && psql -1 -f pending.sql
 
-    Exit codes: 0 migrated (or nothing to do), 64 bad usage, 69 database unreachable, 78 the schema is
-    newer than this jobbus or a setting is invalid.
+    Exit codes: 0 migrated (or nothing to do), 64 bad usage, 69 database unreachable, 73 a migration's
+    locks were held by another session for all of --lock-wait (nothing of that migration was applied;
+    run again), 78 the schema is newer than this jobbus or a setting is invalid.
     """
+    if as_sql and not dry_run:
+        raise click.UsageError("--sql goes with --dry-run")
+    if lock_timeout > lock_wait:
+        raise click.UsageError(f"--lock-timeout ({lock_timeout:g}) must not exceed --lock-wait ({lock_wait:g})")
     settings = _env_settings(dsn)
     name = _schema_name(schema_name, lambda: settings.schema)
     if not settings.dsn:
@@ -82,21 +113,28 @@ def migrate_command(dsn: str | None, schema_name: str | None, dry_run: bool) -> 
 
     async def body() -> int:
         await probe_database(target_dsn)
-        return await asyncio.to_thread(_migrate, target_dsn, name, dry_run)
+        if dry_run:
+            return await asyncio.to_thread(_dry_run, target_dsn, name, as_sql)
+        return await asyncio.to_thread(_migrate, target_dsn, name, lock_timeout, lock_wait)
 
     sys.exit(run(body))
 
 
-def _migrate(dsn: str, name: str, dry_run: bool) -> int:
+def _dry_run(dsn: str, name: str, as_sql: bool) -> int:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        if dry_run:
-            pending = schema_module.pending_sql(conn, name)
-            sys.stdout.write(pending or f"-- schema {name} is up to date (version {schema_module.latest_version()})\n")
-            return exit_codes.OK
-        applied = schema_module.migrate(conn, name)
+        conn.execute("SET statement_timeout = 0")
+        if as_sql:
+            text = schema_module.pending_sql(conn, name)
+        else:
+            text = schema_module.lock_plan(name, schema_module.pending(conn, name))
+    sys.stdout.write(text or f"-- schema {name} is up to date (version {schema_module.latest_version()})\n")
+    return exit_codes.OK
+
+
+def _migrate(dsn: str, name: str, lock_timeout: float, lock_wait: float) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        applied = schema_module.migrate(conn, name, lock_timeout=lock_timeout, lock_wait=lock_wait, progress=click.echo)
     if applied:
-        for migration in applied:
-            click.echo(f"applied {migration.version:04d}_{migration.name}")
         click.echo(f"schema {name} is now at version {applied[-1].version}")
     else:
         click.echo(f"schema {name} is up to date (version {schema_module.latest_version()}); nothing to do")
