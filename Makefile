@@ -1,9 +1,11 @@
 VENV ?= .venv
-PY := $(VENV)/bin/python
+# `make matrix PY=3.13` names a Python version for the matrix; everywhere else PY is the venv's Python.
+MATRIX_PY := $(if $(filter command line,$(origin PY)),$(PY))
+override PY := $(VENV)/bin/python
 PYTHON ?= python3
 PYTEST_ARGS ?= -n 2
 
-.PHONY: venv sync schema test test-server test-smoke test-django6 faults verify browser lint docs dist-check demo bench gate bench-capacity bench-steady bench-dashboard bench-unused dashboard clean
+.PHONY: venv sync schema test test-server test-smoke test-django6 faults verify matrix browser lint docs dist-check demo bench gate bench-capacity bench-steady bench-dashboard bench-unused dashboard clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -69,6 +71,14 @@ faults: venv
 VERIFY_MINUTES ?= 20
 verify: venv
 	$(PY) -m tests.model --minutes $(VERIFY_MINUTES)
+
+# The version matrix (tools/matrix.py): the database-facing suites on each PostgreSQL major 14-18 and
+# each Python 3.11-3.13, each leg on a throwaway cluster of that major, and a real 13's refusal.
+# PG=17 runs that major's legs, PY=3.13 that Python's, both that one pair.
+PG ?=
+MATRIX_ARGS ?=
+matrix: venv
+	$(PY) tools/matrix.py $(if $(PG),--pg $(PG)) $(if $(MATRIX_PY),--py $(MATRIX_PY)) $(MATRIX_ARGS)
 
 # The full browser sweep (the normal suite runs a slice): Debian's chromium, screenshots in artifacts/screenshots/.
 browser: venv

@@ -1,7 +1,8 @@
 """A throwaway PostgreSQL cluster that tests may restart, crash and kill: never the shared server.
 
-Uses the server binaries of the machine (`pg_config --bindir`) or, failing that, those bundled with
-the embedded extra. As root, the server runs as the `postgres` system user (or a `pgserver` user).
+Uses the server binaries in `JOBBUS_TEST_PG_BINDIR` when it is set (the version matrix points it at
+the leg's major), else those of the machine (`pg_config --bindir`) or, failing that, those bundled
+with the embedded extra. As root, the server runs as the `postgres` system user (or a `pgserver` user).
 """
 
 from __future__ import annotations
@@ -21,6 +22,11 @@ import psycopg
 
 
 def _bindir() -> Path:
+    chosen = os.environ.get("JOBBUS_TEST_PG_BINDIR")
+    if chosen:
+        if not (Path(chosen) / "initdb").exists():
+            raise RuntimeError(f"JOBBUS_TEST_PG_BINDIR={chosen} holds no initdb")
+        return Path(chosen)
     pg_config = shutil.which("pg_config")
     if pg_config:
         found = Path(subprocess.run([pg_config, "--bindir"], capture_output=True, text=True, check=True).stdout.strip())
@@ -52,11 +58,11 @@ def _free_port() -> int:
 
 
 class Cluster:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, bindir: Path | None = None) -> None:
         self.root = root
         self.data = root / "data"
         self.port = _free_port()
-        self.bindir = _bindir()
+        self.bindir = bindir or _bindir()
         self.user = _run_as()
         self.dsn = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
@@ -103,9 +109,9 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def throwaway_cluster() -> Iterator[Cluster]:
+def throwaway_cluster(bindir: Path | None = None) -> Iterator[Cluster]:
     root = Path(tempfile.mkdtemp(prefix="jobbus-cluster-"))
-    cluster = Cluster(root)
+    cluster = Cluster(root, bindir)
     try:
         cluster.init()
         cluster.start()
