@@ -5,7 +5,7 @@ override PY := $(VENV)/bin/python
 PYTHON ?= python3
 PYTEST_ARGS ?= -n 2
 
-.PHONY: venv sync schema test test-server test-smoke test-django6 faults verify matrix browser lint docs dist-check demo bench gate bench-capacity bench-steady bench-dashboard bench-unused dashboard clean
+.PHONY: venv sync schema cli-surface api-check test test-server test-smoke test-django6 faults verify matrix mutate browser lint docs dist-check demo bench gate bench-capacity bench-steady bench-dashboard bench-unused rehearse-upgrade dashboard clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,17 @@ sync: venv
 # the tests' server: JOBBUS_TEST_DSN, else the embedded one). Run it after adding a migration.
 schema: venv
 	$(PY) tools/generate_schema.py
+
+# The command line's commands and flags, docs/cli-surface.txt, listed from the click commands. Run it after
+# changing a command or a flag; `make api-check` fails while the file is stale.
+cli-surface: venv
+	$(PY) tools/cli_surface.py
+
+# The public surface (jobbus.__all__ and the public modules' names and signatures, read by griffe; the CLI's
+# commands and flags) against the last release's commit in CHANGELOG.md: every change must be named by an
+# entry of CHANGELOG.md's [Unreleased] (docs/stability.md). Needs the release's commit in the clone, no server.
+api-check: venv
+	$(PY) tools/api_check.py
 
 lint: venv
 	$(VENV)/bin/ruff check $(LINTED)
@@ -62,9 +73,9 @@ test-django6: $(VENV_DJANGO6)/.installed
 test-smoke: venv
 	$(VENV)/bin/pytest -m smoke $(PYTEST_ARGS)
 
-# The fault-injection suite at full scale (CI runs it at a smaller scale with every test run).
+# The fault-injection suite and the failover tests at full scale (CI runs them smaller with every test run).
 faults: venv
-	JOBBUS_FULL_FAULTS=1 $(VENV)/bin/pytest tests/faults -n 2
+	JOBBUS_FULL_FAULTS=1 $(VENV)/bin/pytest tests/faults tests/failover -n 2
 
 # The model check's sweep: new seeds, each a random topology run by real workers under faults, until
 # VERIFY_MINUTES are up; prints each seed's result and a summary (CI runs a few fixed seeds).
@@ -79,6 +90,13 @@ PG ?=
 MATRIX_ARGS ?=
 matrix: venv
 	$(PY) tools/matrix.py $(if $(PG),--pg $(PG)) $(if $(MATRIX_PY),--py $(MATRIX_PY)) $(MATRIX_ARGS)
+
+# Each hand-written break of tools/mutations.py applied in turn to a scratch copy of the tree, its tests
+# run there: exit 1 when a break passes every test named to catch it (a release runs it; not in CI).
+# MUTATE_ARGS="--only NAME" for one break, "--list" to see them.
+MUTATE_ARGS ?=
+mutate: venv
+	$(PY) tools/mutate.py $(MUTATE_ARGS)
 
 # The full browser sweep (the normal suite runs a slice): Debian's chromium, screenshots in artifacts/screenshots/.
 browser: venv
@@ -149,8 +167,17 @@ bench-unused: venv
 bench-dashboard: venv
 	$(PY) bench/dashboard.py $(BENCH_DASHBOARD_ARGS)
 
+# The upgrade rehearsal (tools/rehearse_upgrade.py): the previous release's workers and producers under
+# load while this release's `jobbus migrate` runs, then new workers replace them one by one; fails on a
+# lost or twice-run job or an error of any process. Full size by default (1M finished rows, a minute of
+# load); CI runs it small (REHEARSE_ARGS="--jobs 20000 --seconds 20"). On JOBBUS_TEST_DSN's server, else
+# the embedded one; the previous release's wheel and venv are built once into .rehearse/.
+REHEARSE_ARGS ?= --jobs 1000000 --seconds 60 --rate 100
+rehearse-upgrade: venv
+	$(PY) -m tools.rehearse_upgrade $(REHEARSE_ARGS)
+
 dashboard: venv
 	$(VENV)/bin/jobbus dashboard
 
 clean:
-	rm -rf $(VENV) $(VENV_DJANGO6) $(VENV_DEMO) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache dist site
+	rm -rf $(VENV) $(VENV_DJANGO6) $(VENV_DEMO) .rehearse .pytest_cache .mypy_cache .ruff_cache .import_linter_cache dist site

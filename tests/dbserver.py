@@ -40,14 +40,14 @@ def with_dbname(dsn: str, dbname: str) -> str:
     return make_conninfo(**params)  # type: ignore[arg-type]
 
 
-def _template_name() -> str:
+def template_name() -> str:
     digest = hashlib.sha1("".join(m.template for m in schema.migrations()).encode()).hexdigest()[:10]
     return f"jobbus_tmpl_{digest}"
 
 
 def ensure_template(admin_dsn: str) -> str:
     """Create the migrated template database once per server and migration set."""
-    name = _template_name()
+    name = template_name()
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         conn.execute("SELECT pg_advisory_lock(hashtext('jobbus-test-template'))")
         try:
@@ -63,6 +63,13 @@ def ensure_template(admin_dsn: str) -> str:
         finally:
             conn.execute("SELECT pg_advisory_unlock(hashtext('jobbus-test-template'))")
     return name
+
+
+def drop_template(admin_dsn: str) -> None:
+    """Drop the template of this migration set, if there is one (`make mutate` builds one per broken
+    migration)."""
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(template_name())))
 
 
 @contextlib.contextmanager

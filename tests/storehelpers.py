@@ -83,6 +83,7 @@ def registration(worker_id: str, instance_id: uuid.UUID) -> Registration:
         lease_seconds=300.0,
         dead_after_seconds=3.0,
         heartbeat_seconds=1.0,
+        pool_size=25,
     )
 
 

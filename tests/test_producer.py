@@ -24,6 +24,7 @@ from jobbus.producer import plan
 from jobbus.requests import MAX_JSON_DEPTH, JobDefaults, JobOptions, build_spec, json_text, specs_sharing
 from tests.conftest import FAST
 from tests.mypy_run import mypy_output
+from tests.storehelpers import claim, write
 
 
 def _count(dsn: str) -> int:
@@ -141,6 +142,22 @@ def test_unique_key_is_reusable_after_a_terminal_status(sync_app: jobbus.App) ->
     assert sync_app.sync.schedule("other", unique_key="k") != first  # keys are per type
     sync_app.sync.cancel(first)
     second = sync_app.sync.schedule("t", unique_key="k")
+    assert second != first
+    job = sync_app.sync.find(second)
+    assert job is not None and job.status is JobStatus.QUEUED
+
+
+def test_a_running_job_of_the_key_deduplicates_until_it_ends(sync_app: jobbus.App, dsn: str) -> None:
+    """Queued or running, an active job of a (type, unique_key) answers a new call with its id; once it
+    ends, the key schedules a new job."""
+    first = sync_app.sync.schedule("t", {"n": 1}, unique_key="k")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        (running,) = claim(sync_app, conn, 1)
+        assert running.id == first
+        assert sync_app.sync.schedule("t", {"n": 2}, unique_key="k") == first
+        assert _count(dsn) == 1
+        assert write(sync_app, conn, running, JobStatus.COMPLETED)
+    second = sync_app.sync.schedule("t", {"n": 3}, unique_key="k")
     assert second != first
     job = sync_app.sync.find(second)
     assert job is not None and job.status is JobStatus.QUEUED

@@ -57,6 +57,21 @@ def test_eight_concurrent_claimers_take_every_job_exactly_once(sync_app: jobbus.
     assert attempts == (1, 1)
 
 
+def test_a_claim_takes_the_free_jobs_at_once_past_one_another_transaction_holds(
+    sync_app: jobbus.App, dsn: str, conn: Any
+) -> None:
+    """A queued job locked by any open transaction (an admin's `SELECT ... FOR UPDATE`, another claim) is
+    skipped, not waited for: a worker with free slots takes the other jobs at once."""
+    ids = [sync_app.sync.schedule("t", {"n": n}) for n in range(3)]
+    with psycopg.connect(dsn) as holder:
+        holder.execute("SELECT 1 FROM jobbus.job WHERE id = %s FOR UPDATE", (ids[0],))
+        conn.execute("SET statement_timeout = '2s'")
+        jobs = claim(sync_app, conn, 3)
+        assert sorted(j.id for j in jobs) == sorted(ids[1:])
+        holder.rollback()
+    assert [j.id for j in claim(sync_app, conn, 3)] == [ids[0]]
+
+
 def test_claim_order_is_priority_then_available_at_then_id(sync_app: jobbus.App, conn: Any) -> None:
     low = sync_app.sync.schedule("t", priority=0)
     later = sync_app.sync.schedule("t", priority=5, available_at=timedelta(seconds=-10))

@@ -11,6 +11,7 @@ from jobbus.errors import (
     NonRetryableError,
     SchemaError,
     Snooze,
+    TransactionPoolerError,
 )
 from jobbus.events import (
     JobCancelled,
@@ -69,6 +70,7 @@ __all__ = [
     "SyncJobExecution",
     "Task",
     "TaskOptions",
+    "TransactionPoolerError",
     "Worker",
     "WorkerOptions",
     "current_job",

@@ -25,6 +25,12 @@ class SchemaError(JobbusError):
     """The database schema is missing or older than this code."""
 
 
+class TransactionPoolerError(JobbusError):
+    """The DSN goes through a transaction-mode pooler (PgBouncer's `pool_mode = transaction`) while the
+    `transaction_pooling` setting is off: the prepared statements jobbus makes vanish between
+    transactions. A configuration error (the CLI exits 78), never retried."""
+
+
 class InvalidJobError(JobbusError, ValueError):
     """A job (or setting of one) was refused before anything was written."""
 

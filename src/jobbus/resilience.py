@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import psycopg
 import psycopg_pool
 
-from jobbus.errors import DatabaseUnavailableError
+from jobbus.errors import DatabaseUnavailableError, TransactionPoolerError
 from jobbus.settings import redact
 
 logger = logging.getLogger("jobbus.worker")
@@ -80,6 +80,24 @@ def classify(exc: BaseException) -> ErrorKind:
 
 def is_transient(exc: BaseException) -> bool:
     return classify(exc) is ErrorKind.TRANSIENT
+
+
+#: A prepared statement that does not exist (26000) or exists already (42P05) on a connection that
+#: made (or never made) it: what psycopg's prepared statements meet when each transaction may run on
+#: another server connection, behind a transaction-mode pooler.
+_POOLER_STATES = frozenset({"26000", "42P05"})
+
+
+def pooler_misconfiguration(exc: BaseException, transaction_pooling: bool) -> TransactionPoolerError | None:
+    """The one-line configuration error that `exc` means, when it shows a transaction-mode pooler in
+    front of a client whose `transaction_pooling` is off; else None."""
+    if transaction_pooling or not isinstance(exc, psycopg.Error) or exc.sqlstate not in _POOLER_STATES:
+        return None
+    return TransactionPoolerError(
+        f"the DSN goes through a transaction-mode pooler (such as PgBouncer with pool_mode = transaction): "
+        f"{first_line(exc)}; set transaction_pooling=True (JOBBUS_TRANSACTION_POOLING=true) for a DSN through "
+        "such a pooler, and listen_dsn to the server itself for LISTEN"
+    )
 
 
 class Backoff:

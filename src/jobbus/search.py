@@ -1,6 +1,7 @@
-"""The search index, optional: a trigram index (PostgreSQL's pg_trgm) of each finished job's search
+"""The search index, optional: trigram indexes (PostgreSQL's pg_trgm) of each finished job's search
 document, so that a search of the finished tabs reads the jobs holding the text instead of walking
-every finished job.
+every finished job. One index per finished status: a search of one tab reads its own jobs' entries
+only, so a text common among the failed jobs costs nothing to a search of the completed ones.
 
 It is off by default because every job would pay for it when it finishes: a completion took 26 µs of
 the database's time instead of 12 with it (docs/dashboard.md, "Search"). Without it a search is still
@@ -19,15 +20,15 @@ import psycopg
 from psycopg import sql
 
 from jobbus.errors import JobbusError
-from jobbus.store.views import SEARCH_DOCUMENT
+from jobbus.store.views import FINISHED, SEARCH_DOCUMENT
 
 if TYPE_CHECKING:
     from jobbus.app import App
 
-__all__ = ["INDEX", "SearchIndexUnavailable", "create_search_index", "drop_search_index", "search_index_state"]
+__all__ = ["INDEXES", "SearchIndexUnavailable", "create_search_index", "drop_search_index", "search_index_state"]
 
-#: The index's name, in the jobs' schema.
-INDEX = "job_search_idx"
+#: Each finished status's index, in the jobs' schema: the search index is the three of them.
+INDEXES = {status: f"job_search_{status}_idx" for status in FINISHED}
 State = Literal["ready", "invalid", "absent", "unavailable"]
 
 
@@ -36,26 +37,28 @@ class SearchIndexUnavailable(JobbusError):
 
 
 async def search_index_state(app: App) -> State:
-    """`ready`, `invalid` (a build cut short: drop it and create it again), `absent`, or `unavailable`
-    (the server has no pg_trgm)."""
+    """`ready`, `invalid` (a build cut short, or some of the three missing: create it again), `absent`,
+    or `unavailable` (the server has no pg_trgm)."""
     async with app.pool.connection() as conn:
         row = await (
             await conn.execute(
-                "SELECT (SELECT bool_and(i.indisvalid) FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid"
-                "        WHERE c.relnamespace = %s::regnamespace AND c.relname = %s),"
+                "SELECT (SELECT count(*) FILTER (WHERE i.indisvalid) FROM pg_index AS i"
+                "        JOIN pg_class AS c ON c.oid = i.indexrelid"
+                "        WHERE c.relnamespace = %s::regnamespace AND c.relname = ANY(%s)),"
+                " (SELECT count(*) FROM pg_class WHERE relnamespace = %s::regnamespace AND relname = ANY(%s)),"
                 " EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = 'pg_trgm')",
-                (app.settings.schema, INDEX),
+                (app.settings.schema, list(INDEXES.values())) * 2,
             )
         ).fetchone()
-    valid, available = row if row else (None, False)
-    if valid is None:
+    valid, present, available = row if row else (0, 0, False)
+    if present == 0:
         return "absent" if available else "unavailable"
-    return "ready" if valid else "invalid"
+    return "ready" if valid == len(INDEXES) else "invalid"
 
 
 async def create_search_index(app: App, progress: Callable[[str], None] = lambda _: None) -> None:
-    """Create pg_trgm if it is missing, then the index, CONCURRENTLY (writes go on); an invalid index a
-    build cut short left is dropped first. `progress` hears the build's phase every second."""
+    """Create pg_trgm if it is missing, then each status's index that is not ready, CONCURRENTLY (writes
+    go on). `progress` hears the build's status and phase every second."""
     state = await search_index_state(app)
     if state == "unavailable":
         raise SearchIndexUnavailable(
@@ -64,7 +67,6 @@ async def create_search_index(app: App, progress: Callable[[str], None] = lambda
         )
     if state == "ready":
         return
-    schema = sql.Identifier(app.settings.schema)
     async with await psycopg.AsyncConnection.connect(app.dsn, autocommit=True) as conn:
         try:
             await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_trgm")
@@ -77,36 +79,54 @@ async def create_search_index(app: App, progress: Callable[[str], None] = lambda
             await conn.execute("SELECT extnamespace::regnamespace::text FROM pg_extension WHERE extname = 'pg_trgm'")
         ).fetchone()
         assert extension_schema is not None
-        if state == "invalid":
-            await conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}.{}").format(schema, sql.Identifier(INDEX)))
-        document = SEARCH_DOCUMENT.replace("j.", "")
-        statement = sql.SQL(
-            "CREATE INDEX CONCURRENTLY IF NOT EXISTS {index} ON {schema}.job USING gin (({document}) {ops})"
-            " WHERE finished_at IS NOT NULL"
-        ).format(
-            index=sql.Identifier(INDEX),
-            schema=schema,
-            document=sql.SQL(document),
-            ops=sql.SQL("{}.gin_trgm_ops").format(sql.Identifier(extension_schema[0])),
+        document = sql.SQL(SEARCH_DOCUMENT.replace("j.", ""))
+        ops = sql.SQL("{}.gin_trgm_ops").format(sql.Identifier(extension_schema[0]))
+        for status, index in INDEXES.items():
+            await _build(app, conn, status, index, document, ops, progress)
+
+
+async def _build(
+    app: App,
+    conn: psycopg.AsyncConnection[object],
+    status: str,
+    index: str,
+    document: sql.Composable,
+    ops: sql.Composable,
+    progress: Callable[[str], None],
+) -> None:
+    """One status's index, CONCURRENTLY; an invalid one a build cut short left is dropped first."""
+    schema = sql.Identifier(app.settings.schema)
+    invalid = await (
+        await conn.execute(
+            "SELECT 1 FROM pg_index AS i JOIN pg_class AS c ON c.oid = i.indexrelid"
+            " WHERE c.relnamespace = %s::regnamespace AND c.relname = %s AND NOT i.indisvalid",
+            (app.settings.schema, index),
         )
-        pid = conn.info.backend_pid
-        watcher = asyncio.create_task(_watch(app, pid, progress))
-        try:
-            await conn.execute(statement)
-        finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+    ).fetchone()
+    if invalid:
+        await conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}.{}").format(schema, sql.Identifier(index)))
+    statement = sql.SQL(
+        "CREATE INDEX CONCURRENTLY IF NOT EXISTS {index} ON {schema}.job USING gin (({document}) {ops})"
+        " WHERE status = {status}"
+    ).format(index=sql.Identifier(index), schema=schema, document=document, ops=ops, status=sql.Literal(status))
+    watcher = asyncio.create_task(_watch(app, conn.info.backend_pid, lambda line: progress(f"{status} jobs, {line}")))
+    try:
+        await conn.execute(statement)
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
 
 
 async def drop_search_index(app: App) -> None:
-    """Drop the index (CONCURRENTLY); searches go on without it. pg_trgm stays."""
+    """Drop the indexes (CONCURRENTLY); searches go on without them. pg_trgm stays."""
     async with await psycopg.AsyncConnection.connect(app.dsn, autocommit=True) as conn:
-        await conn.execute(
-            sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}.{}").format(
-                sql.Identifier(app.settings.schema), sql.Identifier(INDEX)
+        for index in INDEXES.values():
+            await conn.execute(
+                sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}.{}").format(
+                    sql.Identifier(app.settings.schema), sql.Identifier(index)
+                )
             )
-        )
 
 
 async def _watch(app: App, pid: int, progress: Callable[[str], None]) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from functools import cache
@@ -63,9 +63,11 @@ SEARCH_COUNT_CAP = 1_000
 #: walk in its own order meets a page of them at once. Measured at 10 million jobs: a rare text 25 ms
 #: through the index, a text of every other job 12.7 s through it and 20 ms walking.
 INDEX_FIRST_SECONDS = 0.1
-#: Texts found frequent lately (database, schema, text) -> when, so that a page's counts and the pages after it
-#: walk at once instead of trying the index again.
-_frequent: dict[tuple[str, str, str], float] = {}
+#: A walk that meets its answer within this long after the index read ran out makes the text frequent.
+FREQUENT_WALK_SECONDS = 1.0
+#: Texts found frequent lately in a view (database, schema, view, text) -> when, so that a page's count and
+#: the pages after it walk at once instead of trying the index again.
+_frequent: dict[tuple[str, str, str, str], float] = {}
 _FREQUENT_FOR_SECONDS = 300.0
 _FREQUENT_KEPT = 256
 
@@ -92,17 +94,18 @@ async def page(
 
     if not filters.text:
         return await _run(app, statement(False))
-    found = await _through_index(app, view, filters, statement(True))
-    if found is not None:
-        return found
-    try:
-        if _windowed(view, filters):
-            return await _walk_finished(app, view, filters, cursor, limit, search_seconds)
-        return await _run(app, statement(False), seconds=search_seconds)
-    except psycopg.errors.QueryCanceled as exc:
-        if search_seconds is None:
-            raise
-        raise SearchStopped(f"the search stopped after {search_seconds:g} s testing each job of {view}") from exc
+
+    async def walk() -> Page:
+        try:
+            if _windowed(view, filters):
+                return await _walk_finished(app, view, filters, cursor, limit, search_seconds)
+            return await _run(app, statement(False), seconds=search_seconds)
+        except psycopg.errors.QueryCanceled as exc:
+            if search_seconds is None:
+                raise
+            raise SearchStopped(f"the search stopped after {search_seconds:g} s testing each job of {view}") from exc
+
+    return await _searched(app, view, filters, statement(True), walk)
 
 
 def _windowed(view: str, filters: Filters) -> bool:
@@ -181,20 +184,20 @@ async def count(
     counts up to `SEARCH_COUNT_CAP` and then says only "more" (the planner has no estimate of a text's
     matches); it is not counted (`Count.counted` false) when it walks the view past `search_seconds`."""
     store = _store(app.settings.schema)
-    read = None
-    if filters.text:
+    if not filters.text:
+        read = await _run(app, store.count(view, filters, cap=cap))
+    else:
         cap = min(cap, SEARCH_COUNT_CAP)
-        read = await _through_index(app, view, filters, store.count(view, filters, cap=cap, search_index=True))
-    if read is None:
+
+        async def walk() -> tuple[int, bool]:
+            if _windowed(view, filters):
+                return await _count_finished(app, view, filters, cap, search_seconds)
+            return await _run(app, store.count(view, filters, cap=cap), seconds=search_seconds)
+
         try:
-            if filters.text and _windowed(view, filters):
-                read = await _count_finished(app, view, filters, cap, search_seconds)
-            else:
-                read = await _run(
-                    app, store.count(view, filters, cap=cap), seconds=search_seconds if filters.text else None
-                )
+            read = await _searched(app, view, filters, store.count(view, filters, cap=cap, search_index=True), walk)
         except psycopg.errors.QueryCanceled:
-            if search_seconds is None or not filters.text:
+            if search_seconds is None:
                 raise
             return Count(0, counted=False)
     value, past_cap = read
@@ -205,32 +208,38 @@ async def count(
     return Count.estimate(value, await _run(app, store.estimate(view, filters)))
 
 
-async def _through_index(app: App, view: str, filters: Filters, statement: Statement[_T]) -> _T | None:
-    """`statement` read through the search index within `INDEX_FIRST_SECONDS`, or None: no index serves
-    this search, or its text is frequent (then remembered as such for a while)."""
+async def _searched(
+    app: App, view: str, filters: Filters, indexed: Statement[_T], walk: Callable[[], Awaitable[_T]]
+) -> _T:
+    """A search's read through the search index within `INDEX_FIRST_SECONDS`, else `walk`. A text whose
+    index read ran out and whose walk then met its answer within `FREQUENT_WALK_SECONDS` is frequent:
+    remembered, so that the searches of it that follow walk at once. A slower walk says the index read
+    was only slow (pages not yet in memory), so the next search tries the index again."""
     assert filters.text is not None
-    key = (app.dsn, app.settings.schema, filters.text.lower())
-    now = time.monotonic()
-    if now - _frequent.get(key, -_FREQUENT_FOR_SECONDS) < _FREQUENT_FOR_SECONDS:
-        return None
-    if not await search_indexed(app, view, filters):
-        return None
-    try:
-        return await _run(app, statement, seconds=INDEX_FIRST_SECONDS)
-    except psycopg.errors.QueryCanceled:
+    key = (app.dsn, app.settings.schema, view, filters.text.lower())
+    tried = False
+    if time.monotonic() - _frequent.get(key, -_FREQUENT_FOR_SECONDS) >= _FREQUENT_FOR_SECONDS and (
+        await search_indexed(app, view, filters)
+    ):
+        try:
+            return await _run(app, indexed, seconds=INDEX_FIRST_SECONDS)
+        except psycopg.errors.QueryCanceled:
+            tried = True
+    started = time.monotonic()
+    found = await walk()
+    if tried and time.monotonic() - started <= FREQUENT_WALK_SECONDS:
         if len(_frequent) >= _FREQUENT_KEPT:
             _frequent.pop(next(iter(_frequent)))
-        _frequent[key] = now
-        return None
+        _frequent[key] = time.monotonic()
+    return found
 
 
 async def search_indexed(app: App, view: str, filters: Filters) -> bool:
-    """Whether a search of `view` can use the search index: it searches finished jobs, and the index
+    """Whether a search of `view` can use the search index: it searches one finished status, whose index
     exists and is valid (one catalog read, only for a search)."""
-    if not filters.text or view not in (*FINISHED, "finished"):
+    if not filters.text or view not in FINISHED:
         return False
-    valid, _exists = await _run(app, _store(app.settings.schema).search_index_state())
-    return valid
+    return f"job_search_{view}_idx" in await _run(app, _store(app.settings.schema).search_indexes())
 
 
 async def counts(
@@ -248,7 +257,10 @@ NAME_SUGGESTIONS_FROM = 500
 async def names(app: App, view: str, filters: Filters) -> list[str]:
     """The names (a Django task's import path) among the first `NAME_SUGGESTIONS_FROM` jobs of `view` in
     its order under `filters`' queues and types, sorted: suggestions for the name field, which filters
-    by any name. Every distinct name would need an index of (type, name) that each job pays for."""
+    by any name; none until a type is chosen. Every distinct name would need an index of (type, name)
+    that each job pays for."""
+    if not filters.types:
+        return []
     latest = await page(app, view, replace(filters, name=None, text=None), limit=NAME_SUGGESTIONS_FROM)
     return sorted({job.name for job in latest.jobs if job.name})
 

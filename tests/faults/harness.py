@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 
 import jobbus
 from jobbus import schema
@@ -61,10 +62,13 @@ class Figures:
 class Fleet:
     """Worker processes kept alive like a supervisor would: a dead one is restarted under its id."""
 
-    def __init__(self, dsn: str, count: int, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, dsn: str, count: int, *args: str, env: dict[str, str] | None = None, app: str = "tests.apps:app"
+    ) -> None:
         self.dsn = dsn
         self.args = args
         self.env = env or {}
+        self.app = app
         self.procs: dict[str, subprocess.Popen[str]] = {}
         self.restarts = 0
         self._lock = threading.Lock()
@@ -75,11 +79,12 @@ class Fleet:
         self._supervisor.start()
 
     def _spawn(self, worker_id: str) -> None:
-        proc = start_worker(self.dsn, "--worker-id", worker_id, *self.args, env=self.env)
+        proc = start_worker(self.dsn, "--worker-id", worker_id, *self.args, env=self.env, app=self.app)
         # Copy output in the background so a chatty worker never blocks on a full pipe; the logs stay
         # in .jobbus/fault-logs for when a scenario fails.
         LOGS.mkdir(parents=True, exist_ok=True)
-        log = LOGS / f"{self.dsn.rsplit(':', 1)[-1].split('/')[0]}-{worker_id}.log"
+        ports = str(conninfo_to_dict(self.dsn).get("port", "")).replace(",", "+")
+        log = LOGS / f"{ports}-{worker_id}.log"
         threading.Thread(target=_copy_output, args=(proc, log), daemon=True).start()
         self.procs[worker_id] = proc
 

@@ -154,6 +154,15 @@ class Topology:
         return "\n".join(lines)
 
 
+#: Per-key limits up to 4: a claim's first pass over its queues takes a share of its size from each, and
+#: a key whose share is below its limit is visited again in the second pass, which must count what the
+#: first took (limits of 1 or 2 are reached in the first pass and never get there).
+PER_KEY_LIMITS = (1, 2, 3, 4)
+#: Workers of up to 9 slots: their claims are larger than the number of queues (at most 5 with `qx`),
+#: so a claim takes from a queue in both of its passes.
+WORKER_CONCURRENCY = 9
+
+
 def _maybe(rng: random.Random, p: float, value: Any) -> Any:
     return value if rng.random() < p else None
 
@@ -169,7 +178,7 @@ def generate(seed: int, duration: float = 25.0, *, single_queue_workers: bool = 
             QueueSpec(
                 name=f"q{n}",
                 concurrency=rng.choice([1, 2, 3, 4]) if n == 0 or rng.random() < 0.6 else None,
-                per_key=_maybe(rng, 0.7, rng.choice([1, 2])) if keys else None,
+                per_key=_maybe(rng, 0.7, rng.choice(PER_KEY_LIMITS)) if keys else None,
                 rate=_maybe(rng, 0.35, (rng.randint(3, 8), float(rng.choice([2, 3, 5])))),
                 rate_per_key=_maybe(rng, 0.3, (rng.randint(1, 3), float(rng.choice([2, 3])))) if keys else None,
                 keys=keys,
@@ -179,7 +188,7 @@ def generate(seed: int, duration: float = 25.0, *, single_queue_workers: bool = 
     workers = []
     for n in range(rng.randint(2, 4)):
         served = () if rng.random() < 0.25 else tuple(sorted(rng.sample(names, rng.randint(1, len(names)))))
-        workers.append(WorkerSpec(f"w{n}", served, rng.randint(2, 6)))
+        workers.append(WorkerSpec(f"w{n}", served, rng.randint(2, WORKER_CONCURRENCY)))
     covered = {q for w in workers for q in w.queues} | (set(names) if any(not w.queues for w in workers) else set())
     if single_queue_workers:
         workers = [WorkerSpec(w.worker_id, (names[n % len(names)],), w.concurrency) for n, w in enumerate(workers)]
@@ -246,7 +255,7 @@ def generate(seed: int, duration: float = 25.0, *, single_queue_workers: bool = 
             q = rng.choice(queues)
             args["queue"] = q.name
             args["concurrency"] = rng.choice([1, 2, 3, 5, None])
-            args["per_key"] = rng.choice([1, 2, None]) if q.keys else None
+            args["per_key"] = rng.choice([*PER_KEY_LIMITS, None]) if q.keys else None
         timeline.append(Action(t, fault, args))
         t += rng.uniform(1.5, 4.0)
     # Part III's operations come from a stream of their own: a seed's topology and timeline above are

@@ -132,3 +132,27 @@ async def test_a_running_worker_registers_again_when_its_row_vanishes_and_exits_
         assert _holder(dsn)[0] == worker.instance_id and not task.done()
         _execute(dsn, TAKEN)
         assert await asyncio.wait_for(task, 10) == 78
+
+
+async def test_a_worker_whose_row_vanished_stores_its_periodic_jobs_again(dsn: str) -> None:
+    """A failover to a standby that was behind loses what a worker stored at its start: its registry
+    row and the periodic jobs its code declares. Both come back without a restart."""
+    app = jobbus.App(dsn=dsn, heartbeat_interval_seconds=0.1)
+    app.periodic("nightly", type="t", cron="0 3 * * *")
+
+    @app.job("t")
+    async def handler(job: jobbus.JobExecution) -> None:
+        return None
+
+    async with app:
+        worker = jobbus.Worker(app, worker_id=WORKER)
+        task = worker.start()
+        await worker.ready()
+        assert query(dsn, "SELECT name FROM jobbus.periodic") == [("nightly",)]
+        _execute(dsn, "DELETE FROM jobbus.worker WHERE id = %s")
+        assert query(dsn, "DELETE FROM jobbus.periodic RETURNING name") == [("nightly",)]
+        await eventually(lambda: query(dsn, "SELECT name FROM jobbus.periodic"), timeout=10, what="the periodic job")
+        assert query(dsn, "SELECT name FROM jobbus.periodic") == [("nightly",)]
+        assert _holder(dsn)[0] == worker.instance_id and not task.done()
+        worker.request_stop()
+        assert await asyncio.wait_for(task, 10) == 0

@@ -14,6 +14,7 @@ import jobbus
 from jobbus.models import ClaimedJob
 from jobbus.store import Claim, Statement, WorkerStore, run_async
 from jobbus.worker.services.rescuer import Rescuer
+from tests.processes import eventually
 from tests.storehelpers import registration
 
 T = TypeVar("T")
@@ -177,3 +178,47 @@ async def test_a_new_process_under_the_id_reclaims_only_what_started_before_it_r
         assert await _lease_is_live(app, claimed)
         # An instance that no longer holds the id reclaims nothing.
         assert await run(workers.reclaim_predecessor_jobs(WORKER, uuid.uuid4())) == []
+
+
+async def _until_waiting_for_a_lock(app: jobbus.App, pid: int) -> None:
+    async def waiting() -> bool:
+        async with app.pool.connection() as conn:
+            cursor = await conn.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,))
+            return await cursor.fetchone() == ("Lock",)
+
+    await eventually(waiting, timeout=10, what="the declaration to wait for the worker's row")
+
+
+async def test_a_job_reclaimed_while_the_declaration_waits_for_the_worker_row_is_left_to_its_new_attempt(
+    dsn: str,
+) -> None:
+    """The declaration waits for the worker's row (a refresh holds it) while the job's lease expires, is
+    recovered and the same worker id claims it again: the declaration, going on, re-reads the job and
+    finds an attempt that started after its instant, which it leaves to its lease."""
+    app = _app(dsn)
+    async with app:
+        workers = _rescuer(app).workers
+        run = _runner(app)
+        job_id = await _silent_worker_holding_a_job(app, workers, uuid.uuid4())
+        async with (
+            await psycopg.AsyncConnection.connect(dsn) as holder,
+            await psycopg.AsyncConnection.connect(dsn, autocommit=True) as leader,
+        ):
+            await holder.execute("SELECT 1 FROM jobbus.worker WHERE id = %s FOR UPDATE", (WORKER,))
+            declaring = asyncio.ensure_future(run_async(leader, workers.declare_dead_workers()))
+            await _until_waiting_for_a_lock(app, leader.info.backend_pid)
+            async with app.pool.connection() as conn:
+                await conn.execute(
+                    "UPDATE jobbus.job SET lease_expires_at = now() - interval '1 second' WHERE id = %s", (job_id,)
+                )
+            recovered = await run(app.store.recover_expired_leases())
+            assert [job.job_id for job in recovered] == [job_id]
+            again = await _claim(app)  # a new attempt under the same worker id
+            assert (again.id, again.attempts) == (job_id, 2)
+            await holder.commit()
+            (dead,) = await declaring
+        assert (dead.worker_id, dead.recovered) == (WORKER, [])
+        job = await app.find(job_id)
+        assert job is not None and job.status is jobbus.JobStatus.RUNNING
+        assert job.lease_token == again.lease_token
+        assert await _lease_is_live(app, again)

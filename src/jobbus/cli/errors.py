@@ -20,9 +20,16 @@ import psycopg_pool
 from jobbus.cli import exit_codes
 from jobbus.cli.loading import AppLoadError
 from jobbus.cli.text import visible
-from jobbus.errors import DatabaseUnavailableError, InvalidJobError, InvalidStateError, SchemaError
+from jobbus.errors import (
+    DatabaseUnavailableError,
+    InvalidJobError,
+    InvalidStateError,
+    SchemaError,
+    TransactionPoolerError,
+)
 from jobbus.settings import redact
 from jobbus.worker import WorkerIdInUseError
+from jobbus.worker.health import HealthServerError
 
 T = TypeVar("T")
 
@@ -75,9 +82,9 @@ def run(coroutine_factory: Callable[[], Coroutine[Any, Any, int]]) -> int:
         return asyncio.run(coroutine_factory())
     except click.UsageError:
         raise
-    except (AppLoadError, BadDsn, SchemaError, WorkerIdInUseError) as exc:
+    except (AppLoadError, BadDsn, SchemaError, TransactionPoolerError, WorkerIdInUseError) as exc:
         return fail(str(exc), exit_codes.CONFIG)
-    except (DatabaseUnavailable, DatabaseUnavailableError, PortInUse) as exc:
+    except (DatabaseUnavailable, DatabaseUnavailableError, PortInUse, HealthServerError) as exc:
         return fail(str(exc), exit_codes.UNAVAILABLE)
     except InvalidStateError as exc:
         return fail(str(exc), exit_codes.FAILURE)

@@ -21,6 +21,7 @@ COMMANDS = {
     "migrate": "jobbus.cli.schema:migrate_command",
     "status": "jobbus.cli.status:status_command",
     "workers": "jobbus.cli.workers:workers_command",
+    "doctor": "jobbus.cli.doctor:doctor_command",
     "pause": "jobbus.cli.control:pause_command",
     "resume": "jobbus.cli.control:resume_command",
     "drain": "jobbus.cli.control:drain_command",

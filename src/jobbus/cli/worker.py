@@ -55,6 +55,15 @@ MAX_CONCURRENCY = 10_000
     help="Serve Prometheus metrics on /metrics (needs jobbus[metrics]; 0 picks a free port).",
 )
 @click.option("--metrics-host", default="127.0.0.1", show_default=True, metavar="HOST", help="Address of /metrics.")
+@click.option(
+    "--health-port",
+    type=click.IntRange(1, 65535),
+    metavar="PORT",
+    help="Serve GET /livez and GET /readyz on this port (for liveness and readiness probes).",
+)
+@click.option(
+    "--health-host", default="127.0.0.1", show_default=True, metavar="HOST", help="Address of /livez and /readyz."
+)
 def worker_command(
     app_spec: str,
     queues: tuple[str, ...],
@@ -71,6 +80,8 @@ def worker_command(
     log_level: str,
     metrics_port: int | None,
     metrics_host: str,
+    health_port: int | None,
+    health_host: str,
 ) -> None:
     """Run a worker: claim jobs, run their handlers, write outcomes; stop on SIGTERM/SIGINT.
 
@@ -80,11 +91,12 @@ def worker_command(
       jobbus worker --app myproject.jobs:app --queue emails --concurrency 20
       jobbus worker --app myproject.jobs:app --memory-limit 512M --worker-id "$HOSTNAME"
       jobbus worker --app myproject.jobs:app --metrics-port 9464
+      jobbus worker --app myproject.jobs:app --health-port 8080 --health-host 0.0.0.0
 
     The database is --dsn when given, else the App's own `dsn`, else JOBBUS_DSN.
 
     Exit codes: 0 stopped, 75 restart requested (control command or memory limit),
-    64 bad usage, 69 database unreachable, 70 internal error, 78 configuration error.
+    64 bad usage, 69 database unreachable (or --health-port taken), 70 internal error, 78 configuration error.
     """
     try:
         memory = parse_size(memory_limit) if memory_limit else None
@@ -108,6 +120,8 @@ def worker_command(
         stop_when_empty=stop_when_empty,
         shutdown_timeout=shutdown_timeout,
         install_signal_handlers=True,
+        health_port=health_port,
+        health_host=health_host,
     )
 
     observers: list[WorkerObserver] = []

@@ -118,17 +118,17 @@ async def jobs(dash: Dashboard, request: Request) -> Response:
         text,
         group,
     )
-    search_stopped = False
-    try:
-        job_page = await views.page(
-            dash.app, status, filters, cursor=cursor, limit=PAGE_SIZE, search_seconds=SEARCH_SECONDS
-        )
-    except views.SearchStopped:
-        job_page, search_stopped = views.Page([], None), True
-    unindexed_search = bool(text) and not await views.search_indexed(dash.app, status, filters)
+    # The list first, on its own: a search's read of the search index has its 0.1 s alone. Then the
+    # rest side by side, each on a connection of its own.
+    job_page, search_stopped = await _page_of(dash, status, filters, cursor)
+    counts, indexed, pairs, name_choices = await asyncio.gather(
+        views.counts(dash.app, filters, search_seconds=SEARCH_COUNT_SECONDS),
+        views.search_indexed(dash.app, status, filters),
+        views.pairs(dash.app, status),
+        views.names(dash.app, status, filters),
+    )
     query = {k: v for k, v in shown.items() if v}
     next_url = "/jobs?" + urlencode({**query, "after": job_page.next.encode()}) if job_page.next else None
-    counts = await views.counts(dash.app, filters, search_seconds=SEARCH_COUNT_SECONDS)
     if (
         status in counts
         and not counts[status].counted
@@ -137,15 +137,13 @@ async def jobs(dash: Dashboard, request: Request) -> Response:
         and job_page.next is None
     ):
         counts[status] = Count(len(job_page.jobs))  # the whole search fit on this page
-    pairs = await views.pairs(dash.app, status)
-    name_choices = await views.names(dash.app, status, filters) if filters.types else []
     tab_query = {k: v for k, v in query.items() if k not in ("status", "group")}
     return dash.render(
         request,
         "jobs.html",
         counts=counts,
         count_cap=views.COUNT_CAP,
-        unindexed_search=unindexed_search,
+        unindexed_search=bool(text) and not indexed,
         search_stopped=search_stopped,
         search_seconds=SEARCH_SECONDS,
         tabs=TABS,
@@ -165,6 +163,18 @@ async def jobs(dash: Dashboard, request: Request) -> Response:
         + (f"?{request.url.query}" if request.url.query else ""),
         redact=dash.redact,
     )
+
+
+async def _page_of(
+    dash: Dashboard, status: str, filters: views.Filters, cursor: views.Cursor | None
+) -> tuple[views.Page, bool]:
+    """The page of the jobs tab, and whether its search stopped at `SEARCH_SECONDS` (then no jobs)."""
+    try:
+        return await views.page(
+            dash.app, status, filters, cursor=cursor, limit=PAGE_SIZE, search_seconds=SEARCH_SECONDS
+        ), False
+    except views.SearchStopped:
+        return views.Page([], None), True
 
 
 async def job_detail(dash: Dashboard, request: Request) -> Response:

@@ -39,6 +39,7 @@ from jobbus.requests import (
     refuse_follow_up_groups,
     validate_text,
 )
+from jobbus.resilience import pooler_misconfiguration
 from jobbus.store import run_async
 from jobbus.store.jobs import raise_group_refusal
 from jobbus.store.statements import Operation
@@ -80,7 +81,8 @@ class AsyncProducer(ABC):
         """Run one statement. On the App's pool, a lost connection or a busy server is waited out for at
         most `database_wait_seconds`, repeating the statement when that is safe (`repeatable`), then
         `DatabaseUnavailableError`. In the caller's own transaction nothing is repeated. A statement that
-        meets a schema older than this code (or none) raises `SchemaError` saying to migrate."""
+        meets a schema older than this code (or none) raises `SchemaError` saying to migrate; one that
+        shows a transaction-mode pooler while `transaction_pooling` is off raises `TransactionPoolerError`."""
         try:
             return await self._execute(statement, connection, repeatable)
         except plan.SCHEMA_OUTDATED as exc:
@@ -88,6 +90,11 @@ class AsyncProducer(ABC):
                 await self.check_schema()  # on the pool: the caller's transaction, if any, is aborted
             except SchemaError as outdated:
                 raise outdated from exc
+            raise
+        except psycopg.Error as exc:
+            misconfigured = pooler_misconfiguration(exc, self._app.settings.transaction_pooling)
+            if misconfigured is not None:
+                raise misconfigured from exc
             raise
 
     async def _execute(

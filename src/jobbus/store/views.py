@@ -231,12 +231,10 @@ class ViewStore:
                     text = text.replace(marker, fragment)
                 self._q[name] = text
 
-    def search_index_state(self) -> Statement[tuple[bool, bool]]:
-        """Whether the optional search index (`jobbus search-index create`) is valid, and whether it exists."""
+    def search_indexes(self) -> Statement[frozenset[str]]:
+        """The valid indexes of the optional search index (`jobbus search-index create`), by name."""
         return Statement(
-            self._q["search_index_state"],
-            {"schema_name": self.schema},
-            lambda rows, _: (bool(rows[0][0]), bool(rows[0][1])),
+            self._q["search_indexes"], {"schema_name": self.schema}, lambda rows, _: frozenset(r[0] for r in rows)
         )
 
     def finished_span(self) -> Statement[tuple[datetime, datetime | None]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from jobbus.store.jobs import RecoveredJob, decode_recovered
 from jobbus.store.statements import Row, Statement, queries
@@ -35,6 +36,8 @@ class Registration:
     lease_seconds: float
     dead_after_seconds: float
     heartbeat_seconds: float
+    #: The most connections the process may open to the database (its pools and its LISTEN connection).
+    pool_size: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +112,8 @@ class WorkerStore:
             "lease_seconds": r.lease_seconds,
             "dead_after_seconds": r.dead_after_seconds,
             "heartbeat_seconds": r.heartbeat_seconds,
+            "pool_size": r.pool_size,
+            "clock_at": datetime.now(UTC),
         }
         return Statement(self._q["register_worker"], params, lambda rows, _: int(rows[0][0]) if rows else None)
 
@@ -142,6 +147,7 @@ class WorkerStore:
             "completed": completed,
             "failed": failed,
             "acked_generation": acked_generation,
+            "clock_at": datetime.now(UTC),
         }
         return Statement(self._q["touch_worker"], params, lambda rows, _: bool(rows[0][0]) if rows else None)
 

@@ -21,6 +21,9 @@ class WorkerOptions:
     #: SIGTERM/SIGINT stop the worker, SIGUSR1 prints its tasks. The CLI installs them; a host
     #: process that embeds a worker keeps its own and calls `Worker.request_stop()`.
     install_signal_handlers: bool = False
+    #: Serve `GET /livez` and `GET /readyz` on this port (off when None); see `worker/health.py`.
+    health_port: int | None = None
+    health_host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
         if isinstance(self.concurrency, bool) or not isinstance(self.concurrency, int) or self.concurrency < 1:
@@ -35,6 +38,16 @@ class WorkerOptions:
             raise ValueError(f"shutdown_timeout must be >= 0, got {self.shutdown_timeout!r}")
         if self.worker_id is not None and not (0 < len(self.worker_id) <= 255):
             raise ValueError(f"worker_id must be 1 to 255 characters, got {self.worker_id!r}")
+        if self.health_port is not None and (
+            isinstance(self.health_port, bool)
+            or not isinstance(self.health_port, int)
+            or not 0 < self.health_port < 65536
+        ):
+            raise ValueError(
+                f"health_port must be a TCP port from 1 to 65535, got {self.health_port!r} (a probe needs a fixed port)"
+            )
+        if not isinstance(self.health_host, str) or not self.health_host:
+            raise ValueError(f"health_host must be a host name or address, got {self.health_host!r}")
         for name, values in (("queues", self.queues), ("types", self.types)):
             if values is not None and (isinstance(values, str) or not all(isinstance(v, str) and v for v in values)):
                 raise ValueError(f"{name} must be a list of non-empty strings, got {values!r}")

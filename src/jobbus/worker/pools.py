@@ -15,10 +15,12 @@ import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import psycopg
+from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from jobbus.errors import LeaseLostError
-from jobbus.resilience import Backoff, Outage, first_line, is_transient, open_pool
+from jobbus.errors import LeaseLostError, TransactionPoolerError
+from jobbus.resilience import Backoff, Outage, first_line, is_transient, open_pool, pooler_misconfiguration
 from jobbus.settings import Settings
 from jobbus.store import Statement, run_async
 from jobbus.store.statements import configure_async
@@ -38,12 +40,24 @@ POOL_CLOSE_SECONDS = 0.5
 
 
 class Pools:
-    def __init__(self, settings: Settings, *, stopping: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        stopping: Callable[[], bool],
+        on_misconfigured: Callable[[TransactionPoolerError], None],
+    ) -> None:
         self.settings = settings
         self._stopping = stopping
+        self._on_misconfigured = on_misconfigured
         self._pool: AsyncConnectionPool[Any] | None = None
         self._handler_pool: AsyncConnectionPool[Any] | None = None
         self._handler_outage = Outage("handler calls")
+
+    @property
+    def max_connections(self) -> int:
+        """The most connections both pools hold at once."""
+        return SYSTEM_POOL_SIZE + self.settings.pool_max_size
 
     async def open(self, dsn: str) -> None:
         """The worker's pool waits for the database (`database_wait_seconds`); the handlers' opens empty."""
@@ -76,7 +90,20 @@ class Pools:
     async def run(self, statement: Statement[T]) -> T:
         assert self._pool is not None
         async with self._pool.connection() as conn:
+            return await self._execute(conn, statement)
+
+    async def _execute(self, conn: AsyncConnection[Any], statement: Statement[T]) -> T:
+        """Run `statement`; an error that shows a transaction-mode pooler while `transaction_pooling` is off
+        is reported (the worker stops with one line) and raised as `TransactionPoolerError`, wherever
+        in the worker it was met, so no part retries it or logs it as an internal error."""
+        try:
             return await run_async(conn, statement)
+        except psycopg.Error as exc:
+            misconfigured = pooler_misconfiguration(exc, self.settings.transaction_pooling)
+            if misconfigured is None:
+                raise
+            self._on_misconfigured(misconfigured)
+            raise misconfigured from exc
 
     async def run_unless_stopping(self, statement: Statement[T]) -> T:
         """Claims and control reads, which a stopping worker no longer needs: while the pool has no
@@ -87,7 +114,7 @@ class Pools:
         while True:
             try:
                 async with self._pool.connection(timeout=STOP_CHECK_SECONDS) as conn:
-                    return await run_async(conn, statement)
+                    return await self._execute(conn, statement)
             except PoolTimeout:
                 if self._stopping() or time.monotonic() >= deadline:
                     raise
@@ -98,7 +125,7 @@ class Pools:
         assert self._handler_pool is not None
         try:
             async with self._handler_pool.connection() as conn:
-                return await run_async(conn, statement)
+                return await self._execute(conn, statement)
         except Exception as exc:
             if not is_transient(exc):
                 raise
@@ -130,7 +157,7 @@ class Pools:
                 await pool.check()  # drop every idle connection the same outage broke, not one per try
             try:  # waiting for a new connection no longer than the lease lasts
                 async with pool.connection(timeout=max(0.1, attempt.lease_deadline - time.monotonic())) as conn:
-                    result = await run_async(conn, statement)
+                    result = await self._execute(conn, statement)
             except Exception as again:
                 if not is_transient(again):
                     raise

@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from jobbus.errors import TransactionPoolerError
 from jobbus.resilience import Outage, first_line, retrying
 from jobbus.store import MaintenanceStore, Registration, WorkerStore
 from jobbus.worker.app_view import AppView
@@ -41,6 +42,7 @@ from jobbus.worker.claimer import Claimer
 from jobbus.worker.collector import worker_pace
 from jobbus.worker.completer import Completer
 from jobbus.worker.control import ControlReader
+from jobbus.worker.health import HealthReport, HealthServer
 from jobbus.worker.leader import Leadership
 from jobbus.worker.listener import Listener
 from jobbus.worker.memory import rss_bytes
@@ -108,11 +110,13 @@ class Worker:
         self._exit_code = EXIT_OK
         self._signals_received = 0
         self._ready = asyncio.Event()
+        self._registered = False
+        self._finished = False
         self._task: asyncio.Task[int] | None = None
         self._write_lock = asyncio.Lock()
         self._housekeeping_deadline: float | None = None
         self._threads = ThreadPoolExecutor(max_workers=self.options.concurrency, thread_name_prefix="jobbus-job")
-        self.pools = Pools(self.settings, stopping=lambda: self.producer.stopping)
+        self.pools = Pools(self.settings, stopping=lambda: self.producer.stopping, on_misconfigured=self._misconfigured)
         self.workers = WorkerStore(self.settings.schema, self.store.channel, self.store.control_channel)
         self.maintenance = MaintenanceStore(self.settings.schema)
         self.policy = OutcomePolicy(self.settings, self.worker_id, self.registry.events)
@@ -150,6 +154,10 @@ class Worker:
                 lease_seconds=self.settings.lease_seconds,
                 dead_after_seconds=self.settings.worker_dead_after_seconds,
                 heartbeat_seconds=self.settings.heartbeat_seconds,
+                # Its two pools, the App's pool (handlers may use it) and the LISTEN connection.
+                pool_size=self.pools.max_connections
+                + self.settings.pool_max_size
+                + (1 if self.settings.notification_dsn else 0),
             ),
             workers=self.workers,
             run=self.pools.run,
@@ -168,7 +176,7 @@ class Worker:
             write_lock=self._write_lock,
             worker_id=self.worker_id,
             on_fatal=self._fatal,
-            on_registration_lost=self.registrar.register_again,
+            on_registration_lost=self._registration_lost,
         )
         self.watchdog = LoopWatchdog(in_flight.values, self.worker_id, on_freeze=self.monitor.after_freeze)
         self.producer = Producer(
@@ -293,17 +301,56 @@ class Worker:
 
     async def run(self) -> int:
         """Run until stopped; returns the exit code (0, 70 or 75)."""
-        await self.app.open()
+        health = self._health_server()  # before anything opens: a port in use is a start-up error
+        self.watchdog.start()
+        if health is not None:
+            health.start()
         try:
-            await self.pools.open(self.app.dsn)
-            await self._starting(self.app.check_schema)
-            await self._register()
-            with worker_pace():
-                return await self._serve()
+            await self.app.open()
+            try:
+                await self.pools.open(self.app.dsn)
+                await self._starting(self.app.check_schema)
+                await self._register()
+                with worker_pace():
+                    return await self._serve()
+            finally:
+                self._threads.shutdown(wait=False, cancel_futures=True)
+                await self.pools.close(self._housekeeping_left)
+                await self.app.close()
         finally:
-            self._threads.shutdown(wait=False, cancel_futures=True)
-            await self.pools.close(self._housekeeping_left)
-            await self.app.close()
+            self._finished = True
+            self.watchdog.stop()
+            if health is not None:
+                health.close()
+
+    def _health_server(self) -> HealthServer | None:
+        port = self.options.health_port
+        if port is None:
+            return None
+        return HealthServer(
+            self._health_report,
+            host=self.options.health_host,
+            port=port,
+            heartbeat_seconds=self.settings.heartbeat_seconds,
+        )
+
+    def _health_report(self) -> HealthReport:
+        """What the health endpoints answer from: read from any thread, never waiting for the loop."""
+        now = time.monotonic()
+        if self._finished:
+            state = "stopped"
+        elif not self._registered:
+            state = "stopping" if self.producer.stopping else "starting"
+        else:
+            state = self.state
+        return HealthReport(
+            worker_id=self.worker_id,
+            state=state,
+            in_flight=len(self.producer.in_flight),
+            loop_silent_seconds=max(0.0, now - self.watchdog.last_tick),
+            database_silent_seconds=max(0.0, now - self.monitor.last_contact) if self._registered else None,
+            registered=self._registered,
+        )
 
     def _housekeeping_left(self) -> float:
         """Seconds left of the exit's housekeeping (all of it before the exit started)."""
@@ -320,12 +367,21 @@ class Worker:
         predecessor under the same id left running."""
         self.control.acked_generation = await self.registrar.register()
         self.monitor.last_contact = time.monotonic()
+        self._registered = True
         recovered = await self.registrar.reclaim_predecessor_jobs()
-        await self._starting(
-            functools.partial(sync_periodics, self.app, self.pools.run, types=self.types, worker_id=self.worker_id)
-        )
+        await self._starting(self._sync_periodics)
         if recovered:
             await announce_recovered(self.registry.events, recovered)
+
+    async def _registration_lost(self) -> None:
+        """Our registry row is gone, and with it, maybe, what this worker stored at its start: after a
+        failover to a standby that was behind, or a restore, the periodic jobs too. Store them again
+        (first, so that a failure tries both again at the next refresh), then register again."""
+        await self._sync_periodics()
+        await self.registrar.register_again()
+
+    async def _sync_periodics(self) -> None:
+        await sync_periodics(self.app, self.pools.run, types=self.types, worker_id=self.worker_id)
 
     async def _serve(self) -> int:
         logger.info(
@@ -340,7 +396,6 @@ class Worker:
             self._listener.start()
         self.completer.start()
         self.monitor.start()
-        self.watchdog.start()
         self.leadership.start()
         installed = self._install_signals()
         self._ready.set()
@@ -353,7 +408,6 @@ class Worker:
             self._housekeeping_deadline = time.monotonic() + HOUSEKEEPING_TIMEOUT_SECONDS
             await self.leadership.close(self._housekeeping_left())
             await self.monitor.close(self._housekeeping_left())
-            self.watchdog.stop()
             if self._listener is not None:
                 await self._listener.close(self._housekeeping_left())
             self._remove_signals(installed)
@@ -389,6 +443,15 @@ class Worker:
                 extra={"worker_id": self.worker_id},
             )
             self._exit_code = exit_code
+        self._shutdown.hurry = True
+        self.producer.stop()
+
+    def _misconfigured(self, error: TransactionPoolerError) -> None:
+        """A configuration that cannot work (a transaction-mode pooler without `transaction_pooling`):
+        one line, no traceback, then the fatal path's stop with exit 78."""
+        if self._exit_code not in (EXIT_SOFTWARE, EXIT_CONFIG):
+            logger.error("worker %s: %s: stopping, exit %d", self.worker_id, error, EXIT_CONFIG)
+            self._exit_code = EXIT_CONFIG
         self._shutdown.hurry = True
         self.producer.stop()
 

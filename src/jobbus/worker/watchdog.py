@@ -58,6 +58,11 @@ class LoopWatchdog:
         self._thread = threading.Thread(target=self._watch, name="jobbus-loop-watchdog", daemon=True)
         self._thread.start()
 
+    @property
+    def last_tick(self) -> float:
+        """Monotonic time of the event loop's last tick (the health endpoints read it from their thread)."""
+        return self._last_tick
+
     def stop(self) -> None:
         self._stopped.set()
         if self._handle is not None:

@@ -363,13 +363,13 @@ SELECT count(*) FROM (
     LIMIT %(cap)s + 1
 ) AS c;
 
--- name: search_index_state
--- Whether the optional search index exists and is valid (a CREATE INDEX CONCURRENTLY cut short leaves
--- an invalid one, which no query uses).
-SELECT coalesce(bool_and(i.indisvalid), false), count(*) > 0
+-- name: search_indexes
+-- The optional search indexes (one per finished status) that exist and are valid: a CREATE INDEX
+-- CONCURRENTLY cut short leaves an invalid one, which no query uses.
+SELECT c.relname::text
 FROM pg_index AS i
 JOIN pg_class AS c ON c.oid = i.indexrelid
-WHERE c.relnamespace = %(schema_name)s::regnamespace AND c.relname = 'job_search_idx';
+WHERE c.relnamespace = %(schema_name)s::regnamespace AND c.relname LIKE 'job\_search\_%%\_idx' AND i.indisvalid;
 
 -- name: view_finished_named
 -- view_finished under a name filter, along job_finished_name_idx: the jobs of that name in finish order,

@@ -12,16 +12,17 @@
 -- one-shot commands are for the processes alive when they were issued. Returns no row when the id is
 -- held by a live worker: the caller refuses to start.
 INSERT INTO {schema}.worker AS w (id, instance_id, host, pid, queues, types, concurrency, state, acked_generation,
-                                 lease_seconds, dead_after_seconds, heartbeat_seconds)
+                                 lease_seconds, dead_after_seconds, heartbeat_seconds, pool_size, clock_at)
 VALUES (%(id)s, %(instance_id)s, %(host)s, %(pid)s, %(queues)s, %(types)s, %(concurrency)s, 'running',
         (SELECT coalesce(max(generation), 0) FROM {schema}.command),
-        %(lease_seconds)s, %(dead_after_seconds)s, %(heartbeat_seconds)s)
+        %(lease_seconds)s, %(dead_after_seconds)s, %(heartbeat_seconds)s, %(pool_size)s, %(clock_at)s)
 ON CONFLICT (id) DO UPDATE
 SET instance_id = excluded.instance_id, host = excluded.host, pid = excluded.pid, queues = excluded.queues,
     types = excluded.types, concurrency = excluded.concurrency, state = 'running', in_flight = 0, completed = 0,
     failed = 0, acked_generation = excluded.acked_generation, started_at = now(), last_seen_at = now(),
     stopped_at = NULL, declared_dead_at = NULL, lease_seconds = excluded.lease_seconds,
-    dead_after_seconds = excluded.dead_after_seconds, heartbeat_seconds = excluded.heartbeat_seconds
+    dead_after_seconds = excluded.dead_after_seconds, heartbeat_seconds = excluded.heartbeat_seconds,
+    pool_size = excluded.pool_size, clock_at = excluded.clock_at
 WHERE w.state = 'stopped'
    OR w.last_seen_at < now() - make_interval(secs => least(w.lease_seconds, w.dead_after_seconds))
    OR w.instance_id = %(replaces)s::uuid
@@ -37,9 +38,10 @@ WHERE id = %(id)s;
 -- name: touch_worker
 -- Refreshes this instance's row; no row back means the id now belongs to another instance (or the row
 -- was forgotten). `was_declared_dead` tells the worker that its jobs were recovered while it was silent
--- (the row is read locked: a refresh that waited for a declaration sees it).
+-- (the row is read locked: a refresh that waited for a declaration sees it). `clock_at` is the worker's
+-- own clock as it sent the refresh: `jobbus doctor` compares it with `last_seen_at`.
 UPDATE {schema}.worker AS w
-SET last_seen_at = now(), state = %(state)s, in_flight = %(in_flight)s, completed = %(completed)s,
+SET last_seen_at = now(), clock_at = %(clock_at)s, state = %(state)s, in_flight = %(in_flight)s, completed = %(completed)s,
     failed = %(failed)s, acked_generation = greatest(w.acked_generation, %(acked_generation)s),
     stopped_at = CASE WHEN %(state)s = 'stopped' THEN now() END,
     declared_dead_at = NULL
