@@ -1,9 +1,11 @@
 VENV ?= .venv
-PY := $(VENV)/bin/python
+# `make matrix PY=3.13` names a Python version for the matrix; everywhere else PY is the venv's Python.
+MATRIX_PY := $(if $(filter command line,$(origin PY)),$(PY))
+override PY := $(VENV)/bin/python
 PYTHON ?= python3
 PYTEST_ARGS ?= -n 2
 
-.PHONY: venv sync schema cli-surface api-check test test-server test-smoke test-django6 faults verify mutate browser lint docs dist-check demo bench gate bench-capacity bench-steady bench-dashboard bench-unused bench-migrate rehearse-upgrade dashboard clean
+.PHONY: venv sync schema cli-surface api-check test test-server test-smoke test-django6 faults verify matrix mutate browser lint docs dist-check demo bench gate bench-capacity bench-steady bench-dashboard bench-unused bench-migrate rehearse-upgrade dashboard clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -83,6 +85,14 @@ faults: venv
 VERIFY_MINUTES ?= 20
 verify: venv
 	$(PY) -m tests.model --minutes $(VERIFY_MINUTES)
+
+# The version matrix (tools/matrix.py): the database-facing suites on each PostgreSQL major 14-18 and
+# each Python 3.11-3.13, each leg on a throwaway cluster of that major, and a real 13's refusal.
+# PG=17 runs that major's legs, PY=3.13 that Python's, both that one pair.
+PG ?=
+MATRIX_ARGS ?=
+matrix: venv
+	$(PY) tools/matrix.py $(if $(PG),--pg $(PG)) $(if $(MATRIX_PY),--py $(MATRIX_PY)) $(MATRIX_ARGS)
 
 # Each hand-written break of tools/mutations.py applied in turn to a scratch copy of the tree, its tests
 # run there: exit 1 when a break passes every test named to catch it (a release runs it; not in CI).

