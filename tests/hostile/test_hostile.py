@@ -168,6 +168,9 @@ def test_a_hostile_job_ends_defined_and_its_innocent_neighbours_complete_once(db
         assert all(p.poll() is None for p in procs), "a worker died"
         if case.settle is not None:
             case.settle(db, hostile)
+        # Both registered, so both handle SIGTERM: under load one may still be starting when the other
+        # has done every job, and a SIGTERM before its handlers are set ends it outright (-15).
+        wait_until(lambda: query(db, "SELECT count(*) FROM jobbus.worker")[0][0] == 2, what="both workers registered")
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
         results = [finish(p, timeout=30) for p in procs]
