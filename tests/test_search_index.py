@@ -91,18 +91,24 @@ async def test_a_text_too_frequent_for_the_index_is_walked_and_remembered(
     }
 
 
-async def test_a_text_frequent_in_one_tab_is_read_through_the_index_in_the_others(
-    dsn: str, app: jobbus.App, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Each finished status has its own index and its own memory of frequent texts: 4,000 failed jobs
-    hold "timeout at gate", no completed one does, and the completed tab's count still reads its index
-    (no walk of the completed jobs, which a bound of a microsecond would cut to `?`)."""
+@pytest.fixture
+def indexed(dsn: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The filled table with its search index, and no text remembered as frequent."""
     if not _has_trgm(dsn):
         pytest.skip("this server has no pg_trgm")
     _fill(dsn)
     assert run_cli(dsn, "search-index", "create").returncode == 0
-    text = views.Filters(text="timeout at gate")
     monkeypatch.setattr(views, "_frequent", {})
+    return dsn
+
+
+async def test_a_text_frequent_in_one_tab_is_read_through_the_index_in_the_others(
+    indexed: str, app: jobbus.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each finished status has its own index and its own memory of frequent texts: 4,000 failed jobs
+    hold "timeout at gate", no completed one does, and the completed tab's count still reads its index
+    (no walk of the completed jobs, which a bound of a microsecond would cut to `?`)."""
+    text = views.Filters(text="timeout at gate")
     monkeypatch.setattr(views, "INDEX_FIRST_SECONDS", 0.000001)
     assert str(await views.count(app, "failed", text)) == "> 1,000"  # walked: the index read was cut
     assert [view for _dsn, _schema, view, _text in views._frequent] == ["failed"]
@@ -113,18 +119,13 @@ async def test_a_text_frequent_in_one_tab_is_read_through_the_index_in_the_other
 
 
 async def test_an_index_read_that_ran_out_before_a_slow_walk_is_tried_again(
-    dsn: str, app: jobbus.App, monkeypatch: pytest.MonkeyPatch
+    indexed: str, app: jobbus.App, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An index read cut short by its time is not enough to call a text frequent: a rare text's first
     read of a cold index can take longer than `INDEX_FIRST_SECONDS`. Only a walk that then meets its
     answer quickly makes the text walked next time; after a slow one the index is tried again."""
-    if not _has_trgm(dsn):
-        pytest.skip("this server has no pg_trgm")
-    _fill(dsn)
-    assert run_cli(dsn, "search-index", "create").returncode == 0
     # 4,000 failed jobs hold the text: its index read cannot end within the 1 ms a timeout allows.
     text = views.Filters(text="timeout at gate")
-    monkeypatch.setattr(views, "_frequent", {})
     monkeypatch.setattr(views, "INDEX_FIRST_SECONDS", 0.000001)
     monkeypatch.setattr(views, "FREQUENT_WALK_SECONDS", 0.0)  # every walk is slower than this
     assert len((await views.page(app, "failed", text)).jobs) == 50

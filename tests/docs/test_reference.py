@@ -20,21 +20,11 @@ from typing import Any
 
 import griffe
 import pytest
+from tools.api_check import PUBLIC_MODULES
 
 from tests.docs.examples import ROOT
 
 REFERENCE = ROOT / "docs" / "reference"
-#: The modules whose `__all__` is public beside `jobbus`'s own.
-PUBLIC_MODULES = (
-    "jobbus",
-    "jobbus.bus",
-    "jobbus.dashboard",
-    "jobbus.testing",
-    "jobbus.contrib.asgi",
-    "jobbus.contrib.fastapi",
-    "jobbus.contrib.django",
-    "jobbus.contrib.django.dashboard",
-)
 #: Members with public names that a page's `members:` list leaves out, by class, with the reason.
 NOT_RENDERED = {
     # The App's machinery, read by the worker, the bus and the integrations.
