@@ -204,12 +204,22 @@ async def test_the_jobs_page_says_where_a_search_without_the_index_stopped(
             html = (await http.get("/jobs?status=completed&q=ORD-1234")).text
             assert "The search stopped after 0.001 s before it found a page of matches." in html
             assert "jobbus search-index create</code> builds the index" in html
-            assert 'completed <span class="count" title="not counted' in html
             assert "No job matches." not in html
+            # A search's counts come after the page, which names where to ask for them.
+            assert 'completed <span class="count" data-later' in html
+            asked = re.search(r'data-counts="([^"]+)"', html).group(1).replace("&amp;", "&")  # type: ignore[union-attr]
+            assert asked == "/jobs/counts?q=ORD-1234"
+            counts = (await http.get(asked)).json()
+            assert set(counts) == set(pages.TABS)
+            assert counts["completed"]["text"] == "?" and counts["completed"]["title"].startswith("not counted")
             monkeypatch.setattr(pages, "SEARCH_SECONDS", 30)
+            monkeypatch.setattr(pages, "SEARCH_COUNT_SECONDS", 30)
             html = (await http.get("/jobs?status=failed&q=gate 39990")).text
-            # The search ran to its end on one page: its own tab is counted from it.
+            # The search ran to its end on one page: its own tab is counted from it, the others after.
             assert html.count('data-job="') == 1 and 'failed <span class="count">1</span>' in html
+            assert 'completed <span class="count" data-later' in html
+            counts = (await http.get("/jobs/counts?q=gate 39990")).json()
+            assert counts["failed"] == {"text": "1", "title": ""} and counts["completed"]["text"] == "0"
             assert "Searched without the search index" in html
             # A job's whole id opens that job; an id no job has is searched as text (and found nowhere).
             job_id = re.search(r'data-job="([0-9a-f-]{36})"', html).group(1)  # type: ignore[union-attr]

@@ -45,6 +45,10 @@ def test_every_tab_is_complete_and_counted_at_the_size_of_the_review(dsn: str, p
     screenshot(page, "jobs-scheduled-20000")
     page.goto(f"{url}/jobs?status=retrying&q=SKU-2499")
     assert page.locator("tr[data-job]").count() == 1 and "sku-2499 busy" in page.locator("td.error").inner_text()
+    # The other tabs' counts of a search are asked for once the page is shown, and filled in (a retrying
+    # job is a queued one too).
+    page.locator('[data-tab="failed"] .count:not([data-later])').wait_for()
+    assert _tab(page, "failed") == "0" and _tab(page, "retrying") == "1" and _tab(page, "queued") == "1"
     page.goto(f"{url}/jobs?status=failed&q=user 1999 not found")
     assert page.locator("tr[data-job]").count() == 1 and _tab(page, "failed") == "1"
     assert "Searched without the search index" in page.locator("p.search-note").inner_text()

@@ -7,9 +7,10 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 from urllib.parse import urlencode
 
+from starlette.datastructures import QueryParams
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response
+from starlette.responses import JSONResponse, RedirectResponse, Response
 
 from jobbus import control, views
 from jobbus.dashboard import formatting
@@ -92,56 +93,35 @@ async def _finished_in(dash: Dashboard, seconds: float) -> dict[str, Count]:
 
 async def jobs(dash: Dashboard, request: Request) -> Response:
     """One tab (a status or a view of queued jobs) of every job, in its order, filtered, page after page:
-    the tab's jobs all, never a window of them; each tab with its count under the same filters."""
+    the tab's jobs all, never a window of them; each tab with its count under the same filters (a
+    search's counts read after the page, from `job_counts`)."""
     params = request.query_params
-    status = params.get("status") or TABS[0]
-    if status not in views.VIEWS:
-        raise HTTPException(400, f"unknown status {status!r}: one of {', '.join(views.VIEWS)}")
-    group = formatting.parse_uuid(params.get("group"))
+    status, shown, filters = _jobs_filters(params)
     cursor = views.Cursor.decode(params["after"]) if params.get("after") else None
-    shown = {
-        "status": status,
-        "queue": params.get("queue") or "",
-        "type": params.get("type") or "",
-        "name": params.get("name") or "",
-        "group": str(group) if group else "",
-        "q": params.get("q") or "",
-    }
-    text = shown["q"].strip()[:200] or None
+    text = filters.text
     searched_id = formatting.parse_uuid(text)
     if searched_id is not None and await dash.run(dash.store.job(searched_id)) is not None:
         return RedirectResponse(f"{request.scope.get('root_path', '')}/jobs/{searched_id}", status_code=303)
-    filters = views.Filters(
-        (shown["queue"],) if shown["queue"] else (),
-        (shown["type"],) if shown["type"] else (),
-        shown["name"] or None,
-        text,
-        group,
-    )
     # The list first, on its own: a search's read of the search index has its 0.1 s alone. Then the
-    # rest side by side, each on a connection of its own.
+    # rest side by side, each on a connection of its own. A search's counts test the text on the jobs of
+    # each tab: the page asks for them once it is shown (`job_counts`), so that it waits for its list only.
     job_page, search_stopped = await _page_of(dash, status, filters, cursor)
     counts, indexed, pairs, name_choices = await asyncio.gather(
-        views.counts(dash.app, filters, search_seconds=SEARCH_COUNT_SECONDS),
+        views.counts(dash.app, filters) if text is None else _counted_later(),
         views.search_indexed(dash.app, status, filters),
         views.pairs(dash.app, status),
         views.names(dash.app, status, filters),
     )
     query = {k: v for k, v in shown.items() if v}
     next_url = "/jobs?" + urlencode({**query, "after": job_page.next.encode()}) if job_page.next else None
-    if (
-        status in counts
-        and not counts[status].counted
-        and cursor is None
-        and not search_stopped
-        and job_page.next is None
-    ):
+    if text is not None and cursor is None and not search_stopped and job_page.next is None:
         counts[status] = Count(len(job_page.jobs))  # the whole search fit on this page
     tab_query = {k: v for k, v in query.items() if k not in ("status", "group")}
     return dash.render(
         request,
         "jobs.html",
         counts=counts,
+        counts_url="/jobs/counts?" + urlencode({k: v for k, v in query.items() if k != "status"}),
         count_cap=views.COUNT_CAP,
         unindexed_search=bool(text) and not indexed,
         search_stopped=search_stopped,
@@ -163,6 +143,51 @@ async def jobs(dash: Dashboard, request: Request) -> Response:
         + (f"?{request.url.query}" if request.url.query else ""),
         redact=dash.redact,
     )
+
+
+def _jobs_filters(params: QueryParams) -> tuple[str, dict[str, str], views.Filters]:
+    """The jobs page's tab, its filters as the form shows them, and as the views read them."""
+    status = params.get("status") or TABS[0]
+    if status not in views.VIEWS:
+        raise HTTPException(400, f"unknown status {status!r}: one of {', '.join(views.VIEWS)}")
+    group = formatting.parse_uuid(params.get("group"))
+    shown = {
+        "status": status,
+        "queue": params.get("queue") or "",
+        "type": params.get("type") or "",
+        "name": params.get("name") or "",
+        "group": str(group) if group else "",
+        "q": params.get("q") or "",
+    }
+    filters = views.Filters(
+        (shown["queue"],) if shown["queue"] else (),
+        (shown["type"],) if shown["type"] else (),
+        shown["name"] or None,
+        shown["q"].strip()[:200] or None,
+        group,
+    )
+    return status, shown, filters
+
+
+async def _counted_later() -> dict[str, Count]:
+    return {}
+
+
+async def job_counts(dash: Dashboard, request: Request) -> Response:
+    """Each tab's count under the jobs page's filters, as JSON: what a search's page shows once it is
+    loaded. A search's count that walks its tab past `SEARCH_COUNT_SECONDS` is not counted."""
+    _status, _shown, filters = _jobs_filters(request.query_params)
+    counts = await views.counts(dash.app, filters, search_seconds=SEARCH_COUNT_SECONDS)
+    return JSONResponse({tab: {"text": formatting.count(c), "title": _count_title(c)} for tab, c in counts.items()})
+
+
+def _count_title(count: Count) -> str:
+    """What a tab's count says of itself when hovered (as jobs.html writes it)."""
+    if not count.counted:
+        return "not counted: this search tests each job of the tab it meets, and took longer than a page may"
+    if count.estimated:
+        return f"estimated by PostgreSQL's planner: more than {views.COUNT_CAP:,} jobs"
+    return ""
 
 
 async def _page_of(

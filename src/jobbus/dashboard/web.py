@@ -75,6 +75,7 @@ def create_starlette(
         Route("/", page(dash, pages.overview)),
         Route("/jobs", page(dash, pages.jobs)),
         Route("/jobs/bulk", action(dash, actions.bulk_jobs), methods=["POST"]),
+        Route("/jobs/counts", page(dash, pages.job_counts)),
         Route("/jobs/{job_id}", page(dash, pages.job_detail)),
         Route("/jobs/{job_id}/retry", action(dash, actions.retry_job), methods=["POST"]),
         Route("/jobs/{job_id}/cancel", action(dash, actions.cancel_job), methods=["POST"]),

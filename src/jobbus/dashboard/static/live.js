@@ -45,6 +45,24 @@
       })
       .finally(function () { busy = false; });
   }
+  function fillCounts() {  // a search's tab counts, read after the page (each tests the text on its tab's jobs)
+    var tabs = main.querySelector("[data-counts]");
+    if (!tabs) return;
+    fetch(tabs.dataset.counts, {headers: {"Accept": "application/json"}, credentials: "same-origin"})
+      .then(function (r) { return r.ok ? r.json() : null; })
+      .then(function (counts) {
+        if (!counts) return;
+        Object.keys(counts).forEach(function (tab) {
+          var span = tabs.querySelector('[data-tab="' + tab + '"] .count[data-later]');
+          if (!span) return;
+          span.textContent = counts[tab].text;
+          if (counts[tab].title) span.title = counts[tab].title; else span.removeAttribute("title");
+          span.removeAttribute("data-later");
+        });
+      });
+  }
+  fillCounts();
+  main.addEventListener("jobbus:refreshed", fillCounts);
   if (window.EventSource && document.body.dataset.events) {
     var source = new EventSource(document.body.dataset.events);
     source.addEventListener("change", refresh);
