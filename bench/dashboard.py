@@ -197,6 +197,11 @@ async def measure(dsn: str, requests: int, only: str | None = None) -> list[tupl
             "group": f"/groups/{group}",
             "jobs of a group": f"/jobs?group={group}",
         }
+        # A search's tab counts come after its page (the page's script asks /jobs/counts): timed apart.
+        for name, path in list(pages.items()):
+            if "search" in name:
+                query = "&".join(part for part in path.split("?", 1)[1].split("&") if not part.startswith("status="))
+                pages[f"{name}: counts"] = f"/jobs/counts?{query}"
         results = []
         for name, path in pages.items():
             if only is not None and only not in name:
@@ -248,14 +253,16 @@ def main() -> None:
         size = conn.execute("SELECT pg_size_pretty(pg_total_relation_size('jobbus.job'))").fetchone()
     print(f"\njob table: ~{estimate[0] if estimate else 0:,} rows, {size[0] if size else '?'} with indexes")
     results = asyncio.run(measure(dsn, args.requests, args.only))
-    print(f"\n{'page':<28}{'p50 ms':>9}{'p95 ms':>9}{'max ms':>9}")
+    print(f"\n{'page':<44}{'p50 ms':>9}{'p95 ms':>9}{'max ms':>9}")
     worst = 0.0
     for name, times in results:
-        worst = max(worst, p95(times))
-        print(f"{name:<28}{statistics.median(times):>9.1f}{p95(times):>9.1f}{max(times):>9.1f}")
+        if not name.endswith(": counts"):  # the counts a search's page asks for once it is shown
+            worst = max(worst, p95(times))
+        print(f"{name:<44}{statistics.median(times):>9.1f}{p95(times):>9.1f}{max(times):>9.1f}")
     verdict = "within" if worst <= TARGET_P95_MS else "over"
     print(
-        f"\nworst p95 {worst:.1f} ms: {verdict} the {TARGET_P95_MS:.0f} ms target ({args.requests} requests per page)"
+        f"\nworst p95 of a page {worst:.1f} ms: {verdict} the {TARGET_P95_MS:.0f} ms target "
+        f"({args.requests} requests per page)"
     )
 
 

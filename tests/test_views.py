@@ -216,6 +216,25 @@ async def test_a_search_reaches_jobs_finished_at_the_same_instant_across_pages(d
         assert await views.count(app, "finished", filters) == Count(len(_expected(rows, "finished", filters)))
 
 
+async def test_a_search_walks_from_the_newest_finish_not_from_now(dsn: str, app: jobbus.App) -> None:
+    """After three quiet hours the first window of a search is the minute before the newest finish:
+    windows counted from now would have grown to four hours (five windows, the last one walking every
+    triple's jobs of those hours) before meeting a job."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO jobbus.job (id, type, max_attempts, status, attempts, started_at, finished_at, last_error)"
+            " SELECT gen_random_uuid(), 't' || (n % 3), 1, 'failed', 1, at, at, 'quiet ' || n"
+            " FROM generate_series(0, 599) AS n,"
+            " LATERAL (SELECT now() - interval '3 hours' - n * interval '1 second' AS at) AS t"
+        )
+        newest, oldest = conn.execute("SELECT max(finished_at), min(finished_at) FROM jobbus.job").fetchone()  # type: ignore[misc]
+    windows = [w async for w in views._windows(app, Filters(text="quiet"), None, None)]
+    assert [w.filters.finished_after for w in windows] == [newest - timedelta(minutes=m) for m in (1, 4 + 1, 16 + 5)]
+    assert windows[-1].filters.finished_after < oldest  # ten minutes of jobs: three windows cover them
+    page = await views.page(app, "failed", Filters(text="quiet 1"))
+    assert [j.last_error for j in page.jobs][:2] == ["quiet 1", "quiet 10"]
+
+
 async def test_django_tasks_are_told_apart_by_their_import_path(dsn: str, app: jobbus.App) -> None:
     """Every Django task has the type django.task and its import path as its name: the name field suggests
     the paths of the tab's latest tasks, and a path lists that task's jobs, all of them."""

@@ -129,16 +129,18 @@ class _Window:
 
 
 async def _windows(app: App, filters: Filters, cursor: Cursor | None, seconds: float | None) -> AsyncIterator[_Window]:
-    """The windows of finish times a search of finished jobs walks, newest first: a minute, then each four
-    times longer, down to the oldest finish. A text held by the jobs of some (status, queue, type)
-    triples only is met among the newest, where one walk would first follow each triple without it to
-    its end (226 s for a type's name among 10 million jobs). Past `seconds` the next window raises
-    QueryCanceled."""
+    """The windows of finish times a search of finished jobs walks, newest first: a minute before the
+    newest finish (and anything finished since), then each four times longer, down to the oldest
+    finish. A text held by the jobs of some (status, queue, type) triples only is met among the newest,
+    where one walk would first follow each triple without it to its end (226 s for a type's name among
+    10 million jobs). Past `seconds` the next window raises QueryCanceled."""
     deadline = None if seconds is None else time.monotonic() + seconds
-    now, oldest = await _run(app, _store(app.settings.schema).finished_span())
-    if oldest is None:
+    oldest, newest = await _run(app, _store(app.settings.schema).finished_span())
+    if oldest is None or newest is None:
         return
-    top = cursor.at if cursor is not None and cursor.at is not None else now
+    # From the newest finish, not from now: after a quiet hour, windows from now would have grown past
+    # the size of a page of matches before reaching a job.
+    top = cursor.at if cursor is not None and cursor.at is not None else newest
     upper, window, floor = cursor, FIRST_WINDOW, filters.finished_after
     while True:
         lower = top - window if floor is None else max(top - window, floor)

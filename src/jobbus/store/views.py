@@ -237,8 +237,8 @@ class ViewStore:
             self._q["search_indexes"], {"schema_name": self.schema}, lambda rows, _: frozenset(r[0] for r in rows)
         )
 
-    def finished_span(self) -> Statement[tuple[datetime, datetime | None]]:
-        """The database's clock and the oldest finish of any job (None: none finished): one probe."""
+    def finished_span(self) -> Statement[tuple[datetime | None, datetime | None]]:
+        """The oldest and the newest finish of any job (None: none finished): two index probes."""
         return Statement(self._q["finished_span"], {}, lambda rows, _: (rows[0][0], rows[0][1]))
 
     def page(

@@ -221,9 +221,9 @@ SELECT count(*) FROM (
 ) AS c;
 
 -- name: finished_span
--- The clock and the oldest finish (job_finished_idx): where a search walking finished jobs window by
--- window starts and ends.
-SELECT now(), min(finished_at) FROM {schema}.job WHERE finished_at IS NOT NULL;
+-- The oldest and the newest finish (two probes of job_finished_idx): where a search walking finished
+-- jobs window by window ends and starts.
+SELECT min(finished_at), max(finished_at) FROM {schema}.job WHERE finished_at IS NOT NULL;
 
 -- name: count_searched
 -- How many queued or running jobs of a view hold a text, at most %(cap)s + 1: {predicate} is the view's
