@@ -135,11 +135,22 @@ def test_a_release_heading_must_name_a_commit_of_its_version(tree: Path) -> None
 
 def test_a_release_being_cut_compares_with_the_previous_one(tree: Path) -> None:
     """The release commit moves [Unreleased] under its own heading, whose commit is recorded afterwards."""
-    edit(tree / "CHANGELOG.md", "## [Unreleased]\n", "## [Unreleased]\n\n## [0.3.0] - 2026-12-08\n")
+    changelog = tree / "CHANGELOG.md"
+    newest = parse_changelog(changelog.read_text()).releases[0]
+    if newest.commit is None:  # this checkout is a release commit: its own commit records it in the copy
+        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT, check=True)
+        edit(
+            changelog,
+            f"## [{newest.version}] - {newest.date}\n",
+            f"## [{newest.version}] - {newest.date} - commit {head.stdout.strip()}\n",
+        )
+    major, minor, _ = newest.version.split(".")
+    following = f"{major}.{int(minor) + 1}.0"
+    edit(changelog, "## [Unreleased]\n", f"## [Unreleased]\n\n## [{following}] - 2099-01-01\n")
     done = api_check(tree)
     assert done.returncode == 2
-    assert "release 0.3.0 names no commit yet, but pyproject.toml says version 0.2.0" in done.stderr
-    edit(tree / "pyproject.toml", 'version = "0.2.0"', 'version = "0.3.0"')
+    assert f"release {following} names no commit yet, but pyproject.toml says version {newest.version}" in done.stderr
+    edit(tree / "pyproject.toml", f'version = "{newest.version}"', f'version = "{following}"')
     done = api_check(tree)
     assert done.returncode == 0, done.stderr
 

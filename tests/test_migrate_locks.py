@@ -20,7 +20,7 @@ from jobbus.errors import MigrationLockError
 from tests.cli import jobbus, query_value
 from tests.processes import wait_until
 
-#: The last migration of the previous release, 0.2.0.
+#: The last migration of release 0.2.0, before the migrations that take their locks first.
 PREVIOUS_RELEASE = 14
 #: The last migration that builds indexes CONCURRENTLY on the job table (0026_view_indexes).
 VIEW_INDEXES = 26

@@ -46,6 +46,7 @@ if str(ROOT) not in sys.path:  # `python tools/rehearse_upgrade.py` puts tools/ 
 
 from tests.dbserver import fresh_database, server_dsn  # noqa: E402
 
+from tools.api_check import parse_changelog  # noqa: E402
 from tools.rehearse_app import JOB_TYPE, STARTS_DDL  # noqa: E402
 from tools.rehearse_checks import (  # noqa: E402
     JobRow,
@@ -56,8 +57,6 @@ from tools.rehearse_checks import (  # noqa: E402
     scan_log,
 )
 
-#: The previous release, 0.2.0 (docs/releasing.md: the rehearsal starts from the release before).
-PREVIOUS_RELEASE = "149910a"
 #: Where the previous release's source, wheel and venv, and every run's logs, are kept (gitignored).
 CACHE = ROOT / ".rehearse"
 APP = "tools.rehearse_app:app"
@@ -66,6 +65,13 @@ APPLICATION_PREFIX = "rehearsal:"
 TERMINAL = ("completed", "failed", "cancelled")
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 NEW_MIGRATE = "this release's jobbus migrate (under load)"
+
+
+def last_recorded_release() -> str:
+    """The commit of the newest release CHANGELOG.md records: the release before this tree (docs/releasing.md)."""
+    commit = parse_changelog((ROOT / "CHANGELOG.md").read_text()).baseline.commit
+    assert commit is not None  # the baseline is the newest release with its commit
+    return commit
 
 
 class RehearsalError(Exception):
@@ -649,7 +655,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--workers", type=_positive(int), default=2, help="workers of each release")
     parser.add_argument("--producers", type=_positive(int), default=2, help="producers (Python and SQL in turn)")
     parser.add_argument("--concurrency", type=_positive(int), default=10, help="each worker's --concurrency")
-    parser.add_argument("--previous", default=PREVIOUS_RELEASE, metavar="COMMIT", help="the previous release")
+    parser.add_argument(
+        "--previous",
+        default=last_recorded_release(),
+        metavar="COMMIT",
+        help="the previous release (default: the newest release CHANGELOG.md names with its commit)",
+    )
     parser.add_argument("--dsn", help="the server (default: JOBBUS_TEST_DSN, else the embedded server)")
     parser.add_argument("--progress-every", type=_positive(float), default=5.0, metavar="S")
     parser.add_argument("--migrate-timeout", type=_positive(float), default=600.0, metavar="S")
