@@ -47,7 +47,13 @@ def edit(path: Path, old: str, new: str) -> None:
 
 
 def add_entry(tree: Path, bullet: str) -> None:
-    edit(tree / "CHANGELOG.md", "## [Unreleased]\n\n### Added\n\n", f"## [Unreleased]\n\n### Added\n\n- {bullet}\n")
+    """A bullet under `[Unreleased]`, which a release commit leaves empty."""
+    changelog = tree / "CHANGELOG.md"
+    added = "## [Unreleased]\n\n### Added\n\n"
+    if added in changelog.read_text():
+        edit(changelog, added, f"{added}- {bullet}\n")
+    else:
+        edit(changelog, "## [Unreleased]\n", f"{added}- {bullet}\n")
 
 
 def test_the_tree_names_every_change_since_the_last_release() -> None:
