@@ -136,6 +136,7 @@ DECLARE
     v_unkeyed_turn boolean := p_setting.unkeyed_at <= p_now;
     v_ids uuid[] := '{{}}';
     v_units integer := 0;
+    v_full boolean := false;
 BEGIN
     PERFORM {schema}.read_key_notes(v_queue);
     -- The weight of each key's jobs this claim already took (an earlier pass): they hold slots and are starts.
@@ -144,7 +145,7 @@ BEGIN
           WHERE j.id = ANY(p_exclude) AND j.queue = v_queue AND j.concurrency_key IS NOT NULL
           GROUP BY j.concurrency_key) AS m;
     LOOP
-        EXIT WHEN cardinality(v_ids) >= p_want OR v_units >= p_budget;
+        EXIT WHEN cardinality(v_ids) >= p_want OR v_units >= p_budget OR v_full;
         SELECT array_agg(k.concurrency_key ORDER BY k.wake_at, k.concurrency_key),
                array_agg(k.wake_at ORDER BY k.wake_at, k.concurrency_key)
         INTO v_keys, v_wakes
@@ -154,17 +155,19 @@ BEGIN
               LIMIT least(p_want - cardinality(v_ids), p_budget - v_units)) AS k;
         EXIT WHEN v_keys IS NULL;
         FOR v_n IN 1 .. cardinality(v_keys) LOOP
-            EXIT WHEN cardinality(v_ids) >= p_want OR v_units >= p_budget;
+            EXIT WHEN cardinality(v_ids) >= p_want OR v_units >= p_budget OR v_full;
             IF v_unkeyed_turn AND p_setting.unkeyed_at <= v_wakes[v_n] THEN
                 v_more := {schema}.take_unkeyed(v_queue, p_types, least(p_want - cardinality(v_ids), p_budget - v_units),
                                                 p_exclude || v_ids, p_now);
                 IF p_budget IS NOT NULL AND cardinality(v_more) > 0 THEN
-                    SELECT f.ids, f.units INTO v_more, v_more_units FROM {schema}.fit_weights(v_more, p_budget - v_units) AS f;
+                    SELECT f.ids, f.units, f.next_weight INTO v_more, v_more_units, v_next_weight
+                    FROM {schema}.fit_weights(v_more, p_budget - v_units) AS f;
                     v_units := v_units + v_more_units;
+                    v_full := v_next_weight IS NOT NULL;  -- the same for a job without a key
                 END IF;
                 v_ids := v_ids || v_more;
                 v_unkeyed_turn := false;
-                CONTINUE WHEN cardinality(v_ids) >= p_want OR v_units >= p_budget;
+                CONTINUE WHEN cardinality(v_ids) >= p_want OR v_units >= p_budget OR v_full;
             END IF;
             v_key := v_keys[v_n];
             v_visited := v_visited || v_key;
@@ -223,9 +226,13 @@ BEGIN
                     served_at = CASE WHEN cardinality(v_more) > 0 THEN p_now ELSE k.served_at END
                 WHERE k.queue = v_queue AND k.concurrency_key = v_key;
             END IF;
+            -- Its next job fits its key but not what the queue's limits leave: the claim stops here, so
+            -- the room it needs is not handed to the keys behind it (the key keeps its turn: first next
+            -- time), and a heavy job is never passed over for ever.
+            v_full := v_next_weight IS NOT NULL AND v_blocked IS NULL AND p_budget IS NOT NULL;
         END LOOP;
     END LOOP;
-    IF v_unkeyed_turn AND cardinality(v_ids) < p_want AND (p_budget IS NULL OR v_units < p_budget) THEN
+    IF v_unkeyed_turn AND NOT v_full AND cardinality(v_ids) < p_want AND (p_budget IS NULL OR v_units < p_budget) THEN
         v_more := {schema}.take_unkeyed(v_queue, p_types, least(p_want - cardinality(v_ids), p_budget - v_units),
                                         p_exclude || v_ids, p_now);
         IF p_budget IS NOT NULL AND cardinality(v_more) > 0 THEN
