@@ -24,7 +24,9 @@ from psycopg.types.json import Jsonb
 import jobbus
 from jobbus.models import ClaimedJob, JobStatus
 from tests.cutting_proxy import CuttingProxy
+from tests.processes import wait_until
 from tests.storehelpers import claim, write
+from tests.worker.test_flow_control import Sampler, _done, fleet
 
 
 def _weighted(app: jobbus.App, queue: str, weights: list[int], *, key: str | None = None) -> list[uuid.UUID]:
@@ -404,3 +406,61 @@ def test_weighted_limits_hold_with_claimers_racing(
         left = conn.execute("SELECT count(*) FROM jobbus.job WHERE status <> 'completed'").fetchone()
     assert left == (0,)
     assert max(seen) >= 1
+
+
+def test_a_heavy_job_first_in_the_rotation_is_not_passed_over_by_lighter_keys(dsn: str, sync_app: jobbus.App) -> None:
+    """Regression: a key whose next job fits its own limit but not what the queue leaves ends the claim,
+    so the keys behind it in the rotation do not take the room it waits for (they did: under a steady
+    stream of light jobs the heavy one could wait for ever)."""
+    sync_app.sync.set_queue("a", concurrency=4, concurrency_per_key=4)
+    _weighted(sync_app, "a", [1] * 6, key="light")
+    _weighted(sync_app, "a", [4], key="heavy")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        (running,) = claim(sync_app, conn, 1, queues=["a"])  # light's turn: it goes to the back
+        assert claim(sync_app, conn, 10, queues=["a"]) == []  # 3 slots free, kept for the heavy job
+        assert write(sync_app, conn, running, JobStatus.COMPLETED)
+        assert _weights(conn, claim(sync_app, conn, 10, queues=["a"])) == [4]
+
+
+@pytest.mark.parametrize("also_free", [False, True], ids=["one-queue", "two-queues"])
+def test_weighted_limits_hold_across_worker_processes_and_a_killed_one(
+    dsn: str, sync_app: jobbus.App, also_free: bool
+) -> None:
+    """Real workers (one of them killed mid-way, its slots back when its leases expire): a sampler reading
+    the running leases every few milliseconds never sees their weights above the queue's or a key's limit."""
+    sync_app.sync.set_queue("limited", concurrency=4, concurrency_per_key=3)
+    rng = random.Random(5)
+    sync_app.sync.schedule_many(
+        [
+            jobbus.JobRequest(
+                "work", queue="limited", weight=rng.randint(1, 3), concurrency_key=f"k{rng.randint(0, 3)}"
+            )
+            for _ in range(150)
+        ]
+    )
+    sync_app.sync.schedule_many("free", [{} for _ in range(50)], queue="free")
+    queues = ["--queue", "limited", "--queue", "free"] if also_free else ["--queue", "limited"]
+    with WeightSampler(dsn) as sampler, fleet(dsn, 2, *queues) as procs:
+        wait_until(lambda: _done(dsn) > 40, timeout=120, what="some done")
+        procs[0].kill()
+        wait_until(lambda: _done(dsn) == 150, timeout=240, what="every weighted job done")
+    assert sampler.samples > 50
+    assert sampler.max_total <= 4, f"saw weights of {sampler.max_total} holding a valid lease at once"
+    assert sampler.max_per_key <= 3, f"saw weights of {sampler.max_per_key} of one key at once"
+    assert sampler.max_total >= 3  # the limit was used, not just respected
+
+
+class WeightSampler(Sampler):
+    """`Sampler` of tests/worker/test_flow_control.py, summing weights instead of counting jobs."""
+
+    def _run(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while not self._stop.is_set():
+                rows = conn.execute(
+                    "SELECT concurrency_key, sum(weight) FROM jobbus.job WHERE queue = 'limited'"
+                    " AND status = 'running' AND lease_expires_at > now() GROUP BY concurrency_key"
+                ).fetchall()
+                self.max_total = max(self.max_total, sum(int(n) for _, n in rows))
+                self.max_per_key = max([self.max_per_key, *(int(n) for key, n in rows if key is not None)])
+                self.samples += 1
+                time.sleep(0.003)
