@@ -23,8 +23,10 @@ from psycopg.types.json import Jsonb
 
 import jobbus
 from jobbus.models import ClaimedJob, JobStatus
+from tests.cli import jobbus as cli
 from tests.cutting_proxy import CuttingProxy
 from tests.processes import wait_until
+from tests.roles import granted_roles
 from tests.storehelpers import claim, write
 from tests.worker.test_flow_control import Sampler, _done, fleet
 
@@ -464,3 +466,45 @@ class WeightSampler(Sampler):
                 self.max_per_key = max([self.max_per_key, *(int(n) for key, n in rows if key is not None)])
                 self.samples += 1
                 time.sleep(0.003)
+
+
+def test_the_command_line_refuses_a_limit_below_a_queued_weight(dsn: str, sync_app: jobbus.App) -> None:
+    sync_app.sync.set_queue("a", concurrency=5)
+    sync_app.sync.schedule("t", {}, queue="a", weight=3)
+    result = cli(dsn, "queue", "set", "a", "--concurrency", "2")
+    assert result.returncode == 1, result.stderr
+    assert "weight 3" in result.stderr and "concurrency of 2" in result.stderr
+    assert sync_app.sync.get_queue("a").concurrency == 5
+    assert cli(dsn, "queue", "set", "a", "--concurrency", "3").returncode == 0
+
+
+def test_a_follow_up_keeps_its_weight(dsn: str, sync_app: jobbus.App) -> None:
+    sync_app.sync.schedule("t", {}, queue="b", then=jobbus.JobRequest("t", {"then": True}, queue="b", weight=3))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        (parent,) = claim(sync_app, conn, 1, queues=["b"])
+        assert write(sync_app, conn, parent, JobStatus.COMPLETED)
+        row = conn.execute("SELECT weight FROM jobbus.job WHERE configuration_data = '{\"then\": true}'").fetchone()
+    assert row == (3,)
+
+
+def test_roles_schedule_weighted_jobs_spend_and_set_limits(dsn: str, sync_app: jobbus.App) -> None:
+    """The producer role schedules weighted jobs (the check runs as the schema's owner) and spends units;
+    the operator role's lowered limit is refused with the weight named."""
+    sync_app.sync.set_queue("a", concurrency=5, rate_limit=jobbus.RateLimit(100, per=timedelta(minutes=1)))
+    with granted_roles(dsn, ("worker", "operator", "observer", "producer")) as roles:
+        producer = jobbus.App(dsn=roles["producer"])
+        try:
+            producer.sync.schedule("t", {}, queue="a", weight=4)
+            with pytest.raises(jobbus.InvalidJobError, match="weight 6"):
+                producer.sync.schedule("t", {}, queue="a", weight=6)
+            assert producer.sync.consume("a", 7) is True
+        finally:
+            producer.sync.close()
+        operator = jobbus.App(dsn=roles["operator"])
+        try:
+            with pytest.raises(jobbus.InvalidStateError, match="weight 4"):
+                operator.sync.set_queue("a", concurrency=3)
+            operator.sync.set_queue("a", concurrency=4)
+        finally:
+            operator.sync.close()
+    assert sync_app.sync.queue_usage() == {"a": (0, 7)}
