@@ -166,12 +166,13 @@ class JobStore:
     ) -> Statement[dict[tuple[str, str], uuid.UUID]]:
         columns = _ARRAYS
         query = "insert_jobs"
-        if callback is not None or any(s.then is not None or _expires(s) for s in options_of(specs)):
+        checks = None
+        if callback is not None or any(s.then is not None or _expires(s) or s.weight != 1 for s in options_of(specs)):
             columns = _CHAINED_ARRAYS
             query = "insert_jobs_chained"
+            checks = _weight_checks(specs, callback)  # plain jobs never come here: they pay nothing for weights
         if callback is not None:
             query = "insert_group"
-        checks = _weight_checks(specs, callback)
         if checks is not None:
             columns = _WEIGHTED_ARRAYS
             query = "insert_jobs_weighted"
