@@ -28,17 +28,20 @@ CREATE INDEX IF NOT EXISTS queue_spend_spent_at_idx ON {schema}.queue_spend (spe
 -- passed over for ever by lighter ones behind it.
 CREATE OR REPLACE FUNCTION {schema}.fit_weights(p_ids uuid[], p_budget integer,
                                                OUT ids uuid[], OUT units integer, OUT next_weight integer)
- LANGUAGE sql
+ LANGUAGE plpgsql
  STABLE
- SET enable_bitmapscan TO 'off'
- SET enable_seqscan TO 'off'
 AS $function$
+BEGIN
+    -- PL/pgSQL, not SQL: its plan is kept for the session (a SQL function's was made at every call,
+    -- which cost a claim of 10 jobs 0.3 ms). Called from the take functions, under their planner settings.
     SELECT coalesce(array_agg(f.id ORDER BY f.total) FILTER (WHERE f.total <= p_budget OR p_budget IS NULL), '{{}}'),
            coalesce(max(f.total) FILTER (WHERE f.total <= p_budget OR p_budget IS NULL), 0)::integer,
            (array_agg(f.weight ORDER BY f.total) FILTER (WHERE f.total > p_budget))[1]
+    INTO ids, units, next_weight
     FROM (SELECT j.id, j.weight,
                  sum(j.weight) OVER (ORDER BY j.priority DESC, j.available_at, j.id) AS total
-          FROM {schema}.job AS j WHERE j.id = ANY(p_ids)) AS f
+          FROM {schema}.job AS j WHERE j.id = ANY(p_ids)) AS f;
+END
 $function$;
 
 -- take_limited counts weights: the jobs holding a valid lease by the sum of their weights, the rate
