@@ -508,3 +508,47 @@ def test_roles_schedule_weighted_jobs_spend_and_set_limits(dsn: str, sync_app: j
         finally:
             operator.sync.close()
     assert sync_app.sync.queue_usage() == {"a": (0, 7)}
+
+
+async def test_a_spawned_child_keeps_its_weight_and_one_too_heavy_is_refused(dsn: str) -> None:
+    outcomes: list[str] = []
+    async with jobbus.App(dsn=dsn, retry_base_delay_seconds=0, retry_max_delay_seconds=0) as app:
+
+        @app.job("parent", queue="p")
+        async def parent(job: jobbus.JobExecution) -> None:
+            await job.spawn("child", {}, queue="c", weight=2)
+            try:
+                await job.spawn("child", {"heavy": True}, queue="c", weight=4)
+            except jobbus.InvalidJobError as exc:
+                outcomes.append(str(exc))
+
+        @app.job("child", queue="c")
+        async def child(job: jobbus.JobExecution) -> None:
+            pass
+
+        await app.set_queue("c", concurrency=3)
+        await app.schedule("parent", {}, queue="p")
+        await app.run_worker(stop_when_empty=True)
+    assert len(outcomes) == 1 and "weight 4 is more than the concurrency of queue c (3)" in outcomes[0]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute("SELECT type, weight, status FROM jobbus.job ORDER BY type").fetchall()
+    assert rows == [("child", 2, "completed"), ("parent", 1, "completed")]
+
+
+def test_task_options_and_a_group_callback_carry_weights(dsn: str, sync_app: jobbus.App) -> None:
+    @sync_app.task(queue="a")
+    def report(pages: int) -> None: ...
+
+    sync_app.sync.set_queue("a", concurrency=3)
+    job_id = report.options(weight=3).defer_sync(5)
+    with pytest.raises(jobbus.InvalidJobError, match="weight 4"):
+        report.options(weight=4).defer_sync(5)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT weight FROM jobbus.job WHERE id = %s", (job_id,)).fetchone() == (3,)
+    with pytest.raises(jobbus.InvalidJobError, match="weight 9"):
+        sync_app.sync.schedule_group(
+            [jobbus.JobRequest("t", queue="b")], then=jobbus.JobRequest("t", queue="a", weight=9)
+        )
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM jobbus.job_group").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM jobbus.job WHERE queue = 'b'").fetchone() == (0,)
