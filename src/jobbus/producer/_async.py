@@ -387,7 +387,8 @@ class AsyncProducer(ABC):
         return await self._run(self._app.queue_store.list_settings())
 
     async def queue_usage(self) -> dict[str, tuple[int, int | None]]:
-        """Per queue with limits: jobs holding a valid lease now, and jobs started in its rate window."""
+        """Per queue with limits: jobs holding a valid lease now, and jobs started in its rate window (or
+        None without a rate limit), each job counted by its weight and each `consume` by its units."""
         return await self._run(self._app.queue_store.usage())
 
     # -- periodic jobs -----------------------------------------------------------------------------

@@ -376,7 +376,8 @@ class SyncProducer(ABC):
         return self._run(self._app.queue_store.list_settings())
 
     def queue_usage(self) -> dict[str, tuple[int, int | None]]:
-        """Per queue with limits: jobs holding a valid lease now, and jobs started in its rate window."""
+        """Per queue with limits: jobs holding a valid lease now, and jobs started in its rate window (or
+        None without a rate limit), each job counted by its weight and each `consume` by its units."""
         return self._run(self._app.queue_store.usage())
 
     # -- periodic jobs -----------------------------------------------------------------------------

@@ -69,7 +69,8 @@ class QueueStore:
         return Statement(self._q["limited_queues"], {}, lambda rows, _: [r[0] for r in rows])
 
     def usage(self) -> Statement[dict[str, tuple[int, int | None]]]:
-        """Per limited queue: (jobs holding a valid lease, starts in its rate window or None)."""
+        """Per limited queue: (jobs holding a valid lease, starts in its rate window or None), by weight
+        (and spends by their units)."""
         return Statement(self._q["queue_usage"], {}, lambda rows, _: {r[0]: (int(r[1]), r[2]) for r in rows})
 
     def spend_units(self, spend_id: uuid.UUID, queue: str, key: str | None, units: int) -> Statement[bool]:
