@@ -552,3 +552,18 @@ def test_task_options_and_a_group_callback_carry_weights(dsn: str, sync_app: job
     with psycopg.connect(dsn, autocommit=True) as conn:
         assert conn.execute("SELECT count(*) FROM jobbus.job_group").fetchone() == (0,)
         assert conn.execute("SELECT count(*) FROM jobbus.job WHERE queue = 'b'").fetchone() == (0,)
+
+
+def test_lowering_a_limit_below_a_waiting_follow_up_or_group_callback_is_refused(
+    dsn: str, sync_app: jobbus.App
+) -> None:
+    """A follow-up (`then=`) waiting for its parent, and a group's callback waiting for its group, are
+    jobs of the queue too: a limit lowered below their weight would leave them waiting for ever."""
+    sync_app.sync.set_queue("a", concurrency=5)
+    sync_app.sync.schedule("t", {}, queue="b", then=jobbus.JobRequest("t", queue="a", weight=4))
+    with pytest.raises(jobbus.InvalidStateError, match="weight 4: a concurrency of 3"):
+        sync_app.sync.set_queue("a", concurrency=3)
+    sync_app.sync.schedule_group([jobbus.JobRequest("t", queue="b")], then=jobbus.JobRequest("t", queue="a", weight=5))
+    with pytest.raises(jobbus.InvalidStateError, match="weight 5: a concurrency of 4"):
+        sync_app.sync.set_queue("a", concurrency=4)
+    assert sync_app.sync.get_queue("a").concurrency == 5

@@ -578,7 +578,7 @@ END
 $function$;
 
 -- `set_queue`: a limit lowered below the weight of a job that is queued or running in the queue (or of
--- a follow-up waiting for its parent there) would leave that job waiting for ever, so it is refused
+-- a follow-up waiting for its parent there, or of a group's callback waiting for its group) would leave that job waiting for ever, so it is refused
 -- (SQLSTATE JB412), naming the heaviest such weight. A limit raised, kept or removed is not checked.
 -- Takes the queue's weight lock exclusively: schedules of weighted jobs in flight commit first and are
 -- seen, later ones see the new limit. Reads the queue's queued jobs (its claim index) when a limit is
@@ -619,6 +619,13 @@ BEGIN
     INTO v_heaviest, v_heaviest_keyed
     FROM {schema}.job_follow_up AS f
     WHERE f.spec ->> 'queue' = p_queue AND (f.spec ->> 'weight')::integer > least(v_all, v_keyed);
+    -- And the callbacks of groups not done yet.
+    SELECT greatest(v_heaviest, max((g.spec ->> 'weight')::integer)),
+           greatest(v_heaviest_keyed, max((g.spec ->> 'weight')::integer) FILTER (WHERE g.spec ->> 'concurrency_key' IS NOT NULL))
+    INTO v_heaviest, v_heaviest_keyed
+    FROM {schema}.job_group AS g
+    WHERE g.scheduled_at IS NULL AND g.spec ->> 'queue' = p_queue
+      AND (g.spec ->> 'weight')::integer > least(v_all, v_keyed);
     IF v_heaviest > p_concurrency AND p_concurrency = v_all THEN
         v_limit := p_concurrency; v_what := 'concurrency';
     ELSIF v_heaviest > p_rate_count AND p_rate_count = v_all THEN
