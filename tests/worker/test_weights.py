@@ -567,3 +567,17 @@ def test_lowering_a_limit_below_a_waiting_follow_up_or_group_callback_is_refused
     with pytest.raises(jobbus.InvalidStateError, match="weight 5: a concurrency of 4"):
         sync_app.sync.set_queue("a", concurrency=4)
     assert sync_app.sync.get_queue("a").concurrency == 5
+
+
+def test_the_weight_check_is_validated_by_the_migration(dsn: str) -> None:
+    """Added NOT VALID, then validated after the migration's transaction committed: valid at the end."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT conname, convalidated FROM pg_constraint WHERE conname IN ('job_weight_check',"
+            " 'queue_start_units_check') ORDER BY conname"
+        ).fetchall()
+        assert rows == [("job_weight_check", True), ("queue_start_units_check", True)]
+        with pytest.raises(psycopg.errors.CheckViolation):
+            conn.execute(
+                "INSERT INTO jobbus.job (id, type, max_attempts, weight) VALUES (gen_random_uuid(), 't', 1, 0)"
+            )

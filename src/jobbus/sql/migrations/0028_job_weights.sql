@@ -1,13 +1,12 @@
 -- Weights (SPEC 21): a job of weight N counts N against its queue's concurrency, concurrency_per_key,
 -- rate_limit and rate_limit_per_key, and `App.consume` spends rate units outside any job.
 --
--- job.weight has a constant default: no rewrite. Its CHECK is added NOT VALID, then validated: every
--- existing row holds the default, so nothing can be refused, but the validation still reads the table
--- once, and it does so inside this migration's transaction, under the lock the new column took (a
--- migration is one transaction): on a large table, plan this migration's time for one read of it.
+-- job.weight has a constant default: no rewrite. Its CHECK is added NOT VALID (enforced on every row
+-- written from then on) and validated at the end, after this migration's transaction has committed
+-- (`jobbus: after commit`): the validation reads the table once under SHARE UPDATE EXCLUSIVE, which
+-- blocks neither reads nor writes of jobs, instead of under the ACCESS EXCLUSIVE the new column took.
 ALTER TABLE {schema}.job ADD COLUMN IF NOT EXISTS weight integer NOT NULL DEFAULT 1;
 ALTER TABLE {schema}.job ADD CONSTRAINT job_weight_check CHECK (weight BETWEEN 1 AND 1000000) NOT VALID;
-ALTER TABLE {schema}.job VALIDATE CONSTRAINT job_weight_check;
 
 -- What a start (or a spend) counts in its rate windows: the job's weight, or the units spent.
 ALTER TABLE {schema}.queue_start ADD COLUMN IF NOT EXISTS units integer NOT NULL DEFAULT 1;
@@ -718,3 +717,8 @@ BEGIN
     END LOOP;
 END
 $$;
+
+-- jobbus: after commit
+-- Each statement on its own, once the above has committed (see the top of this file). If it does not
+-- run (the process stopped in between), the CHECK stays NOT VALID: still enforced on every write.
+ALTER TABLE {schema}.job VALIDATE CONSTRAINT job_weight_check;
