@@ -14,6 +14,8 @@ from jobbus import schema
 
 #: The grant of the claim of migration 23, which the grants of an earlier release could not name.
 CLAIM_OF_MIGRATION_23 = "claim_jobs(text, integer, text[], text[], double precision, integer, text[], integer)"
+#: What the grants name of migration 28 (weights): lines an earlier release did not grant.
+WEIGHTS_OF_MIGRATION_28 = ("take_per_key", "fit_weights", "refuse_heavy_jobs", "spend_units", "refuse_limits_below")
 
 
 def without_lines(script: str, *needles: str) -> str:

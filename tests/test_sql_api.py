@@ -98,6 +98,17 @@ CASES: list[tuple[dict[str, Any], str | None]] = [
     ({"type": "t", "expires_at": "9999-06-01T00:00:00Z"}, "expires_at"),
     ({"type": "t", "colour": "blue"}, "colour"),
     ({"type": "t", "then": {"type": "u"}}, "then"),
+    ({"type": "t", "weight": 3, "concurrency_key": "c"}, None),
+    ({"type": "t", "weight": 1000000, "queue": "tight-per-key"}, None),
+    ({"type": "t", "weight": 2, "queue": "tight"}, None),
+    ({"type": "t", "weight": 3, "queue": "tight"}, "weight"),
+    ({"type": "t", "weight": 4, "queue": "tight-per-key", "concurrency_key": "c"}, "weight"),
+    ({"type": "t", "weight": 0}, "weight"),
+    ({"type": "t", "weight": -1}, "weight"),
+    ({"type": "t", "weight": 1000001}, "weight"),
+    ({"type": "t", "weight": 1.5}, "weight"),
+    ({"type": "t", "weight": True}, "weight"),
+    ({"type": "t", "weight": "2"}, "weight"),
 ]
 
 #: The Python name of each SQL option.
@@ -136,7 +147,7 @@ def python_request(job: dict[str, Any]) -> dict[str, Any]:
 ROW = (
     "type, queue, name, group_id, unique_key, priority, configuration_data, max_attempts, timeout_seconds,"
     " concurrency_key, expires_at, CASE WHEN available_at > created_at + interval '1 day' THEN available_at END,"
-    " round(extract(epoch FROM available_at - created_at))"
+    " round(extract(epoch FROM available_at - created_at)), weight"
 )
 
 
@@ -152,6 +163,8 @@ def _count(conn: psycopg.Connection[Any]) -> int:
 
 def test_python_and_sql_accept_and_refuse_the_same_jobs_and_store_the_same_rows(dsn: str, sync_app: jobbus.App) -> None:
     disagreements: list[tuple[Any, ...]] = []
+    sync_app.sync.set_queue("tight", concurrency=2)  # a job heavier than a limit of its queue is refused
+    sync_app.sync.set_queue("tight-per-key", concurrency_per_key=3)
     with psycopg.connect(dsn, autocommit=True) as conn:
         for job, field in CASES:
             conn.execute("DELETE FROM jobbus.job")
@@ -454,6 +467,7 @@ _KEYS = st.sampled_from(
         "timeout_seconds",
         "concurrency_key",
         "expires_at",
+        "weight",
     ]
 )
 

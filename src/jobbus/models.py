@@ -163,6 +163,8 @@ class JobSpec:
     #: after the insert (the database clock); neither: never.
     expires_at: datetime | None = None
     expires_in: float | None = None
+    #: What it counts against its queue's limits (`weight=`).
+    weight: int = 1
 
 
 @dataclass(frozen=True, slots=True, eq=False)

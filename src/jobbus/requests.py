@@ -25,6 +25,9 @@ MAX_TYPE_BYTES = 255
 MAX_NAME_BYTES = 1000
 MAX_UNIQUE_KEY_BYTES = 1000
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+#: The heaviest job (`weight=`), as the CHECK of job.weight allows: far above any useful limit, and
+#: sums of weights stay well within 32 bits.
+MAX_WEIGHT = 1_000_000
 #: Deepest JSON nesting accepted in configurations, checkpoints and results: PostgreSQL takes far
 #: more, but reading a row back parses it recursively, and that must never hit Python's recursion limit.
 MAX_JSON_DEPTH = 200
@@ -53,6 +56,9 @@ class JobRequest:
     #: A job not started by then never runs and ends `cancelled`: seconds or a timedelta from the
     #: insert (the database clock), or an aware datetime.
     expires: float | timedelta | datetime | None = None
+    #: What it counts against its queue's concurrency, concurrency_per_key, rate_limit and
+    #: rate_limit_per_key (1 to `MAX_WEIGHT`; None: 1).
+    weight: int | None = None
 
 
 class JobOptions(TypedDict, total=False):
@@ -71,6 +77,7 @@ class JobOptions(TypedDict, total=False):
     concurrency_key: str | None
     then: JobRequest | None
     expires: float | timedelta | datetime | None
+    weight: int | None
 
 
 def check_options(what: str, given: Mapping[str, object], known: frozenset[str]) -> None:
@@ -148,6 +155,9 @@ def build_spec(
         if request.concurrency_key is None
         else validate_text("concurrency_key", request.concurrency_key, MAX_UNIQUE_KEY_BYTES)
     )
+    weight = 1 if request.weight is None else _int("weight", request.weight)
+    if not 1 <= weight <= MAX_WEIGHT:
+        raise InvalidJobError(f"weight must be between 1 and {MAX_WEIGHT}, got {weight}")
     return JobSpec(
         id=new_job_id(),
         type=job_type,
@@ -164,6 +174,7 @@ def build_spec(
         concurrency_key=concurrency_key,
         expires_at=expires_at,
         expires_in=expires_in,
+        weight=weight,
     )
 
 
@@ -189,6 +200,8 @@ def spec_json(spec: JobSpec) -> str:
         values["expires_at"] = spec.expires_at.isoformat()
     if spec.expires_in is not None:
         values["expires_in"] = spec.expires_in
+    if spec.weight != 1:
+        values["weight"] = spec.weight
     text = dumps(values)
     # configuration and then are JSON text already: spliced in, not decoded and encoded again.
     text = f'{text[:-1]},"configuration":{spec.configuration}'

@@ -27,6 +27,10 @@ from jobbus.settings import validate_identifier, validate_schema_name
 _FILE_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 #: First line of a migration whose statements must run outside a transaction (CREATE INDEX CONCURRENTLY).
 _NO_TRANSACTION = "-- jobbus: no transaction"
+#: A line of a transactional migration after which its statements run once its transaction has committed,
+#: each on its own (a CHECK added NOT VALID, validated without the migration's table locks). Scripts
+#: meant for one transaction run them inside it, as one more statement each.
+_AFTER_COMMIT = "-- jobbus: after commit"
 _CONCURRENT_INDEX = re.compile(r"CREATE\s+(?:UNIQUE\s+)?INDEX\s+CONCURRENTLY\s+IF\s+NOT\s+EXISTS\s+(\w+)", re.I)
 #: Advisory lock key space for migrations: one lock per schema name.
 _LOCK_NAMESPACE = "jobbus.migrate."
@@ -147,6 +151,12 @@ class Migration:
             line for line in self.render(schema, concurrently=True).splitlines() if not line.startswith("--")
         )
         return [statement.strip() for statement in text.split(";") if statement.strip()]
+
+
+def _statements(text: str) -> list[str]:
+    """The statements of `text` (no function bodies), comment lines dropped."""
+    kept = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("--"))
+    return [statement.strip() for statement in kept.split(";") if statement.strip()]
 
 
 def render(template: str, schema: str) -> str:
@@ -327,8 +337,11 @@ def _apply_in_transaction(
                         )
                     )
                 waiting_for = ("", "")
-                conn.execute(migration.render(schema).encode())
+                text, _, after_commit = migration.render(schema).partition(_AFTER_COMMIT)
+                conn.execute(text.encode())
                 conn.execute(_record(schema, migration).encode())
+            for statement in _statements(after_commit):
+                conn.execute(statement.encode())
             return
         except psycopg.errors.LockNotAvailable:
             table, mode = waiting_for

@@ -148,6 +148,8 @@ class JobRow:
     #: the job's `history` column: one entry per attempt's outcome (`error`, `traceback`, ...).
     history: list[dict[str, Any]] = field(default_factory=list)
     unique_key: str | None = None
+    #: What it counts against its queue's limits (`weight=`).
+    weight: int = 1
 
 
 @dataclass(frozen=True)
@@ -172,6 +174,20 @@ class Inserted:
     type: str
     unique_key: str | None = None
     expires_at: float | None = None
+    weight: int = 1
+
+
+@dataclass(frozen=True)
+class Spend:
+    """An `App.consume` call: `units` of `queue`'s rate windows (and of `key`'s), spent at a moment of
+    [before, after] by the database clock; `recorded` what the call returned."""
+
+    queue: str
+    key: str | None
+    units: int
+    before: float
+    after: float
+    recorded: bool
 
 
 @dataclass(frozen=True)
@@ -233,6 +249,8 @@ class History:
     secrets: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
     #: what the driver's Part III operations did, by kind (and outcome): how many of each.
     exercised: dict[str, int] = field(default_factory=dict)
+    #: `App.consume` calls, as they returned.
+    spends: list[Spend] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -315,6 +333,8 @@ class _Checker:
         for w in history.frozen:
             self.frozen_by_pid[int(w.subject)].append(w)
         self.jobs = {j.id: j for j in history.jobs}
+        #: Each job's weight: from its row, or from its insert for a row deleted since.
+        self.weight = {i.job_id: i.weight for i in history.inserted.values()} | {j.id: j.weight for j in history.jobs}
         self.runs_by_job: dict[str, list[Run]] = defaultdict(list)
         for r in history.runs:
             self.runs_by_job[r.job_id].append(r)
@@ -391,21 +411,43 @@ class _Checker:
                         continue
                     limit = max(limits)
                     live = [o for o in runs if o.start <= run.start < self.end_of(o)]
-                    if len(live) > limit:
-                        breaches.append((len(live), limit, run, live))
+                    # Each run counts its job's weight.
+                    held = sum(self.weight_of(o) for o in live)
+                    if held > limit:
+                        breaches.append((held, limit, run, live))
                 if breaches:
                     count, limit, run, live = max(breaches, key=lambda b: b[0])
                     listing = "; ".join(self.interval(o) for o in sorted(live, key=lambda o: o.start))
                     yield Violation(
                         guarantee,
-                        f"{what} {name}: {count} handlers ran at once under a limit of {limit} "
+                        f"{what} {name}: handlers weighing {count} ran at once under a limit of {limit} "
                         f"(at {_fmt(run.start, self.origin)}, {len(breaches)} starts over the limit): {listing}",
                     )
 
         yield from worst(by_queue, lambda lim: lim.concurrency, "queue", "concurrency")
         yield from worst(by_key, lambda lim: lim.per_key, "key", "concurrency_per_key")
 
+    def weight_of(self, run: Run) -> int:
+        return self.weight.get(run.job_id, 1)
+
+    def spent(self, queue: str, key: str | None, since: float, until: float) -> int:
+        """Units spent (`App.consume`) in `queue` (of `key` only, when given) surely after `since` and
+        surely recorded by `until`."""
+        return sum(
+            s.units
+            for s in self.h.spends
+            if s.recorded
+            and s.queue == queue
+            and (key is None or s.key == key)
+            and s.before > since
+            and s.after <= until
+        )
+
     def rates(self) -> Iterator[Violation]:
+        """When a job starts, what its rate windows hold (the weights of the starts before it and with it,
+        the units spent surely before it) stays within the count, plus one start's weight for clock
+        granularity between claims. A spend may take a window past its count by itself (it reports what
+        was used); the claims after it must wait."""
         by_queue: dict[str, list[Run]] = defaultdict(list)
         by_key: dict[tuple[str, str], list[Run]] = defaultdict(list)
         for r in self.h.runs:
@@ -415,25 +457,29 @@ class _Checker:
 
         def windows(groups: dict[Any, list[Run]], rate_of: Any, what: str, guarantee: str) -> Iterator[Violation]:
             for name, runs in sorted(groups.items(), key=lambda kv: str(kv[0])):
-                queue = name if isinstance(name, str) else name[0]
+                queue, key = (name, None) if isinstance(name, str) else name
                 starts = sorted(runs, key=lambda r: r.started)
-                worst: tuple[int, int, float, list[Run]] | None = None
-                for i, first in enumerate(starts):
-                    rates = [rate_of(lim) for lim in self.limits_at(queue, first.started, first.started)]
+                worst: tuple[int, int, float, list[Run], int] | None = None
+                for run in starts:
+                    rates = [rate_of(lim) for lim in self.limits_at(queue, run.started, run.started)]
                     if not rates or any(rate is None for rate in rates):
                         continue
                     count = max(rate[0] for rate in rates)
                     per = max(rate[1] for rate in rates)
-                    inside = [r for r in starts[i:] if r.started < first.started + per - START_SKEW]
-                    if len(inside) > count + 1 and (worst is None or len(inside) - count > worst[0] - worst[1]):
-                        worst = (len(inside), count, per, inside)
+                    since = run.started - per + START_SKEW
+                    inside = [r for r in starts if since < r.started <= run.started]
+                    spent = self.spent(queue, key, since, run.started)
+                    held = sum(self.weight_of(r) for r in inside) + spent
+                    slack = max(self.weight_of(r) for r in inside)
+                    if held > count + slack and (worst is None or held - count > worst[0] - worst[1]):
+                        worst = (held, count, per, inside, spent)
                 if worst is not None:
-                    n, count, per, inside = worst
-                    listing = "; ".join(self.interval(r) for r in inside)
+                    held, count, per, inside, spent = worst
+                    listing = "; ".join(f"{self.interval(r)} weight {self.weight_of(r)}" for r in inside)
                     yield Violation(
                         guarantee,
-                        f"{what} {name}: {n} starts within {per - START_SKEW:g} s under a rate of {count} per "
-                        f"{per:g} s (allowed {count} + 1): {listing}",
+                        f"{what} {name}: {held} units ({spent} spent) within {per - START_SKEW:g} s under a rate "
+                        f"of {count} per {per:g} s (allowed {count} + one start): {listing}",
                     )
 
         yield from windows(by_queue, lambda lim: lim.rate, "queue", "rate_limit")
@@ -705,14 +751,29 @@ class _Checker:
         lim = limits[0]
         running = [r for r in queue_runs if r.start <= t < self.end_of(r)]
         mine = [r for r in running if r.key == job.key]
-        if lim.concurrency is not None and len(running) >= lim.concurrency:
+        weight = self.weight.get(job.id, 1)
+        if lim.concurrency is not None and sum(self.weight_of(r) for r in running) + weight > lim.concurrency:
             return False
-        if lim.per_key is not None and len(mine) >= lim.per_key:
+        if lim.per_key is not None and sum(self.weight_of(r) for r in mine) + weight > lim.per_key:
             return False
-        for rate, runs in ((lim.rate, queue_runs), (lim.rate_per_key, [r for r in queue_runs if r.key == job.key])):
+        for rate, runs, key in (
+            (lim.rate, queue_runs, None),
+            (lim.rate_per_key, [r for r in queue_runs if r.key == job.key], job.key),
+        ):
             if rate is not None:
                 count, per = rate
-                if sum(1 for r in runs if t - per - 1.0 < r.start <= t) >= count:
+                # Spends count from their call's start on (the claims may see them that early).
+                spent = sum(
+                    s.units
+                    for s in self.h.spends
+                    if s.recorded
+                    and s.queue == job.queue
+                    and (key is None or s.key == key)
+                    and t - per - 1.0 < s.after
+                    and s.before <= t
+                )
+                started = sum(self.weight_of(r) for r in runs if t - per - 1.0 < r.start <= t)
+                if started + spent + weight > count:
                     return False
         for p in self.h.processes:
             if p.queues and job.queue not in p.queues:

@@ -44,6 +44,7 @@ from tests.model.history import (
     Process,
     Report,
     Run,
+    Spend,
     Transition,
     Window,
     check,
@@ -74,13 +75,15 @@ CREATE TABLE public.model_job_change (
     type       text,
     unique_key text,
     expires_at timestamptz,
-    at         timestamptz NOT NULL
+    at         timestamptz NOT NULL,
+    weight     integer
 );
 CREATE FUNCTION public.model_job_change() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
-        INSERT INTO public.model_job_change (job_id, new_status, attempts, type, unique_key, expires_at, at)
-        VALUES (NEW.id, NEW.status, NEW.attempts, NEW.type, NEW.unique_key, NEW.expires_at, clock_timestamp());
+        INSERT INTO public.model_job_change (job_id, new_status, attempts, type, unique_key, expires_at, at, weight)
+        VALUES (NEW.id, NEW.status, NEW.attempts, NEW.type, NEW.unique_key, NEW.expires_at, clock_timestamp(),
+                NEW.weight);
     ELSIF TG_OP = 'UPDATE' THEN
         INSERT INTO public.model_job_change (job_id, old_status, new_status, attempts, at)
         VALUES (NEW.id, OLD.status, NEW.status, NEW.attempts,
@@ -270,9 +273,40 @@ def generate(seed: int, duration: float = 25.0, *, single_queue_workers: bool = 
         w = part3.choice(workers)
         w.queues = tuple(sorted({*w.queues, "qx"}))
     timeline += part_three(part3, queues, expiry_queue, duration, load_until)
+    timeline += weights(random.Random(seed * 1_000_003 + 28), queues, timeline, load_until)
     queues.append(expiry_queue)
     timeline.sort(key=lambda a: a.at)
     return Topology(seed, duration, queues, workers, periodics, timeline, single_queue_workers)
+
+
+def _heaviest(q: QueueSpec, keyed: bool) -> int:
+    """The heaviest weight (up to 4) that the queue's first limits let start."""
+    limits = [4, q.concurrency, q.rate[0] if q.rate else None]
+    if keyed:
+        limits += [q.per_key, q.rate_per_key[0] if q.rate_per_key else None]
+    return min(limit for limit in limits if limit is not None)
+
+
+def weights(rng: random.Random, queues: list[QueueSpec], timeline: list[Action], load_until: float) -> list[Action]:
+    """Weights (1-4, at most what the queue's first limits allow) for the jobs of the `jobs` and `hog`
+    loads, and `consume` calls spending rate units of the queues (and keys) with rate limits; drawn from
+    a stream of their own, so the rest of a seed stays what it was."""
+    by_name = {q.name: q for q in queues}
+    for action in timeline:
+        if action.kind in ("jobs", "hog"):
+            q = by_name[action.args["queue"]]
+            for job in action.args["jobs"]:
+                if rng.random() < 0.5:
+                    job["weight"] = rng.randint(1, _heaviest(q, job["key"] is not None))
+    spends: list[Action] = []
+    limited = [q for q in queues if q.rate is not None or q.rate_per_key is not None]
+    t = 1.0
+    while limited and t < load_until:
+        q = rng.choice(limited)
+        key = rng.choice(q.keys) if q.keys and (q.rate is None or rng.random() < 0.5) else None
+        spends.append(Action(t, "consume", {"queue": q.name, "key": key, "units": rng.randint(1, 3)}))
+        t += rng.uniform(0.5, 2.5)
+    return spends
 
 
 #: The shapes of secrets a handler's error carries (tests/model/app.py, `secret_text`).
@@ -635,15 +669,32 @@ async def _set_limits(
     log.execute(
         "INSERT INTO public.model_log (id, kind, detail) VALUES (%s, 'limits', %s)", (uuid.uuid4(), Jsonb(detail))
     )
-    await app.set_queue(
-        queue,
-        concurrency=concurrency,
-        concurrency_per_key=per_key,
-        rate_limit=None if rate is None else jobbus.RateLimit(rate[0], timedelta(seconds=rate[1])),
-        rate_limit_per_key=None
-        if rate_per_key is None
-        else jobbus.RateLimit(rate_per_key[0], timedelta(seconds=rate_per_key[1])),
-    )
+    try:
+        await app.set_queue(
+            queue,
+            concurrency=concurrency,
+            concurrency_per_key=per_key,
+            rate_limit=None if rate is None else jobbus.RateLimit(rate[0], timedelta(seconds=rate[1])),
+            rate_limit_per_key=None
+            if rate_per_key is None
+            else jobbus.RateLimit(rate_per_key[0], timedelta(seconds=rate_per_key[1])),
+        )
+    except jobbus.InvalidStateError:
+        # Below the weight of a queued job: refused, nothing changed. The limits in force are logged again.
+        now = await app.get_queue(queue)
+        detail = {
+            "queue": queue,
+            "concurrency": now.concurrency,
+            "per_key": now.concurrency_per_key,
+            "rate": None if now.rate_limit is None else (now.rate_limit.count, now.rate_limit.per.total_seconds()),
+            "rate_per_key": None
+            if now.rate_limit_per_key is None
+            else (now.rate_limit_per_key.count, now.rate_limit_per_key.per.total_seconds()),
+            "refused": True,
+        }
+        log.execute(
+            "INSERT INTO public.model_log (id, kind, detail) VALUES (%s, 'limits', %s)", (uuid.uuid4(), Jsonb(detail))
+        )
 
 
 @dataclass
@@ -898,8 +949,30 @@ async def _play(
         kind = action.kind
         if kind in ("jobs", "hog"):
             for job in a["jobs"]:
-                job_id = await app.schedule(job["type"], _config(job), queue=a["queue"], concurrency_key=job["key"])
+                try:
+                    job_id = await app.schedule(
+                        job["type"],
+                        _config(job),
+                        queue=a["queue"],
+                        concurrency_key=job["key"],
+                        weight=job.get("weight"),
+                    )
+                except jobbus.InvalidJobError:
+                    # Heavier than a limit lowered at run time: refused, nothing written.
+                    state.did("weight:refused")
+                    continue
+                if job.get("weight", 1) > 1:
+                    state.did("weight:scheduled")
                 expected[str(job_id)] = status_of(job)
+        elif kind == "consume":
+            before = _db_now(log)
+            recorded = await app.consume(a["queue"], a["units"], key=a["key"])
+            after = _db_now(log)
+            log.execute(
+                "INSERT INTO public.model_log (id, kind, detail) VALUES (%s, 'consume', %s)",
+                (uuid.uuid4(), Jsonb({**a, "before": before, "after": after, "recorded": recorded})),
+            )
+            state.did("consume" if recorded else "consume:unlimited")
         elif kind == "chain":
             token = str(uuid.uuid4())
             parent, then = a["parent"], a["then"]
@@ -1063,17 +1136,17 @@ def _read(
         "SELECT id::text, type, queue, concurrency_key, status, name, extract(epoch FROM available_at)::float8,"
         " extract(epoch FROM created_at)::float8, extract(epoch FROM finished_at)::float8, group_id::text,"
         " configuration_data, attempts, last_error, extract(epoch FROM expires_at)::float8,"
-        " extract(epoch FROM started_at)::float8, error_group, history, unique_key FROM jobbus.job"
+        " extract(epoch FROM started_at)::float8, error_group, history, unique_key, weight FROM jobbus.job"
     ).fetchall():
         h.jobs.append(JobRow(*row))
-    for job_id, old, new, attempts, type_, unique_key, expires_at, at in log.execute(
+    for job_id, old, new, attempts, type_, unique_key, expires_at, at, weight in log.execute(
         "SELECT job_id::text, old_status, new_status, attempts, type, unique_key,"
-        " extract(epoch FROM expires_at)::float8, extract(epoch FROM at)::float8"
+        " extract(epoch FROM expires_at)::float8, extract(epoch FROM at)::float8, weight"
         " FROM public.model_job_change ORDER BY seq"
     ).fetchall():
         h.transitions.append(Transition(job_id, at, old, new, attempts))
         if old is None:
-            h.inserted[job_id] = Inserted(job_id, at, type_, unique_key, expires_at)
+            h.inserted[job_id] = Inserted(job_id, at, type_, unique_key, expires_at, weight or 1)
     h.ended = _db_now(log)
     jobs = {j.id: j for j in h.jobs}
     rows = log.execute(
@@ -1112,6 +1185,17 @@ def _read(
                     None
                     if detail["rate_per_key"] is None
                     else (int(detail["rate_per_key"][0]), float(detail["rate_per_key"][1])),
+                )
+            )
+        elif kind == "consume":
+            h.spends.append(
+                Spend(
+                    detail["queue"],
+                    detail["key"],
+                    int(detail["units"]),
+                    float(detail["before"]),
+                    float(detail["after"]),
+                    bool(detail["recorded"]),
                 )
             )
         elif kind == "spawn":

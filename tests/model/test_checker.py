@@ -23,6 +23,7 @@ from tests.model.history import (
     Op,
     Process,
     Run,
+    Spend,
     Transition,
     Window,
     check,
@@ -45,6 +46,7 @@ def job(n: int, *, queue: str = "q", key: str | None = None, status: str = "comp
         finished_at=config.pop("finished_at", None),
         group_id=config.pop("group_id", None),
         configuration=config,
+        weight=config.pop("weight", 1),
     )
 
 
@@ -131,7 +133,56 @@ def test_overlap_above_the_queue_limit() -> None:
     report = check(h)
     assert "concurrency" in report.guarantees()
     text = report.text()
-    assert "3 handlers ran at once under a limit of 2" in text and "job j12" in text and "+0.60s" in text
+    assert "handlers weighing 3 ran at once under a limit of 2" in text and "job j12" in text and "+0.60s" in text
+
+
+def test_weights_count_against_the_queue_and_key_limits() -> None:
+    h = clean()
+    h.jobs[0] = replace(h.jobs[0], weight=2)  # j1 weighs 2: beside j2 that is 3 under concurrency=2
+    report = check(h)
+    assert report.guarantees() == {"concurrency"}
+    assert "handlers weighing 3 ran at once under a limit of 2" in report.text()
+    h = clean()
+    h.limits[1] = replace(h.limits[1], per_key=2, concurrency=None)
+    h.runs[5] = run(6, 0.9, 2.2, queue="k", key="a")  # beside j4 of key a: 2 under a per-key limit of 2
+    assert broken(h) == set()
+    h.jobs[5] = replace(h.jobs[5], weight=2)
+    assert broken(h) == {"concurrency_per_key"}
+
+
+def test_a_deleted_job_counts_its_weight_from_its_insert() -> None:
+    h = clean()
+    h.inserted["j1"] = Inserted("j1", T0 - 1, "model.work", weight=2)
+    del h.jobs[0]
+    h.expected.pop("j1")
+    h.completions.pop("j1")
+    assert "concurrency" in broken(h)
+
+
+def test_spent_units_count_in_the_rate_window_of_the_starts_after_them() -> None:
+    h = clean()
+    # q allows 3 starts per 2 s (+1): j1 at +0, j2 at +0.5. Three units spent by +0.2 leave no room for j2.
+    h.spends = [Spend("q", None, 3, T0 + 0.1, T0 + 0.2, True)]
+    assert broken(h) == {"rate_limit"}
+    # A spend still in flight when j2 started may come after it: not counted.
+    h.spends = [Spend("q", None, 3, T0 + 0.4, T0 + 0.6, True)]
+    assert broken(h) == set()
+    # A spend that recorded nothing (no rate limit then) counts nothing.
+    h.spends = [Spend("q", None, 3, T0 + 0.1, T0 + 0.2, False)]
+    assert broken(h) == set()
+
+
+def test_weighted_starts_count_in_the_rate_window() -> None:
+    h = clean()
+    h.limits[0] = replace(h.limits[0], concurrency=None)  # the rate alone
+    h.jobs[1] = replace(h.jobs[1], weight=3)  # j1 (1) and j2 (3): 4 of 3 + one start of weight 3: within
+    assert broken(h) == set()
+    h.jobs[0] = replace(h.jobs[0], weight=3)  # 6 of 3 + 3: within; a third start of weight 3 is not
+    h.jobs.append(job(20, weight=3))
+    h.completions["j20"] = [T0 + 2]
+    h.expected["j20"] = "completed"
+    h.runs.append(run(20, 0.6, 0.7))
+    assert broken(h) == {"rate_limit"}
 
 
 def test_overlap_above_the_key_limit() -> None:

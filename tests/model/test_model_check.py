@@ -46,6 +46,11 @@ def test_model_check(seed: int, single_queue_workers: bool, dsn: str) -> None:
     # the job was running then): the coverage cannot vanish without this failing.
     played = {kind.removesuffix(":missed") for kind in report.exercised}
     assert set(PART_THREE) <= played, f"not played: {sorted(set(PART_THREE) - played)}"
+    # Every spend planned was made, and a weighted job planned was scheduled (or refused under a lowered limit).
+    spends = [a for a in topology.timeline if a.kind == "consume"]
+    assert report.exercised.get("consume", 0) + report.exercised.get("consume:unlimited", 0) == len(spends)
+    if any(j.get("weight", 1) > 1 for a in topology.timeline if a.kind in ("jobs", "hog") for j in a.args["jobs"]):
+        assert report.exercised.get("weight:scheduled", 0) + report.exercised.get("weight:refused", 0) > 0
     reasons = [known_hole(v) for v in report.violations]
     unknown = [v for v, reason in zip(report.violations, reasons, strict=True) if reason is None]
     assert not unknown, explain(topology, report)
@@ -81,6 +86,11 @@ def test_the_ci_seeds_plan_every_part_three_operation() -> None:
         sql_jobs = [job for a in topology.timeline if a.kind in ("sql", "sql_many") for job in a.args["jobs"]]
         assert sql_jobs and all(a.args["unique_key"] for a in topology.timeline if a.kind == "keyed")
     assert huge == {"url", "json"}
+    # Weights (1-4) and spends (`App.consume`) are among the operations of the CI seeds.
+    planned = [generate(seed, DURATION, single_queue_workers=single).timeline for seed, single in CASES]
+    weights = {j.get("weight", 1) for t in planned for a in t if a.kind in ("jobs", "hog") for j in a.args["jobs"]}
+    assert weights >= {1, 2, 3}, weights
+    assert all(any(a.kind == "consume" for a in t) for t in planned)
 
 
 def test_only_the_listed_holes_are_expected_failures(monkeypatch: pytest.MonkeyPatch) -> None:

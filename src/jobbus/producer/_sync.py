@@ -353,6 +353,18 @@ class SyncProducer(ABC):
             self._run(statement)
         return self.get_queue(queue)
 
+    def consume(self, queue: str, units: int, *, key: str | None = None) -> bool:
+        """Spend `units` of `queue`'s rate limit now, outside any job (the tokens an LLM call reported,
+        say), and of `key`'s `rate_limit_per_key` when a key is given: they count in the rolling windows
+        as starts of jobs of that weight do, so claims of the queue wait until the windows have room
+        again. A spend may take a window past its count (it reports what was used); it never fails for
+        that. Returns False, writing nothing, when no rate limit of the queue counts the spend (none is
+        set, or only a per-key one and no key is given). Safe to repeat after a lost connection: the
+        call's id is recorded with it, so a repeat spends nothing twice.
+        """
+        statement = plan.consume_statement(self._app, queue, units, key)
+        return self._run(statement)
+
     def get_queue(self, queue: str) -> QueueSettings:
         """The limits of a queue (a queue without limits has them all None)."""
         statement = self._app.queue_store.list_settings(validate_text("queue", queue, MAX_TYPE_BYTES))
@@ -364,7 +376,8 @@ class SyncProducer(ABC):
         return self._run(self._app.queue_store.list_settings())
 
     def queue_usage(self) -> dict[str, tuple[int, int | None]]:
-        """Per queue with limits: jobs holding a valid lease now, and jobs started in its rate window."""
+        """Per queue with limits: jobs holding a valid lease now, and jobs started in its rate window (or
+        None without a rate limit), each job counted by its weight and each `consume` by its units."""
         return self._run(self._app.queue_store.usage())
 
     # -- periodic jobs -----------------------------------------------------------------------------

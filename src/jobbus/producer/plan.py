@@ -19,8 +19,10 @@ from jobbus.limits import Keep, RateLimit, check_count, check_rate
 from jobbus.models import JOB_VIEWS, JobSpec, JobStatus, SharedSpecs
 from jobbus.registry import Registry
 from jobbus.requests import (
+    INT32_MAX,
     MAX_NAME_BYTES,
     MAX_TYPE_BYTES,
+    MAX_UNIQUE_KEY_BYTES,
     JobRequest,
     follow_up_groups,
     new_job_id,
@@ -325,6 +327,19 @@ def prune_params(older_than: timedelta, statuses: Sequence[str | JobStatus]) -> 
     if active:
         raise InvalidJobError(f"prune removes finished jobs only; {', '.join(active)} is not a finished status")
     return {"older_than_seconds": older_than.total_seconds(), "statuses": names, "limit": 10_000}
+
+
+def consume_statement(app: ProducerApp, queue: str, units: int, key: str | None) -> Statement[bool]:
+    """`App.consume`'s statement, its arguments checked (`InvalidJobError` naming the one at fault) and
+    its id made here, once, so that every repeat of the statement carries the same one."""
+    queue = validate_text("queue", queue, MAX_TYPE_BYTES)
+    if isinstance(units, bool) or not isinstance(units, int):
+        raise InvalidJobError(f"units must be an integer, got {units!r}")
+    if not 1 <= units <= INT32_MAX:
+        raise InvalidJobError(f"units must be between 1 and {INT32_MAX}, got {units}")
+    if key is not None:
+        key = validate_text("key", key, MAX_UNIQUE_KEY_BYTES)
+    return app.queue_store.spend_units(new_job_id(), queue, key, units)
 
 
 def set_queue_statements(

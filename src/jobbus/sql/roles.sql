@@ -33,11 +33,18 @@ GRANT SELECT, INSERT, DELETE ON {schema}.queue_start TO {worker}, {operator};
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.queue_key TO {worker}, {operator};
 GRANT SELECT, DELETE ON {schema}.queue_key_note TO {worker}, {operator};
 GRANT EXECUTE ON FUNCTION {schema}.take_limited(text, text[], integer, uuid[], double precision),
-    {schema}.take_per_key({schema}.queue_setting, text[], integer, uuid[], timestamptz, double precision),
+    {schema}.take_per_key({schema}.queue_setting, text[], integer, integer, uuid[], timestamptz, double precision),
     {schema}.take_from_key(text, text, text[], integer, uuid[]),
     {schema}.take_unkeyed(text, text[], integer, uuid[], timestamptz),
     {schema}.read_key_notes(text), {schema}.key_next_at(text, text)
     TO {worker}, {operator};
+-- Weights: claims fit weighted jobs to their budget; schedules of weighted jobs check them against the
+-- queue's limits, `consume` spends rate units and lowering a limit checks the weights of queued jobs
+-- (functions that run as the schema owner).
+GRANT EXECUTE ON FUNCTION {schema}.fit_weights(uuid[], integer) TO {worker}, {operator};
+GRANT EXECUTE ON FUNCTION {schema}.refuse_heavy_jobs(text[], boolean[], integer[], text) TO {worker}, {operator};
+GRANT EXECUTE ON FUNCTION {schema}.spend_units(uuid, text, text, integer) TO {worker}, {operator};
+GRANT EXECUTE ON FUNCTION {schema}.refuse_limits_below_weights(text, integer, integer, integer, integer) TO {operator};
 -- Periodic jobs: workers store the ones their code declares and the leader enqueues their ticks.
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.periodic TO {worker}, {operator};
 -- Workflows: whatever finishes a job (an outcome, a recovery, a cancel) schedules its follow-up and its

@@ -19,6 +19,9 @@ GRANT INSERT, DELETE ON {schema}.command TO {dashboard};
 GRANT USAGE ON SEQUENCE {schema}.command_generation_seq TO {dashboard};
 -- Queue limits.
 GRANT INSERT, UPDATE, DELETE ON {schema}.queue_setting TO {dashboard};
+-- A limit lowered below the weight of a queued job is refused by a function that reads the job table as
+-- the schema's owner.
+GRANT EXECUTE ON FUNCTION {schema}.refuse_limits_below_weights(text, integer, integer, integer, integer) TO {dashboard};
 -- Workflows: a job's steps and children on its page; a retry or cancel that makes a job terminal (or
 -- reopens it) moves its group's and its parent's counts and schedules callbacks, in the same transaction.
 GRANT SELECT ON {schema}.job_follow_up, {schema}.job_child, {schema}.job_step, {schema}.event,

@@ -14,3 +14,7 @@ GRANT EXECUTE ON FUNCTION {schema}.emit_event(text, jsonb, text),
     TO {producer};
 -- The SQL API (docs/sql.md): the same rights, through two functions.
 GRANT EXECUTE ON FUNCTION {schema}.schedule(text, jsonb, jsonb), {schema}.schedule_many(jsonb) TO {producer};
+-- Weighted jobs are checked against their queue's limits, and `consume` spends rate units, through
+-- functions that run as the schema's owner.
+GRANT EXECUTE ON FUNCTION {schema}.refuse_heavy_jobs(text[], boolean[], integer[], text) TO {producer};
+GRANT EXECUTE ON FUNCTION {schema}.spend_units(uuid, text, text, integer) TO {producer};

@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 
-from jobbus.errors import InvalidStateError
+from jobbus.errors import InvalidJobError, InvalidStateError
 from jobbus.models import (
     JOB_COLUMNS,
     TRACE_KEY,
@@ -39,6 +39,18 @@ def raise_group_refusal(exc: BaseException) -> None:
     error is left to the caller."""
     if isinstance(exc, psycopg.Error) and exc.sqlstate == GROUP_REFUSED:
         raise InvalidStateError(exc.diag.message_primary or str(exc)) from None
+    # The schema's refusals of weights, raised the same way: a job heavier than a limit of its queue
+    # (refuse_heavy_jobs), a limit lowered below the weight of a queued job (refuse_limits_below_weights).
+    if isinstance(exc, psycopg.Error) and exc.sqlstate == WEIGHT_REFUSED and exc.diag.column_name == "weight":
+        raise InvalidJobError(exc.diag.message_primary or str(exc)) from None
+    if isinstance(exc, psycopg.Error) and exc.sqlstate == LIMIT_REFUSED:
+        raise InvalidStateError(exc.diag.message_primary or str(exc)) from None
+
+
+#: SQLSTATE (invalid_parameter_value, with the column `weight`) of a job heavier than a limit of its queue.
+WEIGHT_REFUSED = "22023"
+#: SQLSTATE of `set_queue` lowering a limit below the weight of a job queued or running in the queue.
+LIMIT_REFUSED = "JB412"
 
 
 #: Expired jobs one claim cancels at most before it hands back what it leased: a claim behind a long run
@@ -121,7 +133,7 @@ class JobStore:
         group's callback or None) of `schedule_group`: the members of a new group, refused (SQLSTATE
         `GROUP_REFUSED`) if the id already has jobs, and the callback written with them.
         """
-        if callback is not None or any(s.then is not None or _expires(s) for s in options_of(specs)):
+        if callback is not None or any(s.then is not None or _expires(s) or s.weight != 1 for s in options_of(specs)):
             return self._insert_jobs(specs, callback)
         if len(specs) == 1:
             (spec,) = specs
@@ -154,14 +166,23 @@ class JobStore:
     ) -> Statement[dict[tuple[str, str], uuid.UUID]]:
         columns = _ARRAYS
         query = "insert_jobs"
-        if callback is not None or any(s.then is not None or _expires(s) for s in options_of(specs)):
+        checks = None
+        if callback is not None or any(s.then is not None or _expires(s) or s.weight != 1 for s in options_of(specs)):
             columns = _CHAINED_ARRAYS
             query = "insert_jobs_chained"
+            checks = _weight_checks(specs, callback)  # plain jobs never come here: they pay nothing for weights
         if callback is not None:
             query = "insert_group"
+        if checks is not None:
+            columns = _WEIGHTED_ARRAYS
+            query = "insert_jobs_weighted"
         params: dict[str, Any] = {**_arrays(specs, columns), "channel": self.channel}
         if callback is not None:
             params["callback_group"], params["callback_spec"] = callback
+        if checks is not None:
+            params["check_queues"], params["check_keyed"], params["check_weights"] = checks
+            params.setdefault("callback_group", None)
+            params.setdefault("callback_spec", None)
         return Statement(self._q[query], params, _decode_inserted, prepare=False)
 
     def _copy_jobs(self, specs: Sequence[JobSpec]) -> Copy[dict[tuple[str, str], uuid.UUID]] | None:
@@ -503,6 +524,38 @@ _CHAINED_ARRAYS: dict[str, Callable[[JobSpec], Any]] = {
     "expires_ats": attrgetter("expires_at"),
     "expires_ins": attrgetter("expires_in"),
 }
+#: Those of insert_jobs_weighted: the weights too.
+_WEIGHTED_ARRAYS: dict[str, Callable[[JobSpec], Any]] = {
+    **_CHAINED_ARRAYS,
+    "weights": attrgetter("weight"),
+}
+
+
+def _weight_checks(
+    specs: Sequence[JobSpec], callback: tuple[uuid.UUID, str | None] | None
+) -> tuple[list[str], list[bool], list[int]] | None:
+    """(queue, keyed, weight) of each job weighing more than 1 among `specs`, their follow-ups (`then=`,
+    at any depth) and a group's callback, for refuse_heavy_jobs; None when there is none (the plain
+    statements, which do not name the weight column, are used then)."""
+    found: list[tuple[str, bool, int]] = []
+    texts: list[str] = []
+    for spec in options_of(specs):
+        if spec.weight != 1:
+            found.append((spec.queue, spec.concurrency_key is not None, spec.weight))
+        if spec.then is not None and '"weight"' in spec.then:
+            texts.append(spec.then)
+    if callback is not None and callback[1] is not None and '"weight"' in callback[1]:
+        texts.append(callback[1])
+    for text in texts:
+        then = json.loads(text)
+        while isinstance(then, dict):
+            if then.get("weight", 1) != 1:
+                found.append((then["queue"], then.get("concurrency_key") is not None, then["weight"]))
+            then = then.get("then")
+    if not found:
+        return None
+    queues, keyed, weights = zip(*found, strict=True)
+    return list(queues), list(keyed), list(weights)
 
 
 def _arrays(specs: Sequence[JobSpec], columns: Mapping[str, Callable[[JobSpec], Any]]) -> dict[str, list[Any]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import timedelta
 
 from jobbus.limits import KEEP, Keep, QueueSettings, RateLimit
@@ -68,8 +69,15 @@ class QueueStore:
         return Statement(self._q["limited_queues"], {}, lambda rows, _: [r[0] for r in rows])
 
     def usage(self) -> Statement[dict[str, tuple[int, int | None]]]:
-        """Per limited queue: (jobs holding a valid lease, starts in its rate window or None)."""
+        """Per limited queue: (jobs holding a valid lease, starts in its rate window or None), by weight
+        (and spends by their units)."""
         return Statement(self._q["queue_usage"], {}, lambda rows, _: {r[0]: (int(r[1]), r[2]) for r in rows})
+
+    def spend_units(self, spend_id: uuid.UUID, queue: str, key: str | None, units: int) -> Statement[bool]:
+        """`App.consume`: spend `units` of the queue's rate windows (and the key's); once per `spend_id`,
+        so repeating it after a lost connection spends nothing twice. False: no rate limit counts it."""
+        params = {"id": spend_id, "queue": queue, "key": key, "units": units}
+        return Statement(self._q["spend_units"], params, lambda rows, _: bool(rows[0][0]))
 
     def seconds_until_rate_capacity(self, queues: list[str]) -> Statement[float | None]:
         return Statement(

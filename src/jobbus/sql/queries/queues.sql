@@ -3,11 +3,14 @@
 
 -- name: upsert_queue_setting
 -- Sets the limits given and keeps the others (keep_*): one statement, so concurrent changes of different
--- limits never undo each other.
+-- limits never undo each other. A limit lowered below the weight of a job queued or running in the queue
+-- is refused first (refuse_limits_below_weights of sql/current.sql, SQLSTATE JB412): nothing is written.
 INSERT INTO {schema}.queue_setting AS q (queue, concurrency, concurrency_per_key, rate_count, rate_period_seconds,
                                         key_rate_count, key_rate_period_seconds)
-VALUES (%(queue)s, %(concurrency)s, %(concurrency_per_key)s, %(rate_count)s, %(rate_period_seconds)s,
-        %(key_rate_count)s, %(key_rate_period_seconds)s)
+SELECT %(queue)s, %(concurrency)s, %(concurrency_per_key)s, %(rate_count)s, %(rate_period_seconds)s,
+       %(key_rate_count)s, %(key_rate_period_seconds)s
+WHERE {schema}.refuse_limits_below_weights(%(queue)s, %(concurrency)s, %(concurrency_per_key)s, %(rate_count)s,
+                                           %(key_rate_count)s)
 ON CONFLICT (queue) DO UPDATE
 SET concurrency = CASE WHEN %(keep_concurrency)s THEN q.concurrency ELSE excluded.concurrency END,
     concurrency_per_key = CASE WHEN %(keep_concurrency_per_key)s THEN q.concurrency_per_key
@@ -37,12 +40,13 @@ ORDER BY queue;
 SELECT queue FROM {schema}.queue_setting;
 
 -- name: queue_usage
--- How close each limited queue is to its limits now: jobs holding a valid lease, starts in its window.
+-- How close each limited queue is to its limits now: jobs holding a valid lease, starts in its window,
+-- each counted by its weight (and spends by their units), as the limits count them.
 SELECT q.queue,
-       (SELECT count(*) FROM {schema}.job AS j
+       (SELECT coalesce(sum(j.weight), 0) FROM {schema}.job AS j
         WHERE j.status = 'running' AND j.queue = q.queue AND j.lease_expires_at > now()),
        CASE WHEN q.rate_count IS NOT NULL THEN
-           (SELECT count(*) FROM {schema}.queue_start AS s
+           (SELECT coalesce(sum(s.units), 0) FROM {schema}.queue_start AS s
             WHERE s.queue = q.queue AND s.started_at > now() - make_interval(secs => q.rate_period_seconds))
        END
 FROM {schema}.queue_setting AS q
@@ -67,3 +71,7 @@ FROM (
     FROM {schema}.queue_setting AS q
     WHERE q.queue = ANY(%(queues)s::text[]) AND q.key_rate_count IS NOT NULL
 ) AS waits;
+
+-- name: spend_units
+-- `App.consume`: the function spend_units of sql/current.sql (once per call id; false: no rate limit).
+SELECT {schema}.spend_units(%(id)s, %(queue)s, %(key)s, %(units)s);
