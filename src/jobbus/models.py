@@ -163,6 +163,10 @@ class JobSpec:
     #: after the insert (the database clock); neither: never.
     expires_at: datetime | None = None
     expires_in: float | None = None
+    #: Seconds of the uniqueness window (`unique_for=`), or None.
+    unique_for: float | None = None
+    #: Seconds of debounce (`debounce=`), or None.
+    debounce: float | None = None
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -53,6 +53,12 @@ class JobRequest:
     #: A job not started by then never runs and ends `cancelled`: seconds or a timedelta from the
     #: insert (the database clock), or an aware datetime.
     expires: float | timedelta | datetime | None = None
+    #: A uniqueness window (needs `unique_key`): a job of the same (type, unique_key) scheduled less than
+    #: this many seconds (or this timedelta) ago, in any status, answers the call; nothing is written.
+    unique_for: float | timedelta | None = None
+    #: Debounce (needs `unique_key`): while a job of the key waits unstarted, the call gives it this
+    #: configuration and makes it available this many seconds (or this timedelta) from now.
+    debounce: float | timedelta | None = None
 
 
 class JobOptions(TypedDict, total=False):
@@ -71,6 +77,8 @@ class JobOptions(TypedDict, total=False):
     concurrency_key: str | None
     then: JobRequest | None
     expires: float | timedelta | datetime | None
+    unique_for: float | timedelta | None
+    debounce: float | timedelta | None
 
 
 def check_options(what: str, given: Mapping[str, object], known: frozenset[str]) -> None:
@@ -148,6 +156,7 @@ def build_spec(
         if request.concurrency_key is None
         else validate_text("concurrency_key", request.concurrency_key, MAX_UNIQUE_KEY_BYTES)
     )
+    unique_for, debounce = keyed_options(request, unique_key)
     return JobSpec(
         id=new_job_id(),
         type=job_type,
@@ -164,7 +173,28 @@ def build_spec(
         concurrency_key=concurrency_key,
         expires_at=expires_at,
         expires_in=expires_in,
+        unique_for=unique_for,
+        debounce=debounce,
     )
+
+
+def keyed_options(request: JobRequest, unique_key: str | None) -> tuple[float | None, float | None]:
+    """(unique_for, debounce) in seconds, or `InvalidJobError`: each needs a unique_key, they exclude each
+    other, and debounce sets the start itself (no available_at)."""
+    unique_for = seconds_or_none("unique_for", request.unique_for)
+    debounce = seconds_or_none("debounce", request.debounce)
+    if unique_for is None and debounce is None:
+        return None, None
+    what = "unique_for" if unique_for is not None else "debounce"
+    if unique_key is None:
+        raise InvalidJobError(f"{what} needs a unique_key: it deduplicates the jobs of one (type, unique_key)")
+    if unique_for is not None and debounce is not None:
+        raise InvalidJobError("debounce and unique_for exclude each other: give one")
+    if debounce is not None and request.available_at is not None:
+        raise InvalidJobError(
+            "debounce sets when the job starts (debounce seconds from the last call): give no available_at"
+        )
+    return unique_for, debounce
 
 
 def spec_json(spec: JobSpec) -> str:
@@ -189,6 +219,10 @@ def spec_json(spec: JobSpec) -> str:
         values["expires_at"] = spec.expires_at.isoformat()
     if spec.expires_in is not None:
         values["expires_in"] = spec.expires_in
+    if spec.unique_for is not None:
+        values["unique_for"] = spec.unique_for
+    if spec.debounce is not None:
+        values["debounce"] = spec.debounce
     text = dumps(values)
     # configuration and then are JSON text already: spliced in, not decoded and encoded again.
     text = f'{text[:-1]},"configuration":{spec.configuration}'

@@ -14,3 +14,6 @@ GRANT EXECUTE ON FUNCTION {schema}.emit_event(text, jsonb, text),
     TO {producer};
 -- The SQL API (docs/sql.md): the same rights, through two functions.
 GRANT EXECUTE ON FUNCTION {schema}.schedule(text, jsonb, jsonb), {schema}.schedule_many(jsonb) TO {producer};
+-- Uniqueness windows and debounce (`unique_for=`, `debounce=`) go through schedule_keyed, which runs as
+-- the schema's owner: a debounced call gives a queued job a later call's configuration.
+GRANT EXECUTE ON FUNCTION {schema}.schedule_keyed(jsonb, text) TO {producer};
