@@ -98,6 +98,21 @@ CASES: list[tuple[dict[str, Any], str | None]] = [
     ({"type": "t", "expires_at": "9999-06-01T00:00:00Z"}, "expires_at"),
     ({"type": "t", "colour": "blue"}, "colour"),
     ({"type": "t", "then": {"type": "u"}}, "then"),
+    ({"type": "t", "unique_key": "k", "unique_for": 60}, None),
+    ({"type": "t", "unique_key": "k", "unique_for": 0.5, "priority": 2, "delay_seconds": 30}, None),
+    ({"type": "t", "unique_key": "k", "debounce": 2.5, "name": "n"}, None),
+    ({"type": "t", "unique_key": "k", "unique_for": 0}, "unique_for"),
+    ({"type": "t", "unique_key": "k", "unique_for": -5}, "unique_for"),
+    ({"type": "t", "unique_key": "k", "unique_for": 31536001}, "unique_for"),
+    ({"type": "t", "unique_key": "k", "unique_for": "60"}, "unique_for"),
+    ({"type": "t", "unique_key": "k", "unique_for": True}, "unique_for"),
+    ({"type": "t", "unique_for": 60}, "unique_for"),
+    ({"type": "t", "unique_key": "k", "debounce": 0}, "debounce"),
+    ({"type": "t", "unique_key": "k", "debounce": 1e12}, "debounce"),
+    ({"type": "t", "debounce": 5}, "debounce"),
+    ({"type": "t", "unique_key": "k", "debounce": 5, "unique_for": 5}, "debounce"),
+    ({"type": "t", "unique_key": "k", "debounce": 5, "delay_seconds": 5}, "debounce"),
+    ({"type": "t", "unique_key": "k", "debounce": 5, "available_at": "2031-01-02T03:04:05+02:00"}, "debounce"),
 ]
 
 #: The Python name of each SQL option.
@@ -454,6 +469,8 @@ _KEYS = st.sampled_from(
         "timeout_seconds",
         "concurrency_key",
         "expires_at",
+        "unique_for",
+        "debounce",
     ]
 )
 

@@ -423,7 +423,7 @@ BEGIN
     IF NEW.configuration_data::text IS DISTINCT FROM OLD.configuration_data::text
        -- debounce (schedule_keyed) gives a queued job that never started the configuration of a later call
        AND NOT (OLD.status = 'queued' AND OLD.started_at IS NULL
-                AND current_setting('jobbus.debounce', true) = OLD.id::text) THEN
+                AND current_setting('jobbus.debounce', true) IS NOT DISTINCT FROM OLD.id::text) THEN
         RAISE EXCEPTION 'configuration_data of job % is immutable', OLD.id
             USING ERRCODE = 'check_violation';
     END IF;
