@@ -156,7 +156,9 @@ def build_spec(
         if request.concurrency_key is None
         else validate_text("concurrency_key", request.concurrency_key, MAX_UNIQUE_KEY_BYTES)
     )
-    unique_for, debounce = keyed_options(request, unique_key)
+    unique_for = debounce = None
+    if request.unique_for is not None or request.debounce is not None:
+        unique_for, debounce = keyed_options(request, unique_key)
     return JobSpec(
         id=new_job_id(),
         type=job_type,

@@ -122,12 +122,12 @@ class JobStore:
         group's callback or None) of `schedule_group`: the members of a new group, refused (SQLSTATE
         `GROUP_REFUSED`) if the id already has jobs, and the callback written with them.
         """
-        if callback is None and any(s.unique_for is not None or s.debounce is not None for s in options_of(specs)):
-            return self._schedule_keyed(specs)
         if callback is not None or any(s.then is not None or _expires(s) for s in options_of(specs)):
             return self._insert_jobs(specs, callback)
         if len(specs) == 1:
             (spec,) = specs
+            if spec.unique_for is not None or spec.debounce is not None:
+                return self._schedule_keyed(specs)
             one = {
                 "id": spec.id,
                 "type": spec.type,
@@ -155,6 +155,8 @@ class JobStore:
     def _insert_jobs(
         self, specs: Sequence[JobSpec], callback: tuple[uuid.UUID, str | None] | None = None
     ) -> Statement[dict[tuple[str, str], uuid.UUID]]:
+        if callback is None and any(s.unique_for is not None or s.debounce is not None for s in options_of(specs)):
+            return self._schedule_keyed(specs)  # a window or debounce (never by COPY: those jobs have keys)
         columns = _ARRAYS
         query = "insert_jobs"
         if callback is not None or any(s.then is not None or _expires(s) for s in options_of(specs)):
