@@ -349,3 +349,64 @@ def test_a_producer_role_debounces_and_an_observer_may_not_call_schedule_keyed(d
     with psycopg.connect(dsn) as conn:
         row = conn.execute("SELECT configuration_data FROM jobbus.job WHERE id = %s", (first,)).fetchone()
         assert row == ({"n": 2},)
+
+
+def test_follow_ups_with_debounce_and_a_window_go_through_the_same_rules(dsn: str, sync_app: jobbus.App) -> None:
+    """A follow-up (`then=`) is scheduled by the database when its job completes: with debounce, the
+    follow-ups of two jobs fold into one job with the configuration of the later; with a window, the
+    second is answered by the first."""
+    producer = sync_app.sync
+    for n in (1, 2):
+        producer.schedule(
+            "t",
+            {"parent": n},
+            then=jobbus.JobRequest("u", {"from": n}, unique_key="after", debounce=60),
+        )
+        producer.schedule("t", {"parent": n}, then=jobbus.JobRequest("v", {"from": n}, unique_key="w", unique_for=60))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        claimed = sorted(claim(sync_app, conn, limit=10), key=lambda job: (job.configuration_data or {})["parent"])
+        for job in claimed:  # parent 1's follow-ups first, each completion its own transaction
+            assert write(sync_app, conn, job, JobStatus.COMPLETED)
+        debounced = conn.execute(
+            "SELECT configuration_data, available_at - now() > interval '50 seconds' FROM jobbus.job WHERE type = 'u'"
+        ).fetchall()
+        assert debounced == [({"from": 2}, True)]
+        windowed = conn.execute("SELECT unique_until IS NOT NULL FROM jobbus.job WHERE type = 'v'").fetchall()
+        assert windowed == [(True,)]
+
+
+def test_task_options_take_debounce_and_a_window(dsn: str, sync_app: jobbus.App) -> None:
+    @sync_app.task("user.reindex")
+    def reindex(user_id: int, name: str) -> None:
+        pass
+
+    first = reindex.options(unique_key="user:7", debounce=30).defer_sync(7, "Ada")
+    assert reindex.options(unique_key="user:7", debounce=30).defer_sync(7, "Ada L.") == first
+    daily = reindex.options(unique_key="daily", unique_for=timedelta(days=1)).defer_sync(0, "all")
+    assert reindex.options(unique_key="daily", unique_for=timedelta(days=1)).defer_sync(0, "again") == daily
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute("SELECT configuration_data FROM jobbus.job ORDER BY created_at").fetchall()
+    assert len(rows) == 2 and "Ada L." in str(rows[0][0]) and "all" in str(rows[1][0])
+
+
+def test_a_parked_job_can_be_cancelled_expire_or_be_deleted(dsn: str, sync_app: jobbus.App) -> None:
+    producer = sync_app.sync
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        first = producer.schedule("t", {"n": 1}, unique_key="k", debounce=0.01)
+        _make_available(conn, first)
+        (running,) = claim(sync_app, conn)
+        parked = producer.schedule("t", {"n": 2}, unique_key="k", debounce=0.01)
+        assert producer.cancel(parked) is JobStatus.CANCELLED
+        again = producer.schedule("t", {"n": 3}, unique_key="k", debounce=0.01, expires=0.5)
+        assert again not in (first, parked)
+        wait_until(
+            lambda: (
+                conn.execute("SELECT now() > expires_at FROM jobbus.job WHERE id = %s", (again,)).fetchone() == (True,)
+            )
+        )
+        assert run_sync(conn, sync_app.store.cancel_expired_jobs()) == 1  # the rescuer's sweep
+        last = producer.schedule("t", {"n": 4}, unique_key="k", debounce=0.01)
+        producer.delete(last)
+        assert write(sync_app, conn, running, JobStatus.COMPLETED)
+        rows = conn.execute("SELECT id, status FROM jobbus.job ORDER BY created_at").fetchall()
+        assert rows == [(first, "completed"), (parked, "cancelled"), (again, "cancelled")]

@@ -7,15 +7,16 @@
 -- retention and prune keep the job until then, so a window is never shortened by a delete.
 -- debounce_until: set while a debounced job waits behind a run of its key (parked at never(), so no
 -- claim takes it): when that run ends, it becomes available at this time (or at once if that passed).
--- The CHECK keeps a parked job parked: no statement can make it available, nor start it, without
--- clearing debounce_until (which the release does), so two runs of one key can never be in flight.
+-- The CHECK keeps a parked job parked: no statement can make it available (so no claim can start it)
+-- without clearing debounce_until, which the release does: two runs of one key are never in flight.
+-- A parked job may still end without running (cancelled, expired, deleted).
 -- One statement, repeatable: a run stopped after it drops and adds the constraint again.
 ALTER TABLE {schema}.job
     DROP CONSTRAINT IF EXISTS job_debounce_parked_check,
     ADD COLUMN IF NOT EXISTS unique_until timestamptz,
     ADD COLUMN IF NOT EXISTS debounce_until timestamptz,
     ADD CONSTRAINT job_debounce_parked_check
-        CHECK (debounce_until IS NULL OR (status = 'queued' AND available_at >= '9000-01-01 00:00:00+00')) NOT VALID;
+        CHECK (debounce_until IS NULL OR available_at >= '9000-01-01 00:00:00+00') NOT VALID;
 
 ALTER TABLE {schema}.job VALIDATE CONSTRAINT job_debounce_parked_check;
 
@@ -26,7 +27,7 @@ CREATE INDEX {concurrently} IF NOT EXISTS job_unique_key_idx
 
 -- Parked debounced jobs: what the end of a keyed run looks for (almost always nothing).
 CREATE INDEX {concurrently} IF NOT EXISTS job_debounce_parked_idx
-    ON {schema}.job (type, unique_key) WHERE debounce_until IS NOT NULL;
+    ON {schema}.job (type, unique_key) WHERE debounce_until IS NOT NULL AND status = 'queued';
 
 -- Deduplication as before (SPEC 2: at most one active job per (type, unique_key)), except a debounced
 -- job parked behind a run of its key: the one queued beside one running that SPEC 21 allows. Built

@@ -181,7 +181,8 @@ DECLARE
     v_queue text;
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM {schema}.job AS w
-                   WHERE w.type = OLD.type AND w.unique_key = OLD.unique_key AND w.debounce_until IS NOT NULL) THEN
+                   WHERE w.type = OLD.type AND w.unique_key = OLD.unique_key AND w.debounce_until IS NOT NULL
+                     AND w.status = 'queued') THEN
         RETURN NULL;
     END IF;
     BEGIN
