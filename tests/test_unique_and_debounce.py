@@ -18,7 +18,7 @@ from psycopg.types.json import Jsonb
 import jobbus
 from jobbus.models import JobStatus
 from jobbus.store import MaintenanceStore, run_sync
-from tests.processes import wait_until
+from tests.processes import eventually, wait_until
 from tests.roles import granted_roles
 from tests.storehelpers import claim, write
 
@@ -410,3 +410,28 @@ def test_a_parked_job_can_be_cancelled_expire_or_be_deleted(dsn: str, sync_app: 
         assert write(sync_app, conn, running, JobStatus.COMPLETED)
         rows = conn.execute("SELECT id, status FROM jobbus.job ORDER BY created_at").fetchall()
         assert rows == [(first, "completed"), (parked, "cancelled"), (again, "cancelled")]
+
+
+async def test_spawn_refuses_a_window_or_debounce_as_it_refuses_a_unique_key(app: jobbus.App, dsn: str) -> None:
+    """A child is always scheduled: spawn refuses the unique_key both options need (and each without it),
+    and writes no child."""
+    refusals: list[str] = []
+
+    @app.job("parent", max_attempts=1)
+    async def parent(job: jobbus.JobExecution) -> None:
+        for options in ({"debounce": 5}, {"unique_key": "k", "debounce": 5}, {"unique_key": "k", "unique_for": 5}):
+            try:
+                await job.spawn("child", {}, **options)
+            except (jobbus.InvalidJobError, ValueError) as exc:
+                refusals.append(str(exc))
+
+    await app.schedule("parent")
+    worker = jobbus.Worker(app, concurrency=1)
+    task = worker.start()
+    await eventually(lambda: len(refusals) == 3, timeout=60, what="the parent's run")
+    worker.request_stop()
+    await task
+    assert "debounce needs a unique_key" in refusals[0]
+    assert all("cannot have a unique_key" in text for text in refusals[1:])
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM jobbus.job WHERE type = 'child'").fetchone() == (0,)

@@ -2,7 +2,7 @@
 -- columns and indexes of 0029.
 --
 -- schedule_keyed schedules one job given as the JSON object `jobbus.requests.spec_json` writes (the
--- Python producers, follow-ups, spawned children and the SQL API all come here for a window or debounce).
+-- Python producers, follow-ups, group callbacks and the SQL API all come here for a window or debounce).
 -- Calls for one (type, unique_key) are serialized by a transaction-level advisory lock, and each
 -- statement after it reads a new snapshot (READ COMMITTED): a call sees every job of its key that a
 -- call before it committed, so two calls can never both find the key free. Calls without a window or
@@ -317,7 +317,7 @@ BEGIN
 END
 $function$;
 
--- schedule_spec: a follow-up, a group's callback or a spawned child with a window or debounce goes
+-- schedule_spec: a follow-up or a group's callback with a window or debounce goes
 -- through schedule_keyed.
 CREATE OR REPLACE FUNCTION {schema}.schedule_spec(p_spec jsonb, p_channel text)
  RETURNS uuid
@@ -358,31 +358,6 @@ BEGIN
     END IF;
     PERFORM pg_notify(p_channel, json_build_array(p_spec ->> 'queue', p_spec ->> 'type')::text);
     RETURN v_id;
-END
-$function$;
-
--- spawn_child: the child a window or debounce answered with is the one the step records.
-CREATE OR REPLACE FUNCTION {schema}.spawn_child(p_id uuid, p_token uuid, p_step text, p_spec jsonb, p_channel text)
- RETURNS TABLE(state text, child uuid)
- LANGUAGE plpgsql
-AS $function$
-DECLARE
-    v_attempts integer := {schema}.held_attempts(p_id, p_token);
-    v_child uuid;
-BEGIN
-    IF v_attempts IS NULL THEN
-        RETURN QUERY SELECT 'lost', NULL::uuid;
-        RETURN;
-    END IF;
-    SELECT (result #>> '{{}}')::uuid INTO v_child FROM {schema}.job_step WHERE job_id = p_id AND name = p_step;
-    IF v_child IS NULL THEN
-        -- A window or debounce may answer with another job of the key: the step records that one.
-        v_child := coalesce({schema}.schedule_spec(p_spec || jsonb_build_object('parent_id', p_id), p_channel),
-                            (p_spec ->> 'id')::uuid);
-        INSERT INTO {schema}.job_step (job_id, name, result, attempt)
-        VALUES (p_id, p_step, to_jsonb(v_child::text), v_attempts);
-    END IF;
-    RETURN QUERY SELECT 'ready', v_child;
 END
 $function$;
 
