@@ -109,6 +109,21 @@ CASES: list[tuple[dict[str, Any], str | None]] = [
     ({"type": "t", "weight": 1.5}, "weight"),
     ({"type": "t", "weight": True}, "weight"),
     ({"type": "t", "weight": "2"}, "weight"),
+    ({"type": "t", "unique_key": "k", "unique_for": 60}, None),
+    ({"type": "t", "unique_key": "k", "unique_for": 0.5, "priority": 2, "delay_seconds": 30}, None),
+    ({"type": "t", "unique_key": "k", "debounce": 2.5, "name": "n"}, None),
+    ({"type": "t", "unique_key": "k", "unique_for": 0}, "unique_for"),
+    ({"type": "t", "unique_key": "k", "unique_for": -5}, "unique_for"),
+    ({"type": "t", "unique_key": "k", "unique_for": 31536001}, "unique_for"),
+    ({"type": "t", "unique_key": "k", "unique_for": "60"}, "unique_for"),
+    ({"type": "t", "unique_key": "k", "unique_for": True}, "unique_for"),
+    ({"type": "t", "unique_for": 60}, "unique_for"),
+    ({"type": "t", "unique_key": "k", "debounce": 0}, "debounce"),
+    ({"type": "t", "unique_key": "k", "debounce": 1e12}, "debounce"),
+    ({"type": "t", "debounce": 5}, "debounce"),
+    ({"type": "t", "unique_key": "k", "debounce": 5, "unique_for": 5}, "debounce"),
+    ({"type": "t", "unique_key": "k", "debounce": 5, "delay_seconds": 5}, "debounce"),
+    ({"type": "t", "unique_key": "k", "debounce": 5, "available_at": "2031-01-02T03:04:05+02:00"}, "debounce"),
 ]
 
 #: The Python name of each SQL option.
@@ -468,6 +483,8 @@ _KEYS = st.sampled_from(
         "concurrency_key",
         "expires_at",
         "weight",
+        "unique_for",
+        "debounce",
     ]
 )
 

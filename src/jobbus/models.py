@@ -165,6 +165,10 @@ class JobSpec:
     expires_in: float | None = None
     #: What it counts against its queue's limits (`weight=`).
     weight: int = 1
+    #: Seconds of the uniqueness window (`unique_for=`), or None.
+    unique_for: float | None = None
+    #: Seconds of debounce (`debounce=`), or None.
+    debounce: float | None = None
 
 
 @dataclass(frozen=True, slots=True, eq=False)

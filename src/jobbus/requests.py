@@ -59,6 +59,12 @@ class JobRequest:
     #: What it counts against its queue's concurrency, concurrency_per_key, rate_limit and
     #: rate_limit_per_key (1 to `MAX_WEIGHT`; None: 1).
     weight: int | None = None
+    #: A uniqueness window (needs `unique_key`): a job of the same (type, unique_key) scheduled less than
+    #: this many seconds (or this timedelta) ago, in any status, answers the call; nothing is written.
+    unique_for: float | timedelta | None = None
+    #: Debounce (needs `unique_key`): while a job of the key waits unstarted, the call gives it this
+    #: configuration and makes it available this many seconds (or this timedelta) from now.
+    debounce: float | timedelta | None = None
 
 
 class JobOptions(TypedDict, total=False):
@@ -78,6 +84,8 @@ class JobOptions(TypedDict, total=False):
     then: JobRequest | None
     expires: float | timedelta | datetime | None
     weight: int | None
+    unique_for: float | timedelta | None
+    debounce: float | timedelta | None
 
 
 def check_options(what: str, given: Mapping[str, object], known: frozenset[str]) -> None:
@@ -158,6 +166,9 @@ def build_spec(
     weight = 1 if request.weight is None else _int("weight", request.weight)
     if not 1 <= weight <= MAX_WEIGHT:
         raise InvalidJobError(f"weight must be between 1 and {MAX_WEIGHT}, got {weight}")
+    unique_for = debounce = None
+    if request.unique_for is not None or request.debounce is not None:
+        unique_for, debounce = keyed_options(request, unique_key)
     return JobSpec(
         id=new_job_id(),
         type=job_type,
@@ -175,7 +186,28 @@ def build_spec(
         expires_at=expires_at,
         expires_in=expires_in,
         weight=weight,
+        unique_for=unique_for,
+        debounce=debounce,
     )
+
+
+def keyed_options(request: JobRequest, unique_key: str | None) -> tuple[float | None, float | None]:
+    """(unique_for, debounce) in seconds, or `InvalidJobError`: each needs a unique_key, they exclude each
+    other, and debounce sets the start itself (no available_at)."""
+    unique_for = seconds_or_none("unique_for", request.unique_for)
+    debounce = seconds_or_none("debounce", request.debounce)
+    if unique_for is None and debounce is None:
+        return None, None
+    what = "unique_for" if unique_for is not None else "debounce"
+    if unique_key is None:
+        raise InvalidJobError(f"{what} needs a unique_key: it deduplicates the jobs of one (type, unique_key)")
+    if unique_for is not None and debounce is not None:
+        raise InvalidJobError("debounce and unique_for exclude each other: give one")
+    if debounce is not None and request.available_at is not None:
+        raise InvalidJobError(
+            "debounce sets when the job starts (debounce seconds from the last call): give no available_at"
+        )
+    return unique_for, debounce
 
 
 def spec_json(spec: JobSpec) -> str:
@@ -202,6 +234,10 @@ def spec_json(spec: JobSpec) -> str:
         values["expires_in"] = spec.expires_in
     if spec.weight != 1:
         values["weight"] = spec.weight
+    if spec.unique_for is not None:
+        values["unique_for"] = spec.unique_for
+    if spec.debounce is not None:
+        values["debounce"] = spec.debounce
     text = dumps(values)
     # configuration and then are JSON text already: spliced in, not decoded and encoded again.
     text = f'{text[:-1]},"configuration":{spec.configuration}'

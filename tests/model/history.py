@@ -20,6 +20,7 @@ import re
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 #: Limits apply to running workers within one poll interval (SPEC 12); a change is given this long.
@@ -191,6 +192,23 @@ class Spend:
 
 
 @dataclass(frozen=True)
+class KeyedCall:
+    """A call with a uniqueness window (`kind` `window`, `window` its seconds) or debounce (`debounce`),
+    from Python or the SQL API, made in a transaction of its own: the id it returned, the token of its
+    configuration, its place in the commit order of its key's calls (`seq`, read after the call and
+    before the commit) and the database clock then (`at`: the call's job cannot have started before)."""
+
+    kind: str
+    type: str
+    key: str
+    job_id: str
+    token: str
+    seq: int
+    at: float
+    window: float = 0.0
+
+
+@dataclass(frozen=True)
 class Op:
     """A producer call on a job racing the workers: `cancel`, `delete` or `run_now`; `before` and
     `after` are the database clock around the call, `outcome` what it returned (the status for cancel,
@@ -251,6 +269,8 @@ class History:
     exercised: dict[str, int] = field(default_factory=dict)
     #: `App.consume` calls, as they returned.
     spends: list[Spend] = field(default_factory=list)
+    #: the calls with a uniqueness window or debounce, as they committed.
+    keyed_calls: list[KeyedCall] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -306,6 +326,8 @@ def check(history: History) -> Report:
         *checker.cancels(),
         *checker.run_nows(),
         *checker.unique(),
+        *checker.debounce(),
+        *checker.windows(),
         *checker.secrets(),
         *checker.errors_written(),
         *checker.end_state(),
@@ -1042,9 +1064,10 @@ class _Checker:
         """SPEC 2: two jobs of one (type, unique_key) are never queued or running at once (from its insert
         until it is terminal or deleted), whichever front end (Python or SQL) scheduled them."""
         active: dict[tuple[str, str], list[tuple[float, float, str]]] = defaultdict(list)
+        debounced = {(c.type, c.key) for c in self.h.keyed_calls if c.kind == "debounce"}
         for job_id, i in self.h.inserted.items():
-            if i.unique_key is None:
-                continue
+            if i.unique_key is None or (i.type, i.unique_key) in debounced:
+                continue  # a debounced key may have one job queued beside one running: debounce() checks it
             ends = [
                 t.at
                 for t in self.transitions.get(job_id, [])
@@ -1062,6 +1085,103 @@ class _Checker:
                             f"from {_fmt(other_start, self.origin)} (the first active "
                             f"{_fmt(start, self.origin)}..{_fmt(end, self.origin) if end < math.inf else 'the end'})",
                         )
+
+    def _spans(self, job_id: str) -> tuple[tuple[float, float], list[tuple[float, float]]]:
+        """A job's wait for its first start (from its insert) and its runs (from a claim until its next
+        change), by the recorded transitions; an open end is infinite."""
+        changes = self.transitions.get(job_id, [])
+        inserted = self.h.inserted.get(job_id)
+        start = inserted.at if inserted is not None else -math.inf
+        first = next((t.at for t in changes if t.new != "queued"), math.inf)
+        runs = []
+        for n, t in enumerate(changes):
+            if t.new == "running":
+                end = next((later.at for later in changes[n + 1 :]), math.inf)
+                runs.append((t.at, end))
+        return (start, first), runs
+
+    def debounce(self) -> Iterator[Violation]:
+        """SPEC 21, debounce: each job of a debounced call holds the configuration of the last call to
+        commit that answered with it, started after each of those calls and completed; a debounced key
+        never has two jobs waiting for their first start at once, nor two running at once (one waiting
+        while one runs is the exception)."""
+        calls = [c for c in self.h.keyed_calls if c.kind == "debounce"]
+        by_job: dict[str, list[KeyedCall]] = defaultdict(list)
+        for c in calls:
+            by_job[c.job_id].append(c)
+        for job_id, answered in sorted(by_job.items()):
+            last = max(answered, key=lambda c: c.seq)
+            job = self.jobs.get(job_id)
+            if job is None:
+                yield Violation("debounce", f"job {job_id} answered {len(answered)} debounced calls and is gone")
+                continue
+            if job.configuration.get("call") != last.token:
+                yield Violation(
+                    "debounce",
+                    f"job {job_id} holds the configuration of call {job.configuration.get('call')!r}, not that of "
+                    f"{last.token!r}, the last of its {len(answered)} calls to commit",
+                )
+            if job.status != "completed":
+                yield Violation("debounce", f"job {job_id} of debounced calls ended {job.status}")
+            (_, first), _ = self._spans(job_id)
+            early = [c for c in answered if first < c.at]
+            if early:
+                yield Violation(
+                    "debounce",
+                    f"job {job_id} started at {_fmt(first, self.origin)}, before call {early[0].token!r} that "
+                    f"answered with it committed (after {_fmt(early[0].at, self.origin)})",
+                )
+        for type_, key in sorted({(c.type, c.key) for c in calls}):
+            jobs = sorted(j for j, i in self.h.inserted.items() if (i.type, i.unique_key) == (type_, key))
+            spans = {job_id: self._spans(job_id) for job_id in jobs}
+            for n, a in enumerate(jobs):
+                for b in jobs[n + 1 :]:
+                    (a0, a1), a_runs = spans[a]
+                    (b0, b1), b_runs = spans[b]
+                    if max(a0, b0) < min(a1, b1):
+                        yield Violation(
+                            "debounce",
+                            f"jobs {a} and {b} of debounced key {key!r} both waited for their first start from "
+                            f"{_fmt(max(a0, b0), self.origin)}",
+                        )
+                    for r0, r1 in a_runs:
+                        for s0, s1 in b_runs:
+                            if max(r0, s0) < min(r1, s1):
+                                yield Violation(
+                                    "debounce",
+                                    f"jobs {a} and {b} of debounced key {key!r} ran at once from "
+                                    f"{_fmt(max(r0, s0), self.origin)}",
+                                )
+        self.measures["debounce_calls"] = len(calls)
+        self.measures["debounce_jobs"] = len(by_job)
+
+    def windows(self) -> Iterator[Violation]:
+        """SPEC 21, uniqueness windows: two jobs of a windowed key are scheduled at least the window apart
+        (a call within the window of a job, in any status, is answered by it); each call is answered by a
+        job that exists, scheduled before the call committed, and that job completed."""
+        calls = [c for c in self.h.keyed_calls if c.kind == "window"]
+        for (type_, key), window in sorted({(c.type, c.key): c.window for c in calls}.items()):
+            created = sorted(
+                (self.jobs[j].created_at, j)
+                for j, i in self.h.inserted.items()
+                if (i.type, i.unique_key) == (type_, key) and j in self.jobs
+            )
+            for (t0, a), (t1, b) in pairwise(created):
+                if t1 - t0 < window - 1e-3:
+                    yield Violation(
+                        "window",
+                        f"jobs {a} and {b} of key {key!r} were scheduled {t1 - t0:.3f} s apart, within the "
+                        f"{window:g} s window",
+                    )
+        for c in calls:
+            job = self.jobs.get(c.job_id)
+            if job is None:
+                yield Violation("window", f"call {c.token!r} was answered by job {c.job_id}, which is gone")
+            elif job.created_at > c.at:
+                yield Violation("window", f"call {c.token!r} was answered by job {c.job_id}, scheduled after it")
+            elif job.status != "completed":
+                yield Violation("window", f"job {c.job_id} of a windowed call ended {job.status}")
+        self.measures["window_calls"] = len(calls)
 
     def secrets(self) -> Iterator[Violation]:
         """SPEC 17: no secret a handler's error carried is stored in clear: not in `last_error`,

@@ -39,6 +39,7 @@ from tests.model.history import (
     History,
     Inserted,
     JobRow,
+    KeyedCall,
     Limits,
     Op,
     Process,
@@ -274,6 +275,8 @@ def generate(seed: int, duration: float = 25.0, *, single_queue_workers: bool = 
         w.queues = tuple(sorted({*w.queues, "qx"}))
     timeline += part_three(part3, queues, expiry_queue, duration, load_until)
     timeline += weights(random.Random(seed * 1_000_003 + 28), queues, timeline, load_until)
+    # Uniqueness windows and debounce (SPEC 21), from a stream of their own as well.
+    timeline += windows_and_debounce(random.Random(seed * 1_000_033 + 29), queues, load_until)
     queues.append(expiry_queue)
     timeline.sort(key=lambda a: a.at)
     return Topology(seed, duration, queues, workers, periodics, timeline, single_queue_workers)
@@ -329,7 +332,15 @@ PART_THREE = (
     "run_now",
     "leak",
     "huge",
+    "debounce:python",
+    "debounce:sql",
+    "debounce:mixed",
+    "window:python",
+    "window:sql",
+    "window:mixed",
 )
+#: The uniqueness window of the model's windowed calls, in seconds: a 15 s run holds a few of them.
+MODEL_WINDOW = 4.0
 
 
 def _marker(rng: random.Random, prefix: str) -> str:
@@ -434,6 +445,34 @@ def part_three(
             },
         )
     )
+    return actions
+
+
+def windows_and_debounce(rng: random.Random, queues: list[QueueSpec], load_until: float) -> list[Action]:
+    """Bursts of calls with debounce on two keys (`d0`, `d1`) and with a uniqueness window on two others
+    (`w0`, `w1`), each call in a transaction of its own and the calls of a burst at once: from Python
+    (`python`), the SQL API (`sql`) or both (`mixed`). Every seed plays each front of each."""
+    actions: list[Action] = []
+    for kind in ("debounce", "window"):
+        variants = ["python", "sql", "mixed"] + [
+            rng.choice(["python", "sql", "mixed"]) for _ in range(rng.randint(1, 4))
+        ]
+        for n, variant in enumerate(variants):
+            calls = rng.randint(1, 4)
+            fronts = [variant if variant != "mixed" else rng.choice(["python", "sql"]) for _ in range(calls)]
+            if variant == "mixed" and len(set(fronts)) < 2:
+                fronts = ["python", "sql"]
+            args: dict[str, Any] = {
+                "variant": variant,
+                "queue": rng.choice(queues).name,
+                "unique_key": f"{kind[0]}{rng.randint(0, 1)}",
+                "fronts": fronts,
+                "sleep": rng.uniform(0.1, 1.5),
+                "ref": f"{kind[0]}{n}",
+            }
+            if kind == "debounce":
+                args["debounce"] = rng.uniform(0.05, 1.0)
+            actions.append(Action(rng.uniform(0.5, load_until), kind, args))
     return actions
 
 
@@ -599,6 +638,8 @@ async def run(topology: Topology, dsn: str) -> History:
         log.execute(LOG_DDL)
         log.execute(CHANGES_DDL)
         state = _State(sql)
+        state.dsn = make_conninfo(dsn, application_name=DRIVER_APPLICATION)
+        log.execute("CREATE SEQUENCE public.model_keyed_seq")
         # The producer's own connections are not the fault injector's target: the workers' are.
         app = jobbus.App(dsn=make_conninfo(dsn, application_name=DRIVER_APPLICATION), database_wait_seconds=60)
         async with app:
@@ -631,6 +672,7 @@ async def run(topology: Topology, dsn: str) -> History:
             }
         history = _read(log, topology, expected, late, fleet.unexpected, quiet_from, periodic_next)
         history.ops, history.secrets, history.exercised = state.ops, state.secrets, state.exercised
+        history.keyed_calls = state.keyed
         return history
 
 
@@ -709,6 +751,10 @@ class _State:
     ops: list[Op] = field(default_factory=list)
     secrets: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
     exercised: dict[str, int] = field(default_factory=dict)
+    #: the producers' conninfo for connections of their own (not the fault injector's target), and the
+    #: calls with a uniqueness window or debounce as they committed.
+    dsn: str = ""
+    keyed: list[KeyedCall] = field(default_factory=list)
 
     def did(self, what: str) -> None:
         self.exercised[what] = self.exercised.get(what, 0) + 1
@@ -746,6 +792,48 @@ def _sql_schedule(state: _State, spec: dict[str, Any]) -> str:
     ).fetchone()
     assert row is not None
     return str(row[0])
+
+
+async def _keyed_burst(app: jobbus.App, state: _State, kind: str, a: dict[str, Any]) -> None:
+    """The calls of one burst with debounce or a uniqueness window, at once, each in a transaction of its
+    own: Python's on connections of their own, the SQL API's from threads (as other producers would).
+    Each reads, after its call and before its commit, its place in the commit order of its key's calls
+    (they hold the key's lock until they commit) and the database clock."""
+    options: dict[str, Any] = {"queue": a["queue"], "max_attempts": 50, "unique_key": a["unique_key"]}
+    if kind == "debounce":
+        options["debounce"] = a["debounce"]
+    else:
+        options["unique_for"] = MODEL_WINDOW
+    order = "SELECT nextval('public.model_keyed_seq'), extract(epoch FROM clock_timestamp())::float8"
+
+    async def python(token: str) -> tuple[str, int, float]:
+        async with await psycopg.AsyncConnection.connect(state.dsn) as conn:
+            job_id = await app.schedule("model.work", {"sleep": a["sleep"], "call": token}, connection=conn, **options)
+            seq, at = await (await conn.execute(order)).fetchone()  # type: ignore[misc]
+            await conn.commit()
+        return str(job_id), int(seq), float(at)
+
+    def sql(token: str) -> tuple[str, int, float]:
+        with psycopg.connect(state.dsn) as conn:
+            row = conn.execute(
+                "SELECT jobbus.schedule('model.work', %s, %s)::text",
+                (Jsonb({"sleep": a["sleep"], "call": token}), Jsonb(options)),
+            ).fetchone()
+            seq, at = conn.execute(order).fetchone()  # type: ignore[misc]
+            conn.commit()
+        assert row is not None
+        return str(row[0]), int(seq), float(at)
+
+    tokens = [f"{a['ref']}.{n}" for n in range(len(a["fronts"]))]
+    results = await asyncio.gather(
+        *(
+            python(token) if front == "python" else asyncio.to_thread(sql, token)
+            for token, front in zip(tokens, a["fronts"], strict=True)
+        )
+    )
+    window = MODEL_WINDOW if kind == "window" else 0.0
+    for token, (job_id, seq, at) in zip(tokens, results, strict=True):
+        state.keyed.append(KeyedCall(kind, "model.work", a["unique_key"], job_id, token, seq, at, window))
 
 
 async def _on_job(
@@ -828,6 +916,9 @@ async def _part_three(
             job_id = _sql_schedule(state, {**spec, "unique_key": a["unique_key"]})
         expected[job_id] = "completed"
         state.did(f"keyed:{a['variant']}")
+    elif kind in ("debounce", "window"):
+        await _keyed_burst(app, state, kind, a)
+        state.did(f"{kind}:{a['variant']}")
     elif kind == "expiry":
         await _expiring(app, log, state, expected, a)
         state.did(f"expiry:{a['variant']}")

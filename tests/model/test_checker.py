@@ -19,6 +19,7 @@ from tests.model.history import (
     History,
     Inserted,
     JobRow,
+    KeyedCall,
     Limits,
     Op,
     Process,
@@ -606,6 +607,75 @@ def test_two_jobs_of_one_unique_key_active_at_once() -> None:
     h.inserted["j2"] = Inserted("j2", T0 + 1.01, "model.work", "u0")  # after j1 completed
     h.transitions[-3] = replace(h.transitions[-3], at=T0 + 1.01)
     assert check(h).ok, check(h).text()
+
+
+def _debounced() -> History:
+    """j21 ran 0..1 (debounced key d0); j22 was scheduled during that run by two calls, parked, and ran
+    1.1..2 with the configuration of the last of them."""
+    h = clean()
+    h = with_job(h, job(21, queue="free", finished_at=T0 + 1, call="c1"), run(21, 0.0, 1.0, queue="free"))
+    h = with_job(
+        h, job(22, queue="free", finished_at=T0 + 2, created_at=T0 + 0.5, call="c3"), run(22, 1.1, 2.0, queue="free")
+    )
+    h.inserted.update(
+        {"j21": Inserted("j21", T0 - 0.2, "model.work", "d0"), "j22": Inserted("j22", T0 + 0.5, "model.work", "d0")}
+    )
+    h.transitions += changes(21, (-0.2, "queued"), (0.0, "running"), (1.0, "completed"))
+    h.transitions += changes(22, (0.5, "queued"), (1.1, "running"), (2.0, "completed"))
+    h.keyed_calls = [
+        KeyedCall("debounce", "model.work", "d0", "j21", "c1", 1, T0 - 0.2),
+        KeyedCall("debounce", "model.work", "d0", "j22", "c2", 2, T0 + 0.5),
+        KeyedCall("debounce", "model.work", "d0", "j22", "c3", 3, T0 + 0.6),
+    ]
+    return h
+
+
+def test_debounce_allows_one_waiting_beside_one_running_and_holds_the_last_configuration() -> None:
+    h = _debounced()
+    assert check(h).ok, check(h).text()  # the unique check leaves the debounced key to debounce's
+    h.jobs[-1] = replace(h.jobs[-1], configuration={"call": "c2"})
+    report = check(h)
+    assert report.guarantees() == {"debounce"}
+    assert "not that of 'c3', the last of its 2 calls to commit" in report.text()
+
+
+def test_two_runs_or_two_waiting_jobs_of_a_debounced_key_and_a_start_before_a_call() -> None:
+    h = _debounced()
+    h.transitions[-2] = replace(h.transitions[-2], at=T0 + 0.9)  # j22 claimed while j21 ran
+    report = check(h)
+    assert report.guarantees() == {"debounce"}
+    assert "ran at once" in report.text()
+    assert "started at +1.10s, before call 'c3'" not in report.text()
+    h = _debounced()
+    h.keyed_calls[-1] = replace(h.keyed_calls[-1], at=T0 + 1.2)
+    assert "before call 'c3' that answered with it committed" in check(h).text()
+    h = _debounced()
+    h.inserted["j21"] = Inserted("j21", T0 - 0.2, "model.work", "d0")
+    h.transitions[h.transitions.index(changes(21, (-0.2, "queued"), (0.0, "running"))[1])] = replace(
+        changes(21, (-0.2, "queued"), (0.0, "running"))[1], at=T0 + 0.7
+    )
+    assert "both waited for their first start" in check(h).text()
+
+
+def test_two_jobs_of_a_windowed_key_within_the_window() -> None:
+    h = clean()
+    h = with_job(h, job(31, queue="free", finished_at=T0 + 1), run(31, 0.0, 1.0, queue="free"))
+    h = with_job(h, job(32, queue="free", finished_at=T0 + 5, created_at=T0 + 4.5), run(32, 4.5, 5.0, queue="free"))
+    h.inserted.update(
+        {"j31": Inserted("j31", T0, "model.work", "w0"), "j32": Inserted("j32", T0 + 4.5, "model.work", "w0")}
+    )
+    h.transitions += changes(31, (0.0, "queued"), (0.0, "running"), (1.0, "completed"))
+    h.transitions += changes(32, (4.5, "queued"), (4.5, "running"), (5.0, "completed"))
+    h.keyed_calls = [
+        KeyedCall("window", "model.work", "w0", "j31", "c1", 1, T0, 4.0),
+        KeyedCall("window", "model.work", "w0", "j31", "c2", 2, T0 + 3.9, 4.0),
+        KeyedCall("window", "model.work", "w0", "j32", "c3", 3, T0 + 4.5, 4.0),
+    ]
+    assert check(h).ok, check(h).text()
+    h.jobs[-1] = replace(h.jobs[-1], created_at=T0 + 3.5)
+    report = check(h)
+    assert report.guarantees() == {"window"}
+    assert "scheduled 3.500 s apart, within the 4 s window" in report.text()
 
 
 def test_a_secret_stored_in_an_error_field() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -16,7 +17,7 @@ import psycopg
 from jobbus.errors import DatabaseUnavailableError, InvalidJobError, InvalidStateError, JobbusError
 from jobbus.events import JobScheduled
 from jobbus.limits import Keep, RateLimit, check_count, check_rate
-from jobbus.models import JOB_VIEWS, JobSpec, JobStatus, SharedSpecs
+from jobbus.models import JOB_VIEWS, JobSpec, JobStatus, SharedSpecs, options_of
 from jobbus.registry import Registry
 from jobbus.requests import (
     INT32_MAX,
@@ -132,6 +133,8 @@ def job_specs(
             key = (spec.type, spec.unique_key)
             if key in first_by_key:  # a repeat within the batch folds onto the first
                 order.append(first_by_key[key])
+                if spec.debounce is not None:  # debounce: the last call's configuration wins
+                    specs[first_by_key[key]] = replace(spec, id=specs[first_by_key[key]].id)
                 continue
             first_by_key[key] = len(specs)
         order.append(len(specs))
@@ -149,6 +152,11 @@ def group_specs(
         raise InvalidJobError("schedule_group needs at least one job")
     if any(spec.group_id != group for spec in specs):
         raise InvalidJobError("schedule_group: a job of the group names another group_id")
+    if any(spec.unique_for is not None or spec.debounce is not None for spec in options_of(specs)):
+        raise InvalidJobError(
+            "schedule_group: members cannot have unique_for or debounce (a member answered by another job "
+            "of its key would not be one of the group)"
+        )
     callback = None
     if then is not None:
         if not isinstance(then, JobRequest):

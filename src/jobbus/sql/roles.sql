@@ -57,6 +57,8 @@ GRANT EXECUTE ON FUNCTION {schema}.emit_event(text, jsonb, text),
     {schema}.group_scheduled(uuid, uuid[], integer, jsonb), {schema}.refuse_callback_group(uuid, text)
     TO {worker}, {operator};
 GRANT SELECT, INSERT, DELETE ON {schema}.event_wait TO {worker}, {operator};
+-- Jobs with a uniqueness window or debounce (handlers spawn them, follow-ups name them): schedule_keyed.
+GRANT EXECUTE ON FUNCTION {schema}.schedule_keyed(jsonb, text) TO {worker}, {operator};
 
 -- Operators (the CLI): in addition, control commands, pruning, and forgetting old registry rows.
 GRANT DELETE ON {schema}.job, {schema}.worker TO {operator};

@@ -18,3 +18,6 @@ GRANT EXECUTE ON FUNCTION {schema}.schedule(text, jsonb, jsonb), {schema}.schedu
 -- functions that run as the schema's owner.
 GRANT EXECUTE ON FUNCTION {schema}.refuse_heavy_jobs(text[], boolean[], integer[], text) TO {producer};
 GRANT EXECUTE ON FUNCTION {schema}.spend_units(uuid, text, text, integer) TO {producer};
+-- Uniqueness windows and debounce (`unique_for=`, `debounce=`) go through schedule_keyed, which runs as
+-- the schema's owner: a debounced call gives a queued job a later call's configuration.
+GRANT EXECUTE ON FUNCTION {schema}.schedule_keyed(jsonb, text) TO {producer};

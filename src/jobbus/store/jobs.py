@@ -25,6 +25,7 @@ from jobbus.models import (
     SharedSpecs,
     options_of,
 )
+from jobbus.requests import spec_json
 from jobbus.schema import SERVER_AND_VERSION_QUERY, SERVER_VERSION_QUERY, render
 from jobbus.store.statements import Chain, Copy, Row, Statement, channel_name, queries
 from jobbus.store.views import SEARCH, escape_like
@@ -137,6 +138,8 @@ class JobStore:
             return self._insert_jobs(specs, callback)
         if len(specs) == 1:
             (spec,) = specs
+            if spec.unique_for is not None or spec.debounce is not None:
+                return self._schedule_keyed(specs)
             one = {
                 "id": spec.id,
                 "type": spec.type,
@@ -164,6 +167,8 @@ class JobStore:
     def _insert_jobs(
         self, specs: Sequence[JobSpec], callback: tuple[uuid.UUID, str | None] | None = None
     ) -> Statement[dict[tuple[str, str], uuid.UUID]]:
+        if callback is None and any(s.unique_for is not None or s.debounce is not None for s in options_of(specs)):
+            return self._schedule_keyed(specs)  # a window or debounce (never by COPY: those jobs have keys)
         columns = _ARRAYS
         query = "insert_jobs"
         checks = None
@@ -184,6 +189,15 @@ class JobStore:
             params.setdefault("callback_group", None)
             params.setdefault("callback_spec", None)
         return Statement(self._q[query], params, _decode_inserted, prepare=False)
+
+    def _schedule_keyed(self, specs: Sequence[JobSpec]) -> Statement[dict[tuple[str, str], uuid.UUID]]:
+        """Jobs of which one at least has a uniqueness window or debounce: each through the function
+        schedule_keyed (sql/current.sql), in one round trip, keyed ones in (type, unique_key) order so that
+        two batches take their keys' locks in one order. Returns what insert_jobs returns."""
+        ordered = sorted(specs, key=lambda s: (s.unique_key is not None, s.type, s.unique_key or ""))
+        texts = [_keyed_json(spec) for spec in ordered]
+        params = {"specs": f"[{','.join(texts)}]", "channel": self.channel}
+        return Statement(self._q["schedule_keyed_jobs"], params, _decode_inserted, prepare=False)
 
     def _copy_jobs(self, specs: Sequence[JobSpec]) -> Copy[dict[tuple[str, str], uuid.UUID]] | None:
         """A large batch without unique keys, streamed by COPY as one text: no arrays built and unnested,
@@ -646,6 +660,12 @@ def decode_recovered(rows: list[Row], _: int) -> list[RecoveredJob]:
 
 def _flag(rows: list[Row], _: int) -> bool | None:
     return bool(rows[0][0]) if rows else None
+
+
+def _keyed_json(spec: JobSpec) -> str:
+    """A job as the function schedule_keyed reads it: `spec_json`'s object and its trace context."""
+    text = spec_json(spec)
+    return text if spec.execution is None else f'{text[:-1]},"execution":{spec.execution}}}'
 
 
 def _expires(spec: JobSpec) -> bool:

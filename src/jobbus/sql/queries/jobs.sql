@@ -234,6 +234,15 @@ WHERE %(unique_key)s::text IS NOT NULL
   AND existing.type = %(type)s AND existing.unique_key = %(unique_key)s::text
   AND existing.status IN ('queued', 'running');
 
+-- name: schedule_keyed_jobs
+-- Jobs of which one at least has a uniqueness window or debounce (`JobStore.insert_jobs` decides), each
+-- through the function schedule_keyed (sql/current.sql), in the order given; rows as insert_jobs returns
+-- them (an id that is not the job's own answers for its key). Plain jobs never come here, so their
+-- statements do not name the function, and keep working on a schema before it.
+SELECT k.id, s.spec ->> 'type', s.spec ->> 'unique_key', k.id = (s.spec ->> 'id')::uuid, NULL::void
+FROM jsonb_array_elements(%(specs)s::jsonb) WITH ORDINALITY AS s(spec, n)
+CROSS JOIN LATERAL (SELECT {schema}.schedule_keyed(s.spec, %(channel)s) AS id) AS k;
+
 -- name: copy_jobs
 -- A large batch without unique keys (`JobStore.insert_jobs` decides), jobs available now, as one text in
 -- COPY's text format: the columns every job of a `schedule_many(type, configurations)` shares come first,
@@ -617,12 +626,14 @@ LIMIT %(limit)s;
 -- of the whole table in a generic plan: docs/capacity.md, retention). A finished child whose parent
 -- is queued or running is kept, as retention's delete_finished_jobs keeps it (sql/current.sql): its
 -- parent's `wait_for_children()` has yet to answer with it. `OFFSET 0` keeps that check a probe by
--- primary key per row (as an anti-join it scanned the table for running parents).
+-- primary key per row (as an anti-join it scanned the table for running parents). A job inside its
+-- uniqueness window (`unique_for=`: unique_until) is kept until the window ends, as retention keeps it.
 DELETE FROM {schema}.job
 WHERE id = ANY (ARRAY(
     SELECT j.id FROM {schema}.job AS j
     WHERE j.finished_at < now() - make_interval(secs => %(older_than_seconds)s)
       AND j.status = ANY(%(statuses)s::text[])
+      AND (j.unique_until IS NULL OR j.unique_until <= now())
       AND NOT EXISTS (SELECT 1 FROM {schema}.job_child AS c
                       JOIN {schema}.job AS parent ON parent.id = c.parent_id
                       WHERE c.child_id = j.id AND parent.status IN ('queued', 'running')
