@@ -453,9 +453,11 @@ class JobStore:
         available_at: datetime | None,
         delay_seconds: float | None,
         add_tags: Sequence[str] | None,
+        ids: Sequence[uuid.UUID] | None = None,
     ) -> Statement[tuple[uuid.UUID | None, int, int]]:
-        """One batch of a bulk edit: up to `limit` queued jobs after `after` (id order) that match and
-        that no other transaction holds; returns (last id chosen, how many chosen, how many changed)."""
+        """One batch of a bulk edit: up to `limit` queued jobs after `after` (id order) that match (and
+        are among `ids` when given) and that no other transaction holds; returns (last id chosen, how
+        many chosen, how many changed)."""
         params = {
             "after": after,
             "limit": limit,
@@ -467,6 +469,7 @@ class JobStore:
             "available_at": available_at,
             "delay": delay_seconds,
             "add_tags": list(add_tags) if add_tags else None,
+            "ids": list(ids) if ids is not None else None,
             "wake": set_queue is not None or available_at is not None or delay_seconds is not None,
             "channel": self.channel,
         }

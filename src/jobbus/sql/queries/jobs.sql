@@ -660,8 +660,9 @@ FROM old;
 
 -- name: update_jobs
 -- One batch of `App.update_many`: the first %(limit)s queued jobs after %(after)s (in id order) that
--- match the filters and that no other transaction holds (SKIP LOCKED: a job being claimed is left to
--- its claim), changed as update_job changes one. Returns the last id the batch chose (the next batch
+-- match the filters (and are among %(ids)s when given: the dashboard's selection) and that no other
+-- transaction holds (SKIP LOCKED: a job being claimed is left to its claim), changed as update_job
+-- changes one. Returns the last id the batch chose (the next batch
 -- starts after it), how many it chose, how many it changed, and the notifications sent.
 WITH chosen AS (
     SELECT j.id FROM {schema}.job AS j
@@ -669,6 +670,7 @@ WITH chosen AS (
       AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
       AND (%(type)s::text IS NULL OR j.type = %(type)s::text)
       AND (%(tags)s::text[] IS NULL OR j.tags @> %(tags)s::text[])
+      AND (%(ids)s::uuid[] IS NULL OR j.id = ANY(%(ids)s::uuid[]))
     ORDER BY j.id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
