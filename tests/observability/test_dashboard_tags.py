@@ -133,7 +133,7 @@ async def test_bulk_edit_confirms_with_the_count_then_changes_only_queued_jobs(
             "set_available_at": "2h",
         }
         confirm = await http.post("/jobs/update", data=selected)
-        assert "<strong data-count>2</strong> the selected jobs that are queued (2 of 3)" in confirm.text
+        assert "<strong data-count>2</strong> of the 3 selected jobs (those still queued)" in confirm.text
         done = await http.post("/jobs/update", data={**selected, "confirm": "yes"})
         assert done.status_code == 303
         with psycopg.connect(dsn, autocommit=True) as conn:

@@ -81,7 +81,7 @@ async def update_jobs(dash: Dashboard, request: Request, form: dict[str, Any]) -
             return "no job selected"
         found = await dash.run(dash.app.store.find_jobs(ids))
         queued = sum(job.status is JobStatus.QUEUED for job in found)
-        count, what = Count(queued), f"the selected jobs that are queued ({queued} of {len(ids)})"
+        count, what = Count(queued), f"of the {len(ids)} selected jobs (those still queued)"
     elif scope == "filter":
         if form.get("filter_other"):
             raise ValueError("a change of every job of a filter takes a queue, a type and tags only: clear the others")
