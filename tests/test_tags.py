@@ -277,3 +277,24 @@ def test_a_move_to_another_queue_wakes_an_idle_worker_of_that_queue(dsn: str, sy
     finally:
         proc.terminate()
         finish(proc)
+
+
+async def test_tags_of_a_spawned_child_and_of_a_task_options(dsn: str) -> None:
+    app = jobbus.App(dsn=dsn, poll_interval_seconds=0.2)
+
+    @app.job("parent")
+    async def parent(job: jobbus.JobExecution) -> None:
+        await job.spawn("child", {}, tags=["spawned", "spawned"], queue="kids")
+
+    @app.task(queue="tasks")
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    async with app:
+        parent_id = await app.schedule("parent", {})
+        task_id = await add.options(tags=["task"]).defer(1, 2)
+        assert await app.run_worker(stop_when_empty=True, install_signal_handlers=False, queues=["default"]) == 0
+        (child,) = await app.list_jobs(type="child")
+        assert child.tags == ("spawned",) and child.parent_id == parent_id
+        task = await app.find(task_id)
+        assert task is not None and task.tags == ("task",)
