@@ -16,6 +16,16 @@ from jobbus import schema
 CLAIM_OF_MIGRATION_23 = "claim_jobs(text, integer, text[], text[], double precision, integer, text[], integer)"
 
 
+#: The columns of migration 30 the dashboard role is granted, which the grants of an earlier release could
+#: not name.
+COLUMNS_OF_MIGRATION_30 = ",\n              priority, queue, tags)"
+
+
+def before_tags(script: str) -> str:
+    """The grants without the job columns of migration 30 (the dashboard role's, as granted before it)."""
+    return script.replace(COLUMNS_OF_MIGRATION_30, ")")
+
+
 def without_lines(script: str, *needles: str) -> str:
     """The grants without the lines naming any of `needles` (what an earlier release did not grant)."""
     return "\n".join(line for line in script.splitlines() if not any(needle in line for needle in needles))

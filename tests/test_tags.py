@@ -18,9 +18,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jobbus
+from jobbus import schema
 from jobbus.models import JobStatus
 from jobbus.requests import validate_tags
 from tests.processes import finish, prepare, query, start_worker, status_of, wait_until
+from tests.roles import before_tags, granted_roles
 from tests.storehelpers import claim, write
 
 
@@ -298,3 +300,29 @@ async def test_tags_of_a_spawned_child_and_of_a_task_options(dsn: str) -> None:
         assert child.tags == ("spawned",) and child.parent_id == parent_id
         task = await app.find(task_id)
         assert task is not None and task.tags == ("task",)
+
+
+def test_the_dashboard_role_edits_queued_jobs_also_when_granted_before_tags(empty_dsn: str) -> None:
+    """The dashboard role of docs/security.md may change priority, queue and tags; one granted before
+    migration 30 (without those columns) is granted them by it."""
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute(schema.script("jobbus").split("\n-- 0030_")[0].encode())
+
+    def grants_before_tags(grants: str) -> str:
+        earlier = before_tags(grants)
+        assert earlier != grants
+        return earlier
+
+    with granted_roles(empty_dsn, ("worker", "operator", "observer", "dashboard"), edit=grants_before_tags) as roles:
+        with psycopg.connect(empty_dsn, autocommit=True) as conn:
+            assert min(m.version for m in schema.migrate(conn, "jobbus")) == 30
+        owner = jobbus.App(dsn=empty_dsn)
+        with owner.sync:
+            ids = owner.sync.schedule_many("t", [{}] * 3, tags=["x"])
+        app = jobbus.App(dsn=roles["dashboard"])
+        with app.sync:
+            app.sync.update(ids[0], priority=4, queue="q", tags=["y"])
+            assert app.sync.update_many(tag="x", set_queue="r", add_tags=["z"]) == 2
+        with psycopg.connect(empty_dsn) as conn:
+            rows = conn.execute("SELECT queue, priority, tags FROM jobbus.job ORDER BY id").fetchall()
+        assert rows == [("q", 4, ["y"]), ("r", 0, ["x", "z"]), ("r", 0, ["x", "z"])]

@@ -4,8 +4,9 @@ GRANT USAGE ON SCHEMA {schema} TO {dashboard};
 GRANT SELECT ON {schema}.job, {schema}.worker, {schema}.pause, {schema}.command, {schema}.migration,
     {schema}.leader, {schema}.queue_stat, {schema}.queue_setting, {schema}.periodic TO {dashboard};
 -- Retry and cancel change these columns and no other (the job's input stays as it is; a retry adds an
--- entry to the history).
-GRANT UPDATE (status, attempts, available_at, finished_at, cancellation_requested_at, result, error_group, history)
+-- entry to the history); the bulk edit of queued jobs changes priority, queue and tags besides.
+GRANT UPDATE (status, attempts, available_at, finished_at, cancellation_requested_at, result, error_group, history,
+              priority, queue, tags)
     ON {schema}.job TO {dashboard};
 -- Delete (one job or in bulk): a queued or finished job goes, its steps and workflow rows with it (the
 -- trigger job_deleted, which runs as the schema's owner, removes those).

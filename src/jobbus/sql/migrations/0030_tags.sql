@@ -9,6 +9,7 @@
 -- * schedule_spec (follow-ups, callbacks, spawned children) writes the spec's `tags`.
 -- * Moving a queued job to another queue (`App.update`, `update_many`) must make its concurrency key
 --   claimable there: the trigger job_key_moved notes the key in the new queue as an insert would.
+-- * Roles granted the dashboard's columns of the job table may change priority, queue and tags too.
 
 ALTER TABLE {schema}.job ADD COLUMN IF NOT EXISTS tags text[];
 
@@ -179,6 +180,25 @@ BEGIN
     END IF;
     PERFORM pg_notify(p_channel, json_build_array(p_spec ->> 'queue', p_spec ->> 'type')::text);
     RETURN v_id;
+END
+$$;
+
+-- The dashboard's bulk edit changes a queued job's priority, queue and tags besides the columns a retry
+-- changes: a role granted only those (the dashboard role of docs/security.md, granted before this
+-- migration) may change these too, so its bulk edits work without new grants; roles with UPDATE on the
+-- table have them.
+DO $$
+DECLARE
+    v_grantee regrole;
+BEGIN
+    FOR v_grantee IN
+        SELECT DISTINCT acl.grantee::regrole
+        FROM pg_attribute AS a, aclexplode(a.attacl) AS acl
+        WHERE a.attrelid = '{schema}.job'::regclass AND a.attname = 'error_group' AND acl.privilege_type = 'UPDATE'
+          AND acl.grantee <> 0
+    LOOP
+        EXECUTE format('GRANT UPDATE (priority, queue, tags) ON {schema}.job TO %s', v_grantee);
+    END LOOP;
 END
 $$;
 
