@@ -49,10 +49,12 @@ def test_jobs_list_by_tag_reaches_every_job_with_every_tag(dsn: str) -> None:
     assert bad.returncode == 64 and "--tag holds a tag of 65 characters" in bad.stderr
 
 
-def test_jobs_show_prints_the_tags(dsn: str) -> None:
-    app = jobbus_package.App(dsn=dsn)
-    with app.sync:
-        job_id = app.sync.schedule("t", {}, tags=["tenant:9", "urgent"])
+def test_jobs_show_prints_the_tags_schedule_gave(dsn: str) -> None:
+    scheduled = jobbus(dsn, "schedule", "t", "--tag", "tenant:9", "--tag", "urgent", "--tag", "tenant:9")
+    assert scheduled.returncode == 0, scheduled.stderr
+    job_id = scheduled.stdout.strip()
+    refused = jobbus(dsn, "schedule", "t", "--tag", " ")
+    assert refused.returncode == 64 and "tags must not hold an empty tag (item 0)" in refused.stderr
     shown = jobbus(dsn, "jobs", "show", str(job_id))
     assert shown.returncode == 0 and "tenant:9, urgent" in shown.stdout
     assert jobbus_json(dsn, "jobs", "show", str(job_id))["tags"] == ["tenant:9", "urgent"]
