@@ -326,3 +326,42 @@ def test_the_dashboard_role_edits_queued_jobs_also_when_granted_before_tags(empt
         with psycopg.connect(empty_dsn) as conn:
             rows = conn.execute("SELECT queue, priority, tags FROM jobbus.job ORDER BY id").fetchall()
         assert rows == [("q", 4, ["y"]), ("r", 0, ["x", "z"]), ("r", 0, ["x", "z"])]
+
+
+def test_update_racing_a_claim_either_moves_the_queued_job_or_leaves_the_claimed_one_as_it_is(
+    dsn: str, sync_app: jobbus.App
+) -> None:
+    """An update that moves a job out of queue a races a claim of queue a, round after round: exactly one
+    of them wins, and the loser leaves no trace (a refused update changes nothing, a claim that comes
+    second finds nothing)."""
+    outcomes: Counter[str] = Counter()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for _ in range(40):
+            job_id = sync_app.sync.schedule("t", {}, queue="a")
+            barrier = threading.Barrier(2)
+            claimed: list[Any] = []
+            refused: list[Exception] = []
+
+            def take(barrier: threading.Barrier, claimed: list[Any]) -> None:
+                with psycopg.connect(dsn, autocommit=True) as own:
+                    barrier.wait()
+                    claimed.extend(claim(sync_app, own, 1, queues=["a"]))
+
+            thread = threading.Thread(target=take, args=(barrier, claimed))
+            thread.start()
+            barrier.wait()
+            try:
+                sync_app.sync.update(job_id, queue="b", priority=5)
+            except jobbus.InvalidStateError as exc:
+                refused.append(exc)
+            thread.join()
+            row = conn.execute("SELECT status, queue, priority FROM jobbus.job WHERE id = %s", (job_id,)).fetchone()
+            if refused:
+                assert [j.id for j in claimed] == [job_id] and row == ("running", "a", 0)
+                outcomes["claimed"] += 1
+            else:
+                assert claimed == [] and row == ("queued", "b", 5)
+                outcomes["moved"] += 1
+            conn.execute("DELETE FROM jobbus.job WHERE id = %s AND status = 'queued'", (job_id,))
+            conn.execute("UPDATE jobbus.job SET status = 'completed', finished_at = now() WHERE id = %s", (job_id,))
+    assert sum(outcomes.values()) == 40, outcomes
