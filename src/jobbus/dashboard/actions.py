@@ -70,9 +70,10 @@ async def bulk_jobs(dash: Dashboard, request: Request, form: dict[str, Any]) -> 
 
 
 async def update_jobs(dash: Dashboard, request: Request, form: dict[str, Any]) -> str | Response:
-    """Change queued jobs: the selected ones (`scope=selected`, each by `App.update`) or every queued job
-    of the page's queue, type and tag filters (`scope=filter`, `App.update_many`). Without `confirm`, a
-    page that names the changes and how many jobs they touch, and asks again; with it, the change."""
+    """Change queued jobs: the selected ones (`scope=selected`, in one statement as a batch of
+    `App.update_many`) or every queued job of the page's queue, type and tag filters (`scope=filter`,
+    `App.update_many`). Without `confirm`, a page that names the changes and how many jobs they touch,
+    and asks again; with it, the change."""
     changes = _changes(form)
     scope = form.get("scope")
     ids = [_require_uuid(i) for i in (form.get("ids") or [])][:BULK_LIMIT]
