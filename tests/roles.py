@@ -18,6 +18,16 @@ CLAIM_OF_MIGRATION_23 = "claim_jobs(text, integer, text[], text[], double precis
 WEIGHTS_OF_MIGRATION_28 = ("take_per_key", "fit_weights", "refuse_heavy_jobs", "spend_units", "refuse_limits_below")
 
 
+#: The columns of migration 31 the dashboard role is granted, which the grants of an earlier release could
+#: not name.
+COLUMNS_OF_MIGRATION_31 = ",\n              priority, queue, tags, debounce_until)"
+
+
+def before_tags(script: str) -> str:
+    """The grants without the job columns of migration 31 (the dashboard role's, as granted before it)."""
+    return script.replace(COLUMNS_OF_MIGRATION_31, ")")
+
+
 def without_lines(script: str, *needles: str) -> str:
     """The grants without the lines naming any of `needles` (what an earlier release did not grant)."""
     return "\n".join(line for line in script.splitlines() if not any(needle in line for needle in needles))

@@ -12,7 +12,7 @@ import pytest
 import jobbus
 from jobbus import control, schema
 from jobbus.store.jobs import COPY_MIN_ROWS
-from tests.roles import CLAIM_OF_MIGRATION_23, WEIGHTS_OF_MIGRATION_28, granted_roles, without_lines
+from tests.roles import CLAIM_OF_MIGRATION_23, WEIGHTS_OF_MIGRATION_28, before_tags, granted_roles, without_lines
 
 
 @pytest.fixture
@@ -163,7 +163,7 @@ def test_a_dashboard_role_granted_before_failure_groups_still_retries_after_thei
 
     def grants_before_failure_groups(grants: str) -> str:  # nor sample_queues, of migration 16
         return without_lines(
-            grants.replace(", error_group", ""),
+            before_tags(grants).replace(", error_group", ""),
             "sample_queues",
             CLAIM_OF_MIGRATION_23,
             *WEIGHTS_OF_MIGRATION_28,
@@ -240,7 +240,9 @@ def test_roles_granted_before_migration_19_keep_what_they_used_and_an_observer_l
             if not skipping:
                 kept.append(line)
             skipping = skipping and not line.rstrip().endswith(";")
-        return without_lines("\n".join(kept), CLAIM_OF_MIGRATION_23, *WEIGHTS_OF_MIGRATION_28, "schedule_keyed")
+        return without_lines(
+            before_tags("\n".join(kept)), CLAIM_OF_MIGRATION_23, *WEIGHTS_OF_MIGRATION_28, "schedule_keyed"
+        )
 
     kinds = ("worker", "operator", "observer", "producer", "dashboard")
     with granted_roles(empty_dsn, kinds, edit=grants_before_migration_19) as roles:

@@ -124,6 +124,22 @@ CASES: list[tuple[dict[str, Any], str | None]] = [
     ({"type": "t", "unique_key": "k", "debounce": 5, "unique_for": 5}, "debounce"),
     ({"type": "t", "unique_key": "k", "debounce": 5, "delay_seconds": 5}, "debounce"),
     ({"type": "t", "unique_key": "k", "debounce": 5, "available_at": "2031-01-02T03:04:05+02:00"}, "debounce"),
+    ({"type": "t", "tags": ["a", "b"]}, None),
+    ({"type": "t", "tags": ["b", "a", "b", "a"]}, None),
+    ({"type": "t", "tags": []}, None),
+    ({"type": "t", "tags": None}, None),
+    ({"type": "t", "tags": ["x" * 64, "é" * 64, "tenant:42"]}, None),
+    ({"type": "t", "tags": [f"t{n}" for n in range(16)] + ["t0"]}, None),
+    ({"type": "t", "tags": [f"t{n}" for n in range(17)]}, "tags"),
+    ({"type": "t", "tags": ["x" * 65]}, "tags"),
+    ({"type": "t", "tags": ["ok", ""]}, "tags"),
+    ({"type": "t", "tags": [" \u3000"]}, "tags"),
+    ({"type": "t", "tags": ["ok", 5]}, "tags"),
+    ({"type": "t", "tags": [None]}, "tags"),
+    ({"type": "t", "tags": [["nested"]]}, "tags"),
+    ({"type": "t", "tags": "a"}, "tags"),
+    ({"type": "t", "tags": {"a": 1}}, "tags"),
+    ({"type": "t", "tags": 3}, "tags"),
 ]
 
 #: The Python name of each SQL option.
@@ -162,7 +178,7 @@ def python_request(job: dict[str, Any]) -> dict[str, Any]:
 ROW = (
     "type, queue, name, group_id, unique_key, priority, configuration_data, max_attempts, timeout_seconds,"
     " concurrency_key, expires_at, CASE WHEN available_at > created_at + interval '1 day' THEN available_at END,"
-    " round(extract(epoch FROM available_at - created_at)), weight"
+    " round(extract(epoch FROM available_at - created_at)), weight, tags"
 )
 
 
@@ -468,6 +484,8 @@ _VALUES = st.one_of(
     st.sampled_from(
         ["2031-01-02T03:04:05+02:00", "2031-01-02T03:04:05", "2031-01-02", "0190c0de-0000-7000-8000-000000000001"]
     ),
+    st.lists(st.one_of(st.sampled_from(["a", "b", " ", "x" * 64, "y" * 65]), st.integers(0, 3)), max_size=18),
+    st.lists(st.sampled_from([f"t{n}" for n in range(20)]), max_size=20),
 )
 _KEYS = st.sampled_from(
     [
@@ -485,6 +503,7 @@ _KEYS = st.sampled_from(
         "weight",
         "unique_for",
         "debounce",
+        "tags",
     ]
 )
 

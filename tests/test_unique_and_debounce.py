@@ -451,7 +451,7 @@ def test_a_weighted_job_keeps_its_weight_through_a_window_or_debounce_and_a_heav
             'SELECT jobbus.schedule(\'t\', \'{}\', \'{"unique_key": "s", "debounce": 5, "weight": 2}\')'
         ).fetchone()
         assert via_sql is not None
-        weights = dict(conn.execute("SELECT id, weight FROM jobbus.job").fetchall())
+        weights: dict[uuid.UUID, int] = dict(conn.execute("SELECT id, weight FROM jobbus.job").fetchall())
         assert weights == {windowed: 3, debounced: 2, via_sql[0]: 2}
         with pytest.raises(jobbus.InvalidJobError, match="weight"):
             producer.schedule("t", unique_key="x", unique_for=60, queue="tight", weight=4)

@@ -5,7 +5,8 @@ whether it rewrites one, as pg_locks shows them while the migration is applied t
 `jobbus migrate --dry-run` prints them, so neither has to take a lock on a production database to find
 out. A migration in a transaction is read from pg_locks just before its commit (every lock it took is
 still held); one that builds indexes CONCURRENTLY is watched from a second session while a third holds
-an old snapshot that each build waits out, so its locks are seen while it runs. A table whose
+an old snapshot that each build waits out, so its locks are seen while it runs (a lock it waits for
+counts: it is taken once the holder lets go, maybe too briefly for the watcher to see it granted). A table whose
 relfilenode changed was rewritten.
 
     python tools/generate_migration_locks.py            # write it (`make schema` does)
@@ -45,7 +46,7 @@ _TABLES = (
 _HELD = (
     "SELECT c.relname, l.mode FROM pg_locks AS l JOIN pg_class AS c ON c.oid = l.relation"
     " JOIN pg_namespace AS n ON n.oid = c.relnamespace"
-    " WHERE l.pid = %s AND l.granted AND l.locktype = 'relation' AND n.nspname = %s"
+    " WHERE l.pid = %s AND l.locktype = 'relation' AND n.nspname = %s"
     " AND c.relkind IN ('r', 'p') AND c.relname <> 'migration'"
 )
 _WAITING = "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s"

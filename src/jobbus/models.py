@@ -76,6 +76,8 @@ class Job:
     #: A job not started by then is cancelled instead (migration 0014; None: it never expires). Read
     #: after the columns above, so reads of a schema before that migration still work.
     expires_at: datetime | None = None
+    #: The job's tags, in the order given (migration 0031; empty: none).
+    tags: tuple[str, ...] = ()
 
     @property
     def view(self) -> str:
@@ -114,7 +116,7 @@ def waiting_for(recorded: Any) -> str | None:
 
 #: The columns of the job table, in `Job`'s order (reads add `parent_id` and `steps` after them).
 JOB_COLUMNS: tuple[str, ...] = tuple(
-    name for name in Job.__dataclass_fields__ if name not in ("parent_id", "steps", "expires_at")
+    name for name in Job.__dataclass_fields__ if name not in ("parent_id", "steps", "expires_at", "tags")
 )
 
 
@@ -169,6 +171,8 @@ class JobSpec:
     unique_for: float | None = None
     #: Seconds of debounce (`debounce=`), or None.
     debounce: float | None = None
+    #: The job's tags (`jobbus.requests.validate_tags`), or None for none.
+    tags: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -31,6 +31,9 @@ MAX_WEIGHT = 1_000_000
 #: Deepest JSON nesting accepted in configurations, checkpoints and results: PostgreSQL takes far
 #: more, but reading a row back parses it recursively, and that must never hit Python's recursion limit.
 MAX_JSON_DEPTH = 200
+#: Tags a job may carry, and the characters of each (SPEC 21).
+MAX_TAGS = 16
+MAX_TAG_CHARACTERS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +68,10 @@ class JobRequest:
     #: Debounce (needs `unique_key`): while a job of the key waits unstarted, the call gives it this
     #: configuration and makes it available this many seconds (or this timedelta) from now.
     debounce: float | timedelta | None = None
+    #: Labels to find the job by (`jobbus jobs list --tag`, the dashboard, `App.update_many(tag=...)`):
+    #: at most `MAX_TAGS` non-blank strings of at most `MAX_TAG_CHARACTERS` characters each; repeats are
+    #: dropped (the first kept, in order), and an empty list is no tags.
+    tags: Sequence[str] | None = None
 
 
 class JobOptions(TypedDict, total=False):
@@ -86,6 +93,7 @@ class JobOptions(TypedDict, total=False):
     weight: int | None
     unique_for: float | timedelta | None
     debounce: float | timedelta | None
+    tags: Sequence[str] | None
 
 
 def check_options(what: str, given: Mapping[str, object], known: frozenset[str]) -> None:
@@ -188,6 +196,7 @@ def build_spec(
         weight=weight,
         unique_for=unique_for,
         debounce=debounce,
+        tags=None if request.tags is None else validate_tags("tags", request.tags),
     )
 
 
@@ -238,6 +247,8 @@ def spec_json(spec: JobSpec) -> str:
         values["unique_for"] = spec.unique_for
     if spec.debounce is not None:
         values["debounce"] = spec.debounce
+    if spec.tags is not None:
+        values["tags"] = list(spec.tags)
     text = dumps(values)
     # configuration and then are JSON text already: spliced in, not decoded and encoded again.
     text = f'{text[:-1]},"configuration":{spec.configuration}'
@@ -402,6 +413,37 @@ def validate_text(what: str, value: object, limit: int = MAX_NAME_BYTES) -> str:
     if size > limit:
         raise InvalidJobError(f"{what} is {size} bytes long in UTF-8, at most {limit} are allowed")
     return value
+
+
+def validate_tags(what: str, value: object) -> tuple[str, ...] | None:
+    """Tags as stored: a list (or tuple) of at most `MAX_TAGS` different non-blank strings without NUL
+    of at most `MAX_TAG_CHARACTERS` characters each, repeats dropped (the first kept, in order); None
+    for none. The SQL API's option_tags (sql/current.sql) takes the same and refuses the same."""
+    if isinstance(value, str) or not isinstance(value, list | tuple):
+        raise InvalidJobError(f"{what} must be a list of strings, got {value!r:.80}")
+    tags: dict[str, None] = {}
+    for index, tag in enumerate(value):
+        if not isinstance(tag, str):
+            raise InvalidJobError(f"{what} must hold strings only, item {index} is {tag!r:.80}")
+        if not tag.strip():
+            raise InvalidJobError(f"{what} must not hold an empty tag (item {index})")
+        if len(tag) > MAX_TAG_CHARACTERS:
+            raise InvalidJobError(
+                f"{what} holds a tag of {len(tag)} characters (item {index}), at most {MAX_TAG_CHARACTERS} are allowed"
+            )
+        if "\x00" in tag:
+            raise InvalidJobError(f"{what} must not hold NUL characters (item {index})")
+        if not tag.isascii():
+            try:
+                tag.encode()
+            except UnicodeEncodeError:
+                raise InvalidJobError(
+                    f"{what} item {index} contains a lone surrogate (half of a UTF-16 pair, not a character)"
+                ) from None
+        tags[tag] = None
+    if len(tags) > MAX_TAGS:
+        raise InvalidJobError(f"{what} has {len(tags)} different tags, at most {MAX_TAGS} are allowed")
+    return tuple(tags) or None
 
 
 def _int(what: str, value: object) -> int:

@@ -41,12 +41,14 @@ CREATE TABLE IF NOT EXISTS public.model_log (
 """
 #: A row's detail also gets the database's start time of the job's current attempt (`claimed_at`, from
 #: its claim): the rate check counts starts as the claims record them, not as a loaded machine's handlers
-#: happen to begin a moment later.
+#: happen to begin a moment later; and the queue it was claimed from (a queued job may be moved to
+#: another queue between its attempts, `App.update_many`).
 INSERT = (
     "INSERT INTO public.model_log (id, kind, job_id, attempt, lease, worker, pid, detail)"
     " SELECT %(id)s::uuid, %(kind)s::text, %(job_id)s::uuid, %(attempt)s::int, %(lease)s::uuid,"
     " %(worker)s::text, %(pid)s::int,"
-    " %(detail)s::jsonb || coalesce((SELECT jsonb_build_object('claimed_at', extract(epoch FROM j.started_at))"
+    " %(detail)s::jsonb || coalesce((SELECT jsonb_build_object('claimed_at', extract(epoch FROM j.started_at),"
+    " 'queue', j.queue)"
     " FROM jobbus.job AS j WHERE j.id = %(job_id)s::uuid AND %(kind)s::text = 'start'), '{}')"
     " ON CONFLICT (id) DO NOTHING"
 )

@@ -209,6 +209,20 @@ class KeyedCall:
 
 
 @dataclass(frozen=True)
+class Edit:
+    """A change of a job's queue, priority or tags, recorded by a trigger in the transaction that made
+    it: the statuses before and after, the queues, the priority after, the database clock."""
+
+    job_id: str
+    at: float
+    old_status: str
+    new_status: str
+    old_queue: str
+    new_queue: str
+    priority: int
+
+
+@dataclass(frozen=True)
 class Op:
     """A producer call on a job racing the workers: `cancel`, `delete` or `run_now`; `before` and
     `after` are the database clock around the call, `outcome` what it returned (the status for cancel,
@@ -271,6 +285,10 @@ class History:
     spends: list[Spend] = field(default_factory=list)
     #: the calls with a uniqueness window or debounce, as they committed.
     keyed_calls: list[KeyedCall] = field(default_factory=list)
+    #: every change of a job's queue, priority or tags (`update`, `update_many`), by a trigger.
+    edits: list[Edit] = field(default_factory=list)
+    #: (marker priority, count returned, db clock before, after) of each `update_many`.
+    moves: list[tuple[int, int, float, float]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -325,6 +343,7 @@ def check(history: History) -> Report:
         *checker.deletes(),
         *checker.cancels(),
         *checker.run_nows(),
+        *checker.updates(),
         *checker.unique(),
         *checker.debounce(),
         *checker.windows(),
@@ -1058,6 +1077,47 @@ class _Checker:
             elif job.status in ("queued", "running"):
                 yield Violation(
                     "run_now", f"job {op.job_id} was made available at {when} and is still {job.status} at the end"
+                )
+
+    def updates(self) -> Iterator[Violation]:
+        """SPEC 21: `update` and `update_many` change queued jobs only: every change of a job's queue,
+        priority or tags finds it queued and leaves it queued; an
+        `update` refused says the job was not queued, one that succeeded found it queued; the count an
+        `update_many` returns is the number of jobs it changed (those with its marker priority); a moved
+        job is claimed in its new queue within that queue's limits (`concurrency` counts runs by the
+        queue they were claimed from). The statuses are the row's own, before and after the change, in
+        its transaction: a job running (or finished) is never altered."""
+        for edit in self.h.edits:
+            when = _fmt(edit.at, self.origin)
+            if edit.old_status != "queued" or edit.new_status != "queued":
+                yield Violation(
+                    "update",
+                    f"job {edit.job_id} was changed at {when} ({edit.old_queue} -> {edit.new_queue}, priority "
+                    f"{edit.priority}) while {edit.old_status} (now {edit.new_status}): only queued jobs change",
+                )
+        for op in self.h.ops:
+            if op.kind != "update":
+                continue
+            statuses = self.statuses_during(op.job_id, op.before - CALL_SKEW, op.after)
+            when = _fmt(op.after, self.origin)
+            if not op.ok and statuses is not None and statuses <= {"queued"}:
+                yield Violation("update", f"update of job {op.job_id} at {when} was refused while it was queued")
+            if op.ok and statuses is not None and "queued" not in statuses:
+                yield Violation(
+                    "update", f"update of job {op.job_id} at {when} succeeded while it was {'/'.join(sorted(statuses))}"
+                )
+        for marker, count, before, after in self.h.moves:
+            changed = [e for e in self.h.edits if e.priority == marker]
+            if len(changed) != count:
+                yield Violation(
+                    "update_many",
+                    f"update_many (marker {marker}) at {_fmt(after, self.origin)} returned {count} but changed "
+                    f"{len(changed)} jobs",
+                )
+            late = [e for e in changed if not before - CALL_SKEW <= e.at <= after + CALL_SKEW]
+            if late:
+                yield Violation(
+                    "update_many", f"update_many (marker {marker}) changed job {late[0].job_id} outside its call"
                 )
 
     def unique(self) -> Iterator[Violation]:

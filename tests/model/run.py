@@ -35,6 +35,7 @@ import jobbus
 from jobbus import control
 from tests.model.app import LOG_APPLICATION, LOG_DDL
 from tests.model.history import (
+    Edit,
     Effect,
     History,
     Inserted,
@@ -102,6 +103,26 @@ CREATE TRIGGER model_job_update AFTER UPDATE ON jobbus.job
     FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status) EXECUTE FUNCTION public.model_job_change();
 CREATE TRIGGER model_job_delete AFTER DELETE ON jobbus.job
     FOR EACH ROW EXECUTE FUNCTION public.model_job_change();
+CREATE TABLE public.model_job_edit (
+    seq          bigserial PRIMARY KEY,
+    job_id       uuid NOT NULL,
+    old_status   text NOT NULL,
+    new_status   text NOT NULL,
+    old_queue    text NOT NULL,
+    new_queue    text NOT NULL,
+    new_priority integer NOT NULL,
+    at           timestamptz NOT NULL
+);
+CREATE FUNCTION public.model_job_edit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO public.model_job_edit (job_id, old_status, new_status, old_queue, new_queue, new_priority, at)
+    VALUES (NEW.id, OLD.status, NEW.status, OLD.queue, NEW.queue, NEW.priority, clock_timestamp());
+    RETURN NULL;
+END $$;
+CREATE TRIGGER model_job_edit AFTER UPDATE ON jobbus.job
+    FOR EACH ROW WHEN (OLD.queue IS DISTINCT FROM NEW.queue OR OLD.priority IS DISTINCT FROM NEW.priority
+                       OR OLD.tags IS DISTINCT FROM NEW.tags)
+    EXECUTE FUNCTION public.model_job_edit();
 """
 
 
@@ -338,6 +359,8 @@ PART_THREE = (
     "window:python",
     "window:sql",
     "window:mixed",
+    "update",
+    "update_many",
 )
 #: The uniqueness window of the model's windowed calls, in seconds: a 15 s run holds a few of them.
 MODEL_WINDOW = 4.0
@@ -445,6 +468,34 @@ def part_three(
             },
         )
     )
+    # `update` (a new priority and tags) of random jobs, running ones included; `update_many` moving a
+    # batch of tagged jobs to another queue while the workers claim them, with a priority of its own
+    # (`marker`) that tells which rows it changed.
+    for _ in range(rng.randint(2, 4)):
+        target = rng.choice(["running", "queued", "queued", "any"])
+        actions.append(
+            Action(
+                rng.uniform(1.0, duration - 1.0),
+                "update",
+                {"target": target, "pick": rng.random(), "priority": rng.choice([-1, 0, 1]), "tags": ["edited"]},
+            )
+        )
+    for n in range(rng.randint(1, 2)):
+        source, destination = rng.choice(queues), rng.choice(queues)
+        actions.append(
+            Action(
+                rng.uniform(0.5, load_until),
+                "update_many",
+                {
+                    "queue": source.name,
+                    "to": destination.name,
+                    "jobs": rng.randint(20, 60),
+                    "delay": rng.uniform(0.0, 0.5),
+                    "wait": rng.uniform(0.0, 0.6),
+                    "marker": 1000 + n,
+                },
+            )
+        )
     return actions
 
 
@@ -673,6 +724,7 @@ async def run(topology: Topology, dsn: str) -> History:
         history = _read(log, topology, expected, late, fleet.unexpected, quiet_from, periodic_next)
         history.ops, history.secrets, history.exercised = state.ops, state.secrets, state.exercised
         history.keyed_calls = state.keyed
+        history.moves = state.moves
         return history
 
 
@@ -755,6 +807,8 @@ class _State:
     #: calls with a uniqueness window or debounce as they committed.
     dsn: str = ""
     keyed: list[KeyedCall] = field(default_factory=list)
+    #: (marker priority, count returned, db clock before, after) of each `update_many`.
+    moves: list[tuple[int, int, float, float]] = field(default_factory=list)
 
     def did(self, what: str) -> None:
         self.exercised[what] = self.exercised.get(what, 0) + 1
@@ -860,6 +914,9 @@ async def _on_job(
         elif kind == "delete":
             await app.delete(uuid.UUID(job_id))
             outcome = "ok"
+        elif kind == "update":
+            await app.update(uuid.UUID(job_id), priority=a["priority"], tags=a["tags"])
+            outcome = "ok"
         else:
             await app.run_now(uuid.UUID(job_id))
             outcome = "ok"
@@ -868,6 +925,31 @@ async def _on_job(
     state.ops.append(Op(kind, job_id, before, _db_now(log), outcome))
     state.did(kind)
     state.did(f"{kind}:{outcome.split(':')[0]}")
+
+
+async def _move(
+    app: jobbus.App, log: psycopg.Connection[Any], state: _State, expected: dict[str, str], a: dict[str, Any]
+) -> None:
+    """A batch of tagged jobs scheduled into a queue, then every queued one of them moved to another
+    queue while the workers claim them (`update_many`): the count it returns, and the database clock
+    around the call, go into the history."""
+    tag = f"move{a['marker']}"
+    config = {"sleep": 0.05}
+    ids = await app.schedule_many(
+        "model.work",
+        [config] * a["jobs"],
+        queue=a["queue"],
+        max_attempts=50,
+        tags=[tag],
+        available_at=timedelta(seconds=a["delay"]),
+    )
+    for job_id in ids:
+        expected[str(job_id)] = "completed"
+    await asyncio.sleep(a["wait"])
+    before = _db_now(log)
+    changed = await app.update_many(tag=tag, queue=a["queue"], set_queue=a["to"], set_priority=a["marker"])
+    state.moves.append((a["marker"], changed, before, _db_now(log)))
+    state.did("update_many")
 
 
 async def _part_three(
@@ -930,8 +1012,10 @@ async def _part_three(
         if spec_id is not None:
             await fleet.kill(spec_id)
         state.did("kill_runner" if spec_id is not None else "kill_runner:missed")
-    elif kind in ("cancel", "delete", "run_now"):
+    elif kind in ("cancel", "delete", "run_now", "update"):
         await _on_job(app, log, state, expected, kind, a)
+    elif kind == "update_many":
+        await _move(app, log, state, expected, a)
     elif kind == "leak":
         job_id = str(
             await app.schedule(
@@ -1238,6 +1322,11 @@ def _read(
         h.transitions.append(Transition(job_id, at, old, new, attempts))
         if old is None:
             h.inserted[job_id] = Inserted(job_id, at, type_, unique_key, expires_at, weight or 1)
+    for job_id, old, new, old_queue, new_queue, priority, at in log.execute(
+        "SELECT job_id::text, old_status, new_status, old_queue, new_queue, new_priority,"
+        " extract(epoch FROM at)::float8 FROM public.model_job_edit ORDER BY seq"
+    ).fetchall():
+        h.edits.append(Edit(job_id, at, old, new, old_queue, new_queue, priority))
     h.ended = _db_now(log)
     jobs = {j.id: j for j in h.jobs}
     rows = log.execute(
@@ -1252,7 +1341,7 @@ def _read(
     gone: dict[int, float] = {}
     for kind, job_id, attempt, worker, pid, at, detail in rows:
         if kind == "start":
-            starts[detail["run"]] = (job_id, attempt, worker, pid, at, detail.get("claimed_at"))
+            starts[detail["run"]] = (job_id, attempt, worker, pid, at, detail.get("claimed_at"), detail.get("queue"))
             if attempt == 1:
                 h.first_available.setdefault(job_id, float(detail["available_at"]))
         elif kind == "end":
@@ -1314,7 +1403,7 @@ def _read(
         h.frozen.append(Window(str(pid), at, gone.get(pid, at)))
     for pid, (worker, queues, concurrency, at) in spawned.items():
         h.processes.append(Process(pid, worker, queues, concurrency, at, gone.get(pid)))
-    for run_id, (job_id, attempt, worker, pid, at, claimed) in starts.items():
+    for run_id, (job_id, attempt, worker, pid, at, claimed, claimed_queue) in starts.items():
         job = jobs.get(job_id)
         end, outcome = ends.get(run_id, (None, "open"))
         h.runs.append(
@@ -1322,7 +1411,7 @@ def _read(
                 run_id,
                 job_id,
                 job.type if job else "?",
-                job.queue if job else "?",
+                claimed_queue or (job.queue if job else "?"),
                 job.key if job else None,
                 attempt,
                 worker,

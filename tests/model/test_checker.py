@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from tests.model.history import (
     FAIRNESS_BOUND,
+    Edit,
     Effect,
     History,
     Inserted,
@@ -788,3 +789,35 @@ def test_a_parked_run_frees_its_slot_when_the_job_parks() -> None:
     h.transitions += changes(2, (0.0, "queued"), (0.5, "running"), (0.95, "queued"), (2.5, "running"))
     h.transitions.append(Transition("j2", T0 + 3.0, "running", "completed", 2))
     assert check(h).ok, check(h).text()
+
+
+# -- SPEC 21: update and update_many --------------------------------------------------------------------
+
+
+def test_an_edit_of_a_job_that_is_not_queued_is_named() -> None:
+    h = clean()
+    h.edits.append(Edit("j2", T0 + 0.5, "queued", "queued", "q", "x", 5))
+    assert check(h).ok, check(h).text()
+    h.edits.append(Edit("j2", T0 + 0.9, "running", "running", "q", "q", 7))
+    report = check(h)
+    assert report.guarantees() == {"update"}
+    assert "was changed at +0.90s" in report.text() and "while running" in report.text()
+
+
+def test_an_update_many_whose_count_is_not_what_it_changed() -> None:
+    h = clean()
+    h.edits += [Edit(f"j{n}", T0 + 0.5, "queued", "queued", "q", "x", 1000) for n in (1, 2)]
+    h.moves.append((1000, 2, T0 + 0.4, T0 + 0.6))
+    assert check(h).ok, check(h).text()
+    h.moves[0] = (1000, 3, T0 + 0.4, T0 + 0.6)
+    report = check(h)
+    assert report.guarantees() == {"update_many"}
+    assert "returned 3 but changed 2 jobs" in report.text()
+
+
+def test_an_update_that_succeeded_on_a_finished_job() -> None:
+    h = clean()
+    h.transitions += [Transition("j1", T0, None, "queued"), Transition("j1", T0 + 0.1, "queued", "running", 1)]
+    h.transitions.append(Transition("j1", T0 + 0.3, "running", "completed", 1))
+    h.ops.append(Op("update", "j1", T0 + 5.0, T0 + 5.05, "ok"))
+    assert check(h).guarantees() == {"update"}

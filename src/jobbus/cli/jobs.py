@@ -1,11 +1,11 @@
-"""`jobbus jobs list|show|cancel|retry|delete|run-now`: look at jobs and act on one."""
+"""`jobbus jobs list|show|cancel|retry|delete|run-now|update`: look at jobs and act on one or many."""
 
 from __future__ import annotations
 
 import json
 import sys
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import click
 from rich.console import Group
@@ -16,7 +16,7 @@ from jobbus import views
 from jobbus.app import App
 from jobbus.cli import exit_codes
 from jobbus.cli.errors import UsageProblem, fail, run
-from jobbus.cli.options import check_names, dsn_option, json_option
+from jobbus.cli.options import check_names, dsn_option, json_option, parse_duration
 from jobbus.cli.output import (
     Column,
     admin_app,
@@ -34,7 +34,9 @@ from jobbus.cli.output import (
 )
 from jobbus.cli.schedule import parse_when
 from jobbus.cli.suggest import SuggestingGroup
+from jobbus.errors import InvalidJobError
 from jobbus.models import JOB_VIEWS, Job, JobStatus
+from jobbus.requests import validate_tags
 from jobbus.views import Cursor, Filters
 
 STATUSES = [s.value for s in JobStatus]
@@ -51,7 +53,8 @@ def _job_id(text: str) -> uuid.UUID:
 
 @click.group("jobs", cls=SuggestingGroup)
 def jobs_group() -> None:
-    """List jobs, show one, cancel one, retry a failed one, delete one, run a queued one now.
+    """List jobs, show one, cancel one, retry a failed one, delete one, run a queued one now, change
+    queued ones.
 
     \b
     Examples:
@@ -61,6 +64,7 @@ def jobs_group() -> None:
       jobbus jobs retry 0190f3c4-8f2e-7a71-9c1e-2b1f0e6d4a10
       jobbus jobs delete 0190f3c4-8f2e-7a71-9c1e-2b1f0e6d4a10
       jobbus jobs run-now 0190f3c4-8f2e-7a71-9c1e-2b1f0e6d4a10
+      jobbus jobs update --queue emails --tag tenant:42 --set-queue emails-slow
     """
 
 
@@ -81,6 +85,9 @@ def jobs_group() -> None:
     help="Only jobs holding TEXT (any case) in their type, name, unique key, last error or configuration.",
 )
 @click.option("--group-id", metavar="UUID", help="Only jobs of this group.")
+@click.option(
+    "--tag", "tags", multiple=True, metavar="TAG", help="Only jobs with this tag (repeatable: with every one)."
+)
 @click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True, help="At most N jobs.")
 @click.option("--after", metavar="CURSOR", help="Where the previous page ended (what it printed, or its last job id).")
 @click.option("--oldest", is_flag=True, help="Without one --status: the oldest jobs first (default: the newest).")
@@ -93,6 +100,7 @@ def list_command(
     name: str | None,
     search: str | None,
     group_id: str | None,
+    tags: tuple[str, ...],
     limit: int,
     after: str | None,
     oldest: bool,
@@ -118,6 +126,7 @@ def list_command(
       jobbus jobs list --type report.render --json | jq -r '.[].id'
       jobbus jobs list --status failed --after 'WyIwMTkw...'   # the next page: what the last one printed
       jobbus jobs list --oldest                               # creation order
+      jobbus jobs list --tag tenant:42 --tag urgent           # jobs with both tags
 
     --json prints a list of objects with every column of the job (ids as strings, ISO 8601 times),
     its view (`retrying`, `waiting`, ...), `next_run_at` (a queued job's next start) and
@@ -125,13 +134,16 @@ def list_command(
     """
     check_names("--queue", queues)
     check_names("--type", types)
+    tag_list = _tags("--tag", tags)
     group = _job_id(group_id) if group_id else None
     in_view = len(statuses) == 1
 
     async def body() -> int:
         async with admin_app(dsn) as app:
             if in_view:
-                jobs, more = await _view_page(app, statuses[0], queues, types, name, search, group, after, limit)
+                jobs, more = await _view_page(
+                    app, statuses[0], queues, types, name, search, group, after, limit, tag_list
+                )
             else:
                 jobs = await app.list_jobs(
                     status=list(statuses) or None,
@@ -143,6 +155,7 @@ def list_command(
                     newest_first=not oldest,
                     name=name,
                     search=search,
+                    tag=tag_list or None,
                 )
                 more = str(jobs[-1].id) if len(jobs) == limit else None
         jobs = [errors_masked(job) for job in jobs]
@@ -171,9 +184,10 @@ async def _view_page(
     group: uuid.UUID | None,
     after: str | None,
     limit: int,
+    tags: tuple[str, ...] = (),
 ) -> tuple[list[Job], str | None]:
     """One page of a view, read whole, and the cursor of the next one (None: nothing further)."""
-    filters = Filters(queues, types, name, search, group)
+    filters = Filters(queues, types, name, search, group, tags=tags)
     cursor = await _cursor(app, view, after) if after else None
     page = await views.page(app, view, filters, cursor=cursor, limit=limit)
     jobs = await views.jobs_of(app, page)
@@ -195,6 +209,14 @@ async def _cursor(app: App, view: str, after: str) -> Cursor:
     return views.cursor_after(view, job)
 
 
+def _tags(option: str, given: tuple[str, ...]) -> tuple[str, ...]:
+    """Tags an option names, validated as a job's (bad usage, exit 64, before the database is reached)."""
+    try:
+        return validate_tags(option, list(given)) or ()
+    except InvalidJobError as exc:
+        raise UsageProblem(str(exc)) from None
+
+
 _JOB_COLUMNS = [
     Column("id", rank=0),
     Column("type", rank=2),
@@ -204,6 +226,7 @@ _JOB_COLUMNS = [
     Column("created", rank=7),
     Column("when", rank=5),
     Column("last error", rank=6, flexible=True),
+    Column("tags", rank=8),
 ]
 
 
@@ -218,6 +241,7 @@ def _jobs_table(jobs: list[Job], width: int) -> Table:
             human_time(job.created_at),
             _when(job),
             shown(one_line(job.last_error, 60), style="red"),
+            shown(", ".join(job.tags)),
         ]
         for job in jobs
     ]
@@ -287,6 +311,7 @@ def _job_detail(job: Job) -> Group:
         ("parent", str(job.parent_id) if job.parent_id else "-"),
         ("unique key", shown(job.unique_key or "-")),
         ("concurrency key", shown(job.concurrency_key or "-")),
+        ("tags", shown(", ".join(job.tags) or "-")),
         ("timeout", f"{job.timeout_seconds:g} s" if job.timeout_seconds is not None else "-"),
         ("progress", progress_text(job)),
         ("worker", shown(job.worker_id or "-")),
@@ -466,3 +491,105 @@ def run_now_command(job_id: str, dsn: str | None) -> None:
         return exit_codes.OK
 
     sys.exit(run(body))
+
+
+@jobs_group.command("update")
+@click.argument("job_id", metavar="[ID]", required=False)
+@click.option("--queue", metavar="Q", help="Every queued job of this queue.")
+@click.option("--type", "job_type", metavar="T", help="Every queued job of this type.")
+@click.option(
+    "--tag", "tags", multiple=True, metavar="TAG", help="Every queued job with this tag (repeatable: every one)."
+)
+@click.option("--set-priority", type=click.IntRange(-(2**31), 2**31 - 1), metavar="N", help="The new priority.")
+@click.option("--set-queue", metavar="Q", help="Move the jobs to this queue.")
+@click.option(
+    "--set-available-at",
+    "available_text",
+    metavar="WHEN",
+    help="When the jobs become available: now, a delay from now (30s, 15m, 1h30m) or an ISO 8601 time.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the count as JSON on stdout.")
+@dsn_option
+def update_command(
+    job_id: str | None,
+    queue: str | None,
+    job_type: str | None,
+    tags: tuple[str, ...],
+    set_priority: int | None,
+    set_queue: str | None,
+    available_text: str | None,
+    as_json: bool,
+    dsn: str | None,
+) -> None:
+    """Change queued jobs: one by its ID, or every queued job that matches --queue, --type and --tag.
+
+    Running and finished jobs are never changed: a job a worker claims meanwhile is left as it is and
+    not counted. Filters change the jobs in batches of 1,000, each its own transaction; progress goes
+    to stderr, the count to stdout.
+
+    \b
+    Examples:
+      jobbus jobs update 0190f3c4-8f2e-7a71-9c1e-2b1f0e6d4a10 --set-priority 10
+      jobbus jobs update --queue emails --tag tenant:42 --set-queue emails-slow
+      jobbus jobs update --type report.render --set-available-at 2h
+      jobbus jobs update --tag backfill --set-available-at 2026-05-01T02:00:00Z --set-priority -5
+
+    Exit codes: 0 done (also when no job matched), 1 the job does not exist or is not queued,
+    64 bad usage (no change, no filter, an ID and filters both, a bad value).
+    """
+    if job_id is not None and (queue is not None or job_type is not None or tags):
+        raise UsageProblem("give a job ID or --queue/--type/--tag filters, not both")
+    if job_id is None and queue is None and job_type is None and not tags:
+        raise UsageProblem("give a job ID or at least one of --queue, --type, --tag")
+    if set_priority is None and set_queue is None and available_text is None:
+        raise UsageProblem("give at least one change: --set-priority, --set-queue, --set-available-at")
+    check_names("--queue", [queue] if queue is not None else [])
+    check_names("--type", [job_type] if job_type is not None else [])
+    check_names("--set-queue", [set_queue] if set_queue is not None else [])
+    tag_list = _tags("--tag", tags)
+    available_at = _available_at(available_text) if available_text is not None else None
+    ident = _job_id(job_id) if job_id is not None else None
+
+    async def body() -> int:
+        async with admin_app(dsn) as app:
+            if ident is not None:
+                await app.update(ident, priority=set_priority, queue=set_queue, available_at=available_at)
+                changed = 1
+            else:
+                err = sys.stderr
+                progress = err.isatty()
+
+                def report(count: int) -> None:
+                    if progress:
+                        err.write(f"\r{count} jobs changed so far")
+                        err.flush()
+
+                changed = await app.update_many(
+                    queue=queue,
+                    type=job_type,
+                    tag=tag_list or None,
+                    set_priority=set_priority,
+                    set_queue=set_queue,
+                    set_available_at=available_at,
+                    on_batch=report,
+                )
+                if progress:
+                    err.write("\r\x1b[K")
+        if as_json:
+            print_json({"updated": changed})
+        elif ident is not None:
+            click.echo(f"job {ident} updated")
+        else:
+            click.echo(f"{changed} job{'' if changed == 1 else 's'} updated")
+        return exit_codes.OK
+
+    sys.exit(run(body))
+
+
+def _available_at(text: str) -> datetime | timedelta:
+    """--set-available-at: `now`, a delay from now (a duration), or an aware ISO 8601 time."""
+    if text.strip().lower() == "now":
+        return timedelta(0)
+    if text.strip()[:1].isdigit() and text.strip()[-1:].lower() in "smhdw" and ":" not in text:
+        return parse_duration(text, "--set-available-at")
+    return parse_when(text, "--set-available-at")

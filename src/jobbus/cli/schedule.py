@@ -103,6 +103,7 @@ def parse_config(text: str | None) -> dict[str, Any]:
 )
 @click.option("--name", metavar="NAME", help="A label for humans.")
 @click.option("--group-id", metavar="UUID", help="Group the job with others (see group progress).")
+@click.option("--tag", "tags", multiple=True, metavar="TAG", help="A tag to find the job by (repeatable, at most 16).")
 @click.option(
     "--app",
     "app_spec",
@@ -122,6 +123,7 @@ def schedule_command(
     expires_text: str | None,
     name: str | None,
     group_id: str | None,
+    tags: tuple[str, ...],
     app_spec: str | None,
     dsn: str | None,
 ) -> None:
@@ -138,6 +140,7 @@ def schedule_command(
           --unique-key catalog:summer --at 2026-05-01T02:00:00Z
       jobbus schedule digest.send --config '{"user_id": 7}' --expires 3600
       jobbus schedule invoice.remind --config '{"invoice": 1042}' --in 2d
+      jobbus schedule report.render --config '{"report_id": 7}' --tag tenant:42 --tag nightly
       echo '{"to": "a@example.com"}' | jobbus schedule email.send --config -
 
     With --app, a TYPE that the App has no handler for is scheduled all the same, with a warning on
@@ -168,6 +171,7 @@ def schedule_command(
         "name": name,
         "group_id": group,
         "expires": parse_expires(expires_text) if expires_text else None,
+        "tags": list(tags) or None,
     }
     try:  # everything the library would refuse (a configuration it cannot store too) before the database
         build_spec(JobRequest(job_type, configuration, **options), JobDefaults(), default_max_attempts=1)

@@ -5,12 +5,15 @@ and turns a refusal into that line)."""
 from __future__ import annotations
 
 import contextlib
+import re
 import uuid
 from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
+from starlette.responses import Response
 
 from jobbus import control, views
 from jobbus.dashboard.formatting import parse_uuid
@@ -18,6 +21,9 @@ from jobbus.dashboard.state import Dashboard
 from jobbus.errors import InvalidStateError
 from jobbus.limits import KEEP, Keep, RateLimit
 from jobbus.models import JobStatus
+from jobbus.producer import plan
+from jobbus.requests import validate_tags
+from jobbus.store.views import Count
 
 if TYPE_CHECKING:
     from jobbus.app import App
@@ -61,6 +67,136 @@ async def bulk_jobs(dash: Dashboard, request: Request, form: dict[str, Any]) -> 
         return "no job selected"
     done = await BULK_ACTIONS[verb](dash.app, ids)
     return f"{verb}: {done} of {len(ids)} selected job(s)"
+
+
+async def update_jobs(dash: Dashboard, request: Request, form: dict[str, Any]) -> str | Response:
+    """Change queued jobs: the selected ones (`scope=selected`, in one statement as a batch of
+    `App.update_many`) or every queued job of the page's queue, type and tag filters (`scope=filter`,
+    `App.update_many`). Without `confirm`, a page that names the changes and how many jobs they touch,
+    and asks again; with it, the change."""
+    changes = _changes(form)
+    scope = form.get("scope")
+    ids = [_require_uuid(i) for i in (form.get("ids") or [])][:BULK_LIMIT]
+    if scope == "selected":
+        if not ids:
+            return "no job selected"
+        found = await dash.run(dash.app.store.find_jobs(ids))
+        queued = sum(job.status is JobStatus.QUEUED for job in found)
+        count, what = Count(queued), f"of the {len(ids)} selected jobs (those still queued)"
+    elif scope == "filter":
+        if form.get("filter_other"):
+            raise ValueError("a change of every job of a filter takes a queue, a type and tags only: clear the others")
+        queue, job_type = form.get("filter_queue") or None, form.get("filter_type") or None
+        tags = _tags("tag", form.get("filter_tag"))
+        if queue is None and job_type is None and not tags:
+            raise ValueError("choose a queue, a type or a tag first: this would change every queued job")
+        filters = views.Filters((queue,) if queue else (), (job_type,) if job_type else (), tags=tags)
+        count = await views.count(dash.app, "queued", filters)
+        what = (
+            "queued jobs"
+            + "".join(f" {label} {value}" for label, value in (("of queue", queue), ("of type", job_type)) if value)
+            + (f" with tags {', '.join(tags)}" if tags else "")
+        )
+    else:
+        raise ValueError("scope must be selected or filter")
+    if not form.get("confirm"):
+        return dash.render(
+            request,
+            "update_confirm.html",
+            title="Change jobs",
+            count=count,
+            what=what,
+            changes=_described(changes),
+            form={k: v for k, v in form.items() if k not in ("csrf", "ids")},
+            ids=ids,
+        )
+    if scope == "selected":
+        # One statement, as a batch of update_many: a job claimed or finished meanwhile is left as it is.
+        checked = plan.update_changes(
+            "update_many",
+            changes["priority"],
+            changes["queue"],
+            changes["available_at"],
+            changes["add_tags"],
+            "add_tags",
+        )
+        statement = dash.app.store.update_jobs(
+            after=uuid.UUID(int=0),
+            limit=BULK_LIMIT,
+            queue=None,
+            type=None,
+            tags=None,
+            set_priority=checked["priority"],
+            set_queue=checked["queue"],
+            available_at=checked["available_at"],
+            delay_seconds=checked["delay_seconds"],
+            add_tags=checked["tags"],
+            ids=ids,
+        )
+        _last, _chosen, done = await dash.run(statement)
+        return f"changed {done} of {len(ids)} selected job(s)"
+    done = await dash.app.update_many(
+        queue=queue,
+        type=job_type,
+        tag=list(tags) or None,
+        set_priority=changes["priority"],
+        set_queue=changes["queue"],
+        set_available_at=changes["available_at"],
+        add_tags=changes["add_tags"],
+    )
+    return f"changed {done:,} queued job(s)"
+
+
+def _changes(form: dict[str, Any]) -> dict[str, Any]:
+    """The bulk edit's fields; an empty one changes nothing, and at least one must change something."""
+    priority = _optional_int(form.get("set_priority"))
+    queue = (form.get("set_queue") or "").strip() or None
+    when = (form.get("set_available_at") or "").strip()
+    add_tags = _tags("add_tags", form.get("add_tags")) or None
+    if priority is None and queue is None and not when and add_tags is None:
+        raise ValueError("give at least one change: priority, queue, available at or tags to add")
+    return {"priority": priority, "queue": queue, "available_at": _when(when) if when else None, "add_tags": add_tags}
+
+
+def _described(changes: dict[str, Any]) -> list[str]:
+    said = []
+    if changes["priority"] is not None:
+        said.append(f"priority {changes['priority']}")
+    if changes["queue"] is not None:
+        said.append(f"move to queue {changes['queue']}")
+    if changes["available_at"] is not None:
+        at = changes["available_at"]
+        said.append(f"available {'in ' + str(at) if isinstance(at, timedelta) else 'at ' + at.isoformat()}")
+    if changes["add_tags"] is not None:
+        said.append(f"add tags {', '.join(changes['add_tags'])}")
+    return said
+
+
+def _when(text: str) -> datetime | timedelta:
+    """`now`, a delay from now (`15m`, `1h30m`) or an aware ISO 8601 time."""
+    if text.lower() == "now":
+        return timedelta(0)
+    match = _DELAY.fullmatch(text.lower().replace(" ", ""))
+    if match:
+        return timedelta(seconds=sum(int(n) * _UNITS[u] for n, u in _DELAY_PART.findall(text.lower())))
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"available at {text!r} is not now, a delay like 15m or an ISO 8601 time") from None
+    if value.tzinfo is None:
+        raise ValueError(f"available at {text!r} has no timezone: add an offset or Z")
+    return value
+
+
+_DELAY = re.compile(r"(\d{1,9}[smhdw])+")
+_DELAY_PART = re.compile(r"(\d{1,9})([smhdw])")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def _tags(what: str, text: Any) -> tuple[str, ...]:
+    if not isinstance(text, str) or not text.strip():
+        return ()
+    return validate_tags(what, [t.strip() for t in text.split(",") if t.strip()]) or ()
 
 
 async def retry_failures(dash: Dashboard, request: Request, form: dict[str, Any]) -> str:

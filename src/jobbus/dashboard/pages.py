@@ -18,7 +18,9 @@ from jobbus.dashboard.actions import WORKER_ACTIONS
 from jobbus.dashboard.charts import RANGES
 from jobbus.dashboard.state import Dashboard
 from jobbus.dashboard.workflow import step_views, waiting_reason
+from jobbus.errors import InvalidJobError
 from jobbus.models import TRACE_KEY, JobStatus
+from jobbus.requests import validate_tags
 from jobbus.store.control import ControlStore
 from jobbus.store.dashboard import FAMILY_LIMIT, WINDOW
 from jobbus.store.views import Count
@@ -158,15 +160,28 @@ def _jobs_filters(params: QueryParams) -> tuple[str, dict[str, str], views.Filte
         "name": params.get("name") or "",
         "group": str(group) if group else "",
         "q": params.get("q") or "",
+        "tag": params.get("tag") or "",
     }
+    tags = tag_list(shown["tag"])
+    shown["tag"] = ", ".join(tags)
     filters = views.Filters(
         (shown["queue"],) if shown["queue"] else (),
         (shown["type"],) if shown["type"] else (),
         shown["name"] or None,
         shown["q"].strip()[:200] or None,
         group,
+        tags=tags,
     )
     return status, shown, filters
+
+
+def tag_list(text: str) -> tuple[str, ...]:
+    """The tags of the tag field (several separated by commas: jobs with every one), validated as a
+    job's; a bad one is a 400 naming the problem."""
+    try:
+        return validate_tags("tag", [t.strip() for t in text.split(",") if t.strip()]) or ()
+    except InvalidJobError as exc:
+        raise HTTPException(400, str(exc)) from None
 
 
 async def _counted_later() -> dict[str, Count]:

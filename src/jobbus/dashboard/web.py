@@ -43,7 +43,9 @@ if TYPE_CHECKING:
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 Page = Callable[[Dashboard, Request], Awaitable[Response]]
-Action = Callable[[Dashboard, Request, dict[str, Any]], Awaitable[str]]
+#: An action's line for the next page, or a page of its own (a confirmation step that names what it
+#: will do, its form carrying the CSRF token again).
+Action = Callable[[Dashboard, Request, dict[str, Any]], Awaitable[str | Response]]
 Unavailable = Callable[[Dashboard, Request, str], Response]
 #: What a statement raises on a schema older than this code, or none: the guard checks the schema again.
 SCHEMA_GONE = (SchemaError, *SCHEMA_OUTDATED)
@@ -76,6 +78,7 @@ def create_starlette(
         Route("/jobs", page(dash, pages.jobs)),
         Route("/jobs/bulk", action(dash, actions.bulk_jobs), methods=["POST"]),
         Route("/jobs/counts", page(dash, pages.job_counts)),
+        Route("/jobs/update", action(dash, actions.update_jobs), methods=["POST"]),
         Route("/jobs/{job_id}", page(dash, pages.job_detail)),
         Route("/jobs/{job_id}/retry", action(dash, actions.retry_job), methods=["POST"]),
         Route("/jobs/{job_id}/cancel", action(dash, actions.cancel_job), methods=["POST"]),
@@ -155,9 +158,12 @@ def action(dash: Dashboard, handler: Action) -> Endpoint:
         if not dash.guard.csrf_ok(request, submitted if isinstance(submitted, str) else None):
             return PlainTextResponse(CSRF_REFUSED, status_code=403)
         try:
-            message = await handler(dash, request, fields)
+            answer = await handler(dash, request, fields)
         except (InvalidStateError, InvalidJobError, ValueError) as exc:
-            message = f"refused: {exc}"
+            answer = f"refused: {exc}"
+        if isinstance(answer, Response):
+            return answer
+        message = answer
         base = request.scope.get("root_path", "")
         back = safe_next(fields.get("next")) or "/"
         response = RedirectResponse(base + back, status_code=303)

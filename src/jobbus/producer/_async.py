@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime, timedelta
 from typing import Any, ClassVar, TypeVar, Unpack
@@ -21,7 +21,7 @@ import psycopg
 from jobbus import schema as schema_module
 from jobbus import tracing
 from jobbus.durations import resolve_available_at, seconds_or_none
-from jobbus.errors import InvalidStateError, SchemaError
+from jobbus.errors import InvalidJobError, InvalidStateError, SchemaError
 from jobbus.events import JobCancelled
 from jobbus.execution import check_event_key
 from jobbus.limits import KEEP, Keep, QueueSettings, RateLimit
@@ -277,14 +277,16 @@ class AsyncProducer(ABC):
         newest_first: bool = False,
         name: str | None = None,
         search: str | None = None,
+        tag: Sequence[str] | str | None = None,
     ) -> list[Job]:
         """Jobs in creation order (the newest first with `newest_first`), filtered; pass the last id
         seen as `after` for the next page in the same order.
 
         `status` takes statuses and the views of queued jobs (`scheduled`, `retrying`, `waiting`);
         `name` keeps the jobs of that name, `search` those holding the text (case-insensitively) in
-        their type, name, unique_key, last error or configuration."""
-        filters = plan.list_filters(status, queue, type, group_id, after, limit, newest_first, name, search)
+        their type, name, unique_key, last error or configuration; `tag` (one or several) those that
+        have every tag named."""
+        filters = plan.list_filters(status, queue, type, group_id, after, limit, newest_first, name, search, tag)
         return await self._run(self._app.store.list_jobs(**filters))
 
     async def group_progress(self, group_id: uuid.UUID) -> GroupProgress:
@@ -327,6 +329,75 @@ class AsyncProducer(ABC):
         `InvalidStateError`. A job parked in a durable wait that is not over parks again when it runs."""
         before, done = await self._run(self._app.store.run_job_now(plan.as_uuid(job_id)))
         plan.check_run_now(job_id, before, done)
+
+    async def update(
+        self,
+        job_id: uuid.UUID,
+        *,
+        priority: int | None = None,
+        queue: str | None = None,
+        available_at: datetime | timedelta | None = None,
+        tags: Sequence[str] | None = None,
+    ) -> None:
+        """Change a queued job: its priority, its queue, when it becomes available (an aware datetime,
+        or a timedelta from now) or its tags (replaced; `[]` removes them). An option left None is
+        kept. A job that is not queued (a worker claimed it, it finished) raises `InvalidStateError`
+        and is left as it is, and so does an unknown id. A move to another queue or an earlier start
+        wakes the workers that can take the job."""
+        changes = plan.update_changes("update", priority, queue, available_at, tags, "tags")
+        job_id = plan.as_uuid(job_id)
+        statement = self._app.store.update_job(job_id, set_tags=tags is not None, **changes)
+        before, done = await self._run(statement)
+        plan.check_update(job_id, before, done)
+
+    async def update_many(
+        self,
+        *,
+        queue: str | None = None,
+        type: str | None = None,
+        tag: Sequence[str] | str | None = None,
+        set_priority: int | None = None,
+        set_queue: str | None = None,
+        set_available_at: datetime | timedelta | None = None,
+        add_tags: Sequence[str] | None = None,
+        on_batch: Callable[[int], object] | None = None,
+    ) -> int:
+        """Change every queued job that matches the filters (`queue`, `type`, `tag`: one tag or several,
+        all of which a job must have; at least one filter) and return how many were changed.
+
+        The changes are those of `update` (`add_tags` adds tags to those a job has). Jobs are changed in
+        batches of `plan.UPDATE_BATCH`, each one statement and its own transaction, in id order: a job
+        claimed meanwhile is left as it is and not counted, and a refused batch (a job that would
+        hold more than 16 tags) leaves the batches before it written. `on_batch` is called with the
+        running count after each batch."""
+        filters = plan.update_filters(queue, type, tag)
+        changes = plan.update_changes("update_many", set_priority, set_queue, set_available_at, add_tags, "add_tags")
+        if add_tags is not None and not changes["tags"]:
+            raise InvalidJobError("update_many: add_tags must name at least one tag")
+        after, total = uuid.UUID(int=0), 0
+        while True:
+            statement = self._app.store.update_jobs(
+                after=after,
+                limit=plan.UPDATE_BATCH,
+                queue=filters["queue"],
+                type=filters["type"],
+                tags=filters["tags"],
+                set_priority=changes["priority"],
+                set_queue=changes["queue"],
+                available_at=changes["available_at"],
+                delay_seconds=changes["delay_seconds"],
+                add_tags=changes["tags"],
+            )
+            try:
+                last, chosen, changed = await self._run(statement)
+            except psycopg.errors.InvalidParameterValue as exc:
+                raise InvalidJobError(f"update_many: {exc.diag.message_primary or exc}") from None
+            total += changed
+            if on_batch is not None:
+                on_batch(total)
+            if last is None or chosen < plan.UPDATE_BATCH:
+                return total
+            after = last
 
     async def prune(
         self, older_than: timedelta, statuses: Sequence[str | JobStatus] = ("completed", "cancelled")

@@ -9,11 +9,12 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 import psycopg
 
+from jobbus.durations import resolve_available_at
 from jobbus.errors import DatabaseUnavailableError, InvalidJobError, InvalidStateError, JobbusError
 from jobbus.events import JobScheduled
 from jobbus.limits import Keep, RateLimit, check_count, check_rate
@@ -21,6 +22,7 @@ from jobbus.models import JOB_VIEWS, JobSpec, JobStatus, SharedSpecs, options_of
 from jobbus.registry import Registry
 from jobbus.requests import (
     INT32_MAX,
+    INT32_MIN,
     MAX_NAME_BYTES,
     MAX_TYPE_BYTES,
     MAX_UNIQUE_KEY_BYTES,
@@ -30,6 +32,7 @@ from jobbus.requests import (
     refuse_follow_up_groups,
     spec_json,
     specs_sharing,
+    validate_tags,
     validate_text,
 )
 from jobbus.resilience import Backoff, first_line, is_transient
@@ -289,6 +292,68 @@ def check_run_now(job_id: uuid.UUID, before: JobStatus | None, done: bool) -> No
         raise InvalidStateError(f"job {job_id} is {before.value}; only queued jobs can be run now")
 
 
+def check_update(job_id: uuid.UUID, before: JobStatus | None, done: bool) -> None:
+    if before is None:
+        raise InvalidStateError(f"job {job_id} does not exist")
+    if not done:
+        raise InvalidStateError(f"job {job_id} is {before.value}; only queued jobs can be updated")
+
+
+#: Jobs one statement of `update_many` changes at most: each batch is its own short transaction, so a
+#: bulk edit of a million jobs never holds a million row locks (nor blocks the claims for long).
+UPDATE_BATCH = 1000
+
+
+def update_changes(
+    what: str,
+    priority: int | None,
+    queue: str | None,
+    available_at: datetime | timedelta | None,
+    tags: Sequence[str] | None,
+    tags_name: str,
+) -> dict[str, Any]:
+    """The changes of `update` or `update_many`, validated as a job's options are; at least one."""
+    if priority is None and queue is None and available_at is None and tags is None:
+        prefix = "set_" if what == "update_many" else ""
+        names = (f"{prefix}priority", f"{prefix}queue", f"{prefix}available_at", tags_name)
+        raise InvalidJobError(f"{what}: give at least one change ({', '.join(names)})")
+    prefix = "set_" if what == "update_many" else ""
+    if priority is not None:
+        priority = _priority(f"{prefix}priority", priority)
+    if queue is not None:
+        queue = validate_text(f"{prefix}queue", queue, MAX_TYPE_BYTES)
+    at, delay = resolve_available_at(available_at) if available_at is not None else (None, None)
+    return {
+        "priority": priority,
+        "queue": queue,
+        "available_at": at,
+        "delay_seconds": None if available_at is None or at is not None else float(delay or 0.0),
+        "tags": None if tags is None else validate_tags(tags_name, tags),
+    }
+
+
+def _priority(what: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidJobError(f"{what} must be an integer, got {value!r}")
+    if not INT32_MIN <= value <= INT32_MAX:
+        raise InvalidJobError(f"{what} must be between {INT32_MIN} and {INT32_MAX} (32 bits), got {value}")
+    return value
+
+
+def update_filters(queue: str | None, type: str | None, tag: Sequence[str] | str | None) -> dict[str, Any]:
+    """The filters of `update_many`: at least one, each validated."""
+    if queue is None and type is None and tag is None:
+        raise InvalidJobError("update_many: give at least one filter (queue, type, tag)")
+    tags = tag_filter(tag)
+    if tag is not None and not tags:
+        raise InvalidJobError("update_many: tag must name at least one tag")
+    return {
+        "queue": None if queue is None else validate_text("queue", queue, MAX_TYPE_BYTES),
+        "type": None if type is None else validate_text("type", type, MAX_TYPE_BYTES),
+        "tags": tags,
+    }
+
+
 def list_filters(
     status: Sequence[str | JobStatus] | str | JobStatus | None,
     queue: Sequence[str] | str | None,
@@ -299,6 +364,7 @@ def list_filters(
     newest_first: bool,
     name: str | None = None,
     search: str | None = None,
+    tag: Sequence[str] | str | None = None,
 ) -> dict[str, Any]:
     def many(value: Any) -> list[str] | None:  # JobStatus is a StrEnum: str() gives its value
         if value is None:
@@ -324,7 +390,16 @@ def list_filters(
         "newest_first": bool(newest_first),
         "name": validate_text("name", name, MAX_NAME_BYTES) if name is not None else None,
         "search": search or None,
+        "tags": tag_filter(tag),
     }
+
+
+def tag_filter(tag: Sequence[str] | str | None) -> list[str] | None:
+    """Tags a job must all have, as a filter names them (one tag or several), validated as a job's."""
+    if tag is None:
+        return None
+    tags = validate_tags("tag", [tag] if isinstance(tag, str) else list(tag))
+    return list(tags) if tags else None
 
 
 def prune_params(older_than: timedelta, statuses: Sequence[str | JobStatus]) -> dict[str, Any]:

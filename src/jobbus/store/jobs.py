@@ -134,7 +134,9 @@ class JobStore:
         group's callback or None) of `schedule_group`: the members of a new group, refused (SQLSTATE
         `GROUP_REFUSED`) if the id already has jobs, and the callback written with them.
         """
-        if callback is not None or any(s.then is not None or _expires(s) or s.weight != 1 for s in options_of(specs)):
+        if callback is not None or any(
+            s.then is not None or _expires(s) or s.weight != 1 or s.tags for s in options_of(specs)
+        ):
             return self._insert_jobs(specs, callback)
         if len(specs) == 1:
             (spec,) = specs
@@ -172,7 +174,9 @@ class JobStore:
         columns = _ARRAYS
         query = "insert_jobs"
         checks = None
-        if callback is not None or any(s.then is not None or _expires(s) or s.weight != 1 for s in options_of(specs)):
+        if callback is not None or any(
+            s.then is not None or _expires(s) or s.weight != 1 or s.tags for s in options_of(specs)
+        ):
             columns = _CHAINED_ARRAYS
             query = "insert_jobs_chained"
             checks = _weight_checks(specs, callback)  # plain jobs never come here: they pay nothing for weights
@@ -443,6 +447,78 @@ class JobStore:
 
         return Statement(self._q["run_job_now"], {"id": job_id, "channel": self.channel}, decode)
 
+    def update_job(
+        self,
+        job_id: uuid.UUID,
+        *,
+        priority: int | None,
+        queue: str | None,
+        available_at: datetime | None,
+        delay_seconds: float | None,
+        tags: Sequence[str] | None,
+        set_tags: bool,
+    ) -> Statement[tuple[JobStatus | None, bool]]:
+        """Change a queued job; returns (status before, whether it was changed). Workers are told when
+        the job moved queue or start."""
+        params = {
+            "id": job_id,
+            "priority": priority,
+            "queue": queue,
+            "available_at": available_at,
+            "delay": delay_seconds,
+            "tags": list(tags) if tags else None,
+            "set_tags": set_tags,
+            "wake": queue is not None or available_at is not None or delay_seconds is not None,
+            "channel": self.channel,
+        }
+
+        def decode(rows: list[Row], _: int) -> tuple[JobStatus | None, bool]:
+            if not rows:
+                return None, False
+            return JobStatus(rows[0][0]), bool(rows[0][1])
+
+        return Statement(self._q["update_job"], params, decode)
+
+    def update_jobs(
+        self,
+        *,
+        after: uuid.UUID,
+        limit: int,
+        queue: str | None,
+        type: str | None,
+        tags: Sequence[str] | None,
+        set_priority: int | None,
+        set_queue: str | None,
+        available_at: datetime | None,
+        delay_seconds: float | None,
+        add_tags: Sequence[str] | None,
+        ids: Sequence[uuid.UUID] | None = None,
+    ) -> Statement[tuple[uuid.UUID | None, int, int]]:
+        """One batch of a bulk edit: up to `limit` queued jobs after `after` (id order) that match (and
+        are among `ids` when given) and that no other transaction holds; returns (last id chosen, how
+        many chosen, how many changed)."""
+        params = {
+            "after": after,
+            "limit": limit,
+            "queue": queue,
+            "type": type,
+            "tags": list(tags) if tags else None,
+            "set_priority": set_priority,
+            "set_queue": set_queue,
+            "available_at": available_at,
+            "delay": delay_seconds,
+            "add_tags": list(add_tags) if add_tags else None,
+            "ids": list(ids) if ids is not None else None,
+            "wake": set_queue is not None or available_at is not None or delay_seconds is not None,
+            "channel": self.channel,
+        }
+
+        def decode(rows: list[Row], _: int) -> tuple[uuid.UUID | None, int, int]:
+            last, chosen, changed, _notified = rows[0]
+            return last, int(chosen), int(changed)
+
+        return Statement(self._q["update_jobs"], params, decode, prepare=False)
+
     def find_job(self, job_id: uuid.UUID) -> Statement[Job | None]:
         """One job with its parent and steps."""
         return Statement(self._q["find_job"], {"id": job_id}, lambda rows, _: job_from_row(rows[0]) if rows else None)
@@ -469,8 +545,10 @@ class JobStore:
         newest_first: bool = False,
         name: str | None = None,
         search: str | None = None,
+        tags: Sequence[str] | None = None,
     ) -> Statement[list[Job]]:
-        """One page in creation order (UUIDv7 ids), along the primary key in either direction."""
+        """One page in creation order (UUIDv7 ids), along the primary key in either direction; with
+        `tags`, of the jobs that have every one of them."""
         params = {
             "name": name,
             "text": f"%{escape_like(search)}%" if search else None,
@@ -481,6 +559,7 @@ class JobStore:
             "group_id": group_id,
             "after": after,
             "limit": limit,
+            "tags": list(tags) if tags else None,
         }
         query = self._q["list_jobs_newest" if newest_first else "list_jobs"].replace("{search}", SEARCH)
         return Statement(query, params, lambda rows, _: [job_from_row(r) for r in rows], prepare=False)
@@ -537,6 +616,7 @@ _CHAINED_ARRAYS: dict[str, Callable[[JobSpec], Any]] = {
     "thens": attrgetter("then"),
     "expires_ats": attrgetter("expires_at"),
     "expires_ins": attrgetter("expires_in"),
+    "tags": lambda s: json.dumps(list(s.tags)) if s.tags else None,
 }
 #: Those of insert_jobs_weighted: the weights too.
 _WEIGHTED_ARRAYS: dict[str, Callable[[JobSpec], Any]] = {
@@ -673,12 +753,13 @@ def _expires(spec: JobSpec) -> bool:
 
 
 def job_from_row(row: Row) -> Job:
-    """A `Job` from a read of the job's columns followed by its parent, its steps and `expires_at`."""
-    values = dict(zip(JOB_COLUMNS, row[:-3], strict=True))
+    """A `Job` from a read of the job's columns followed by its parent, its steps, `expires_at` and `tags`."""
+    values = dict(zip(JOB_COLUMNS, row[:-4], strict=True))
     values["status"] = JobStatus(values["status"])
-    values["parent_id"] = row[-3]
-    values["steps"] = row[-2] or {}
-    values["expires_at"] = row[-1]
+    values["parent_id"] = row[-4]
+    values["steps"] = row[-3] or {}
+    values["expires_at"] = row[-2]
+    values["tags"] = tuple(row[-1] or ())
     return Job(**values)
 
 
@@ -701,6 +782,7 @@ def job_from_json(data: Mapping[str, Any]) -> Job:
     values["status"] = JobStatus(values["status"])
     values["history"] = values["history"] or []
     values["steps"] = values["steps"] or {}
+    values["tags"] = tuple(values["tags"] or ())
     return Job(**values)
 
 

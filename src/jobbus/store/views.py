@@ -39,7 +39,8 @@ SUMMARY = (
     f" CASE WHEN pg_column_size(j.configuration_data) <= {PREVIEW_BYTES} THEN j.configuration_data END,"
     " pg_column_size(j.configuration_data),"
     " CASE WHEN j.status = 'queued' THEN j.history -> -1 ->> 'outcome' END,"
-    " CASE WHEN j.status = 'queued' THEN j.history -> -1 ->> 'waiting_for' END"
+    " CASE WHEN j.status = 'queued' THEN j.history -> -1 ->> 'waiting_for' END,"
+    " j.tags"
 )
 #: What a search looks in, as one text: type, name, unique_key, last error and the first 2,000 characters
 #: of the configuration's JSON (not the id: its text doubled what testing a row costs, and a whole id
@@ -56,6 +57,9 @@ FILTERS = (
     " AND (%(types)s::text[] IS NULL OR j.type = ANY(%(types)s::text[]))"
     " AND (%(name)s::text IS NULL OR j.name = %(name)s::text) AND (%(text)s::text IS NULL OR " + SEARCH + ")"
 )
+#: The tag filter alone (`Filters.tags`: jobs that have every one): `{tagged}` in views.sql.
+TAGGED = "(%(tags)s::text[] IS NULL OR j.tags @> %(tags)s::text[])"
+FILTERS += " AND " + TAGGED
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +92,8 @@ class JobSummary:
     #: What a parked job waits for, as recorded (`sleep:NAME`, `event KEY`, `children`), else None;
     #: `waits_for` reads it as the handler named it.
     waiting_for: str | None
+    #: The job's tags (None: none).
+    tags: list[str] | None = None
 
     @property
     def waits_for(self) -> str | None:
@@ -197,6 +203,8 @@ class Filters:
     group_id: uuid.UUID | None = None
     #: Finished views only: jobs finished after this instant.
     finished_after: datetime | None = None
+    #: Jobs that have every one of these tags (any job when empty).
+    tags: tuple[str, ...] = ()
 
     def params(self) -> dict[str, Any]:
         return {
@@ -206,6 +214,7 @@ class Filters:
             "name": self.name,
             "text": f"%{escape_like(self.text)}%" if self.text else None,
             "group_id": self.group_id,
+            "tags": list(self.tags) or None,
         }
 
 
@@ -221,6 +230,7 @@ class ViewStore:
             "{summary}": SUMMARY,
             "{filters}": FILTERS,
             "{search}": SEARCH,
+            "{tagged}": TAGGED,
         }
         self._q = {}
         for name, text in shipped.items():
@@ -277,6 +287,12 @@ class ViewStore:
             name = "view_queued"
         else:
             name = f"view_{view}"
+        query = self._q[name]
+        if filters.tags and name in ("view_finished", "view_queued", "view_retrying", "view_waiting"):
+            # A tag's jobs are found along job_tags_idx when the planner finds the tag rare, along the
+            # view's order when it is common (the walks above would meet a rare tag's jobs late).
+            name = "view_finished_tagged" if name == "view_finished" else "view_queued_tagged"
+            query = self._q[name].replace("{predicate}", _PREDICATES[view] + " AND " + FILTERS)
         if cursor is not None and cursor.at is None and name != "view_group":
             params["id"] = params["at"] = None  # not a cursor of this list: start from its beginning
 
@@ -287,7 +303,7 @@ class ViewStore:
             jobs = jobs[:limit]
             return Page(jobs, _cursor_of(name, jobs[-1]))
 
-        return Statement(self._q[name], params, decode, prepare=False)
+        return Statement(query, params, decode, prepare=False)
 
     def count(
         self, view: str, filters: Filters, *, cap: int = COUNT_CAP, search_index: bool = False
@@ -303,6 +319,9 @@ class ViewStore:
             name = "count_finished_search"
         query = self._q[name]
         if filters.text and filters.group_id is None and _FAMILY[view] != "finished":
+            query = self._q["count_searched"].replace("{predicate}", _PREDICATES[view] + " AND " + FILTERS)
+        elif filters.tags and filters.group_id is None and not (search_index and filters.text):
+            # Counted as a search is, the planner choosing the read: job_tags_idx for a rare tag.
             query = self._q["count_searched"].replace("{predicate}", _PREDICATES[view] + " AND " + FILTERS)
         return Statement(query, params, lambda rows, _: (int(rows[0][0]), int(rows[0][0]) > cap), prepare=False)
 

@@ -51,26 +51,30 @@ SELECT NULL, NULL, NULL, NULL, pg_notify(%(channel)b, json_build_array(queue, ty
 FROM (SELECT DISTINCT queue, type FROM inserted) AS q;
 
 -- name: insert_jobs_chained
--- insert_jobs for jobs with follow-ups (`then=`) or an expiry: the same, plus those. The tables
--- are those of migration 0010 and expires_at that of 0014; plain inserts do not name them, so
--- producers of this code keep working on the previous schema during a rolling deploy.
+-- insert_jobs for jobs with follow-ups (`then=`), an expiry or tags: the same, plus those. The tables
+-- are those of migration 0010, expires_at that of 0014 and tags (each job's as a JSON array) that of
+-- 0031; plain inserts do not name them, so producers of this code keep working on the previous
+-- schema during a rolling deploy.
 WITH input AS (
     SELECT *
     FROM unnest(
         %(ids)b::uuid[], %(types)b::text[], %(queues)b::text[], %(names)b::text[], %(group_ids)b::uuid[],
         %(unique_keys)b::text[], %(priorities)b::int[], %(configurations)b::text[], %(max_attempts)b::int[],
         %(available_ats)b::timestamptz[], %(delays)b::float8[], %(timeouts)b::float8[], %(concurrency_keys)b::text[],
-        %(executions)b::text[], %(thens)b::text[], %(expires_ats)b::timestamptz[], %(expires_ins)b::float8[]
+        %(executions)b::text[], %(thens)b::text[], %(expires_ats)b::timestamptz[], %(expires_ins)b::float8[],
+        %(tags)b::text[]
     ) AS t(id, type, queue, name, group_id, unique_key, priority, configuration, max_attempts,
-           available_at, delay, timeout_seconds, concurrency_key, execution, then_spec, expires_at, expires_in)
+           available_at, delay, timeout_seconds, concurrency_key, execution, then_spec, expires_at, expires_in,
+           tags)
 ), inserted AS (
     INSERT INTO {schema}.job AS j (id, type, queue, name, group_id, unique_key, priority, configuration_data,
                                   execution_data, max_attempts, available_at, timeout_seconds, concurrency_key,
-                                  expires_at)
+                                  expires_at, tags)
     SELECT id, type, queue, name, group_id, unique_key, priority, configuration::jsonb,
            coalesce(execution::jsonb, '{{}}'), max_attempts,
            coalesce(available_at, now() + make_interval(secs => delay)), timeout_seconds, concurrency_key,
-           coalesce(expires_at, now() + make_interval(secs => expires_in))
+           coalesce(expires_at, now() + make_interval(secs => expires_in)),
+           CASE WHEN input.tags IS NOT NULL THEN ARRAY(SELECT jsonb_array_elements_text(input.tags::jsonb)) END
     FROM input
     ON CONFLICT DO NOTHING
     RETURNING j.id, j.type, j.unique_key, j.queue
@@ -108,17 +112,20 @@ WITH input AS (
         %(ids)b::uuid[], %(types)b::text[], %(queues)b::text[], %(names)b::text[], %(group_ids)b::uuid[],
         %(unique_keys)b::text[], %(priorities)b::int[], %(configurations)b::text[], %(max_attempts)b::int[],
         %(available_ats)b::timestamptz[], %(delays)b::float8[], %(timeouts)b::float8[], %(concurrency_keys)b::text[],
-        %(executions)b::text[], %(thens)b::text[], %(expires_ats)b::timestamptz[], %(expires_ins)b::float8[]
+        %(executions)b::text[], %(thens)b::text[], %(expires_ats)b::timestamptz[], %(expires_ins)b::float8[],
+        %(tags)b::text[]
     ) AS t(id, type, queue, name, group_id, unique_key, priority, configuration, max_attempts,
-           available_at, delay, timeout_seconds, concurrency_key, execution, then_spec, expires_at, expires_in)
+           available_at, delay, timeout_seconds, concurrency_key, execution, then_spec, expires_at, expires_in,
+           tags)
 ), inserted AS (
     INSERT INTO {schema}.job AS j (id, type, queue, name, group_id, unique_key, priority, configuration_data,
                                   execution_data, max_attempts, available_at, timeout_seconds, concurrency_key,
-                                  expires_at)
+                                  expires_at, tags)
     SELECT id, type, queue, name, group_id, unique_key, priority, configuration::jsonb,
            coalesce(execution::jsonb, '{{}}'), max_attempts,
            coalesce(available_at, now() + make_interval(secs => delay)), timeout_seconds, concurrency_key,
-           coalesce(expires_at, now() + make_interval(secs => expires_in))
+           coalesce(expires_at, now() + make_interval(secs => expires_in)),
+           CASE WHEN input.tags IS NOT NULL THEN ARRAY(SELECT jsonb_array_elements_text(input.tags::jsonb)) END
     FROM input
     ON CONFLICT DO NOTHING
     RETURNING j.id, j.type, j.unique_key, j.queue
@@ -152,7 +159,7 @@ FROM (SELECT DISTINCT queue, type FROM inserted) AS q;
 
 -- name: insert_jobs_weighted
 -- insert_jobs_chained (or insert_group, with a callback group) for jobs of which one (or a follow-up)
--- weighs more than 1: the same, plus the column weight of migration 0028, and first the function
+-- weighs more than 1: the same, plus the column weight of migration 0028 (and tags, 0031), and first the function
 -- refuse_heavy_jobs of sql/current.sql over the (queue, keyed, weight) of each such job and follow-up,
 -- evaluated once (an InitPlan) before any row is written: a job heavier than a limit of its queue is
 -- refused (SQLSTATE 22023, column weight) and nothing is written. Plain jobs never come here.
@@ -163,20 +170,21 @@ WITH input AS (
         %(unique_keys)b::text[], %(priorities)b::int[], %(configurations)b::text[], %(max_attempts)b::int[],
         %(available_ats)b::timestamptz[], %(delays)b::float8[], %(timeouts)b::float8[], %(concurrency_keys)b::text[],
         %(executions)b::text[], %(thens)b::text[], %(expires_ats)b::timestamptz[], %(expires_ins)b::float8[],
-        %(weights)b::int[]
+        %(weights)b::int[], %(tags)b::text[]
     ) AS t(id, type, queue, name, group_id, unique_key, priority, configuration, max_attempts,
            available_at, delay, timeout_seconds, concurrency_key, execution, then_spec, expires_at, expires_in,
-           weight)
+           weight, tags)
     WHERE (SELECT {schema}.refuse_heavy_jobs(%(check_queues)b::text[], %(check_keyed)b::bool[],
                                              %(check_weights)b::int[], ''))
 ), inserted AS (
     INSERT INTO {schema}.job AS j (id, type, queue, name, group_id, unique_key, priority, configuration_data,
                                   execution_data, max_attempts, available_at, timeout_seconds, concurrency_key,
-                                  expires_at, weight)
+                                  expires_at, weight, tags)
     SELECT id, type, queue, name, group_id, unique_key, priority, configuration::jsonb,
            coalesce(execution::jsonb, '{{}}'), max_attempts,
            coalesce(available_at, now() + make_interval(secs => delay)), timeout_seconds, concurrency_key,
-           coalesce(expires_at, now() + make_interval(secs => expires_in)), weight
+           coalesce(expires_at, now() + make_interval(secs => expires_in)), weight,
+           CASE WHEN input.tags IS NOT NULL THEN ARRAY(SELECT jsonb_array_elements_text(input.tags::jsonb)) END
     FROM input
     ON CONFLICT DO NOTHING
     RETURNING j.id, j.type, j.unique_key, j.queue
@@ -558,14 +566,14 @@ FROM old;
 -- Reads add the job's parent (`Job.parent_id`) and durable steps (`Job.steps`) after its columns.
 SELECT {columns}, (SELECT c.parent_id FROM {schema}.job_child AS c WHERE c.child_id = j.id),
        (SELECT jsonb_object_agg(s.name, s.result) FROM {schema}.job_step AS s WHERE s.job_id = j.id),
-       j.expires_at
+       j.expires_at, j.tags
 FROM {schema}.job AS j WHERE id = %(id)s;
 
 -- name: find_jobs
 -- find_job for many ids at once (a page of a view read whole); the caller orders them.
 SELECT {columns}, (SELECT c.parent_id FROM {schema}.job_child AS c WHERE c.child_id = j.id),
        (SELECT jsonb_object_agg(s.name, s.result) FROM {schema}.job_step AS s WHERE s.job_id = j.id),
-       j.expires_at
+       j.expires_at, j.tags
 FROM {schema}.job AS j WHERE id = ANY(%(ids)s::uuid[]);
 
 -- name: group_progress
@@ -576,10 +584,10 @@ SELECT status, count(*) FROM {schema}.job WHERE group_id = %(group_id)s GROUP BY
 -- statuses, the views of queued jobs (jobbus.models.JOB_VIEWS, as sql/queries/views.sql reads them):
 -- `waiting` (parked in a durable wait: its last history entry "waiting"), `retrying` (after a failed
 -- attempt, not parked) and `scheduled` (available later, never attempted, not parked); a job is in at
--- most one of them.
+-- most one of them. %(tags)s keeps the jobs that have every one of those tags.
 SELECT {columns}, (SELECT c.parent_id FROM {schema}.job_child AS c WHERE c.child_id = j.id),
        (SELECT jsonb_object_agg(s.name, s.result) FROM {schema}.job_step AS s WHERE s.job_id = j.id),
-       j.expires_at
+       j.expires_at, j.tags
 FROM {schema}.job AS j
 WHERE ((%(statuses)s::text[] IS NULL AND %(views)s::text[] IS NULL) OR status = ANY(%(statuses)s::text[])
        OR (status = 'queued' AND %(views)s::text[] IS NOT NULL AND (
@@ -593,6 +601,7 @@ WHERE ((%(statuses)s::text[] IS NULL AND %(views)s::text[] IS NULL) OR status = 
   AND (%(group_id)s::uuid IS NULL OR group_id = %(group_id)s::uuid)
   AND (%(name)s::text IS NULL OR j.name = %(name)s::text)
   AND (%(text)s::text IS NULL OR {search})
+  AND (%(tags)s::text[] IS NULL OR j.tags @> %(tags)s::text[])
   AND (%(after)s::uuid IS NULL OR id > %(after)s::uuid)
 ORDER BY id
 LIMIT %(limit)s;
@@ -601,7 +610,7 @@ LIMIT %(limit)s;
 -- list_jobs, the newest first: pass the last id seen as %(after)s for the next (older) page.
 SELECT {columns}, (SELECT c.parent_id FROM {schema}.job_child AS c WHERE c.child_id = j.id),
        (SELECT jsonb_object_agg(s.name, s.result) FROM {schema}.job_step AS s WHERE s.job_id = j.id),
-       j.expires_at
+       j.expires_at, j.tags
 FROM {schema}.job AS j
 WHERE ((%(statuses)s::text[] IS NULL AND %(views)s::text[] IS NULL) OR status = ANY(%(statuses)s::text[])
        OR (status = 'queued' AND %(views)s::text[] IS NOT NULL AND (
@@ -615,6 +624,7 @@ WHERE ((%(statuses)s::text[] IS NULL AND %(views)s::text[] IS NULL) OR status = 
   AND (%(group_id)s::uuid IS NULL OR group_id = %(group_id)s::uuid)
   AND (%(name)s::text IS NULL OR j.name = %(name)s::text)
   AND (%(text)s::text IS NULL OR {search})
+  AND (%(tags)s::text[] IS NULL OR j.tags @> %(tags)s::text[])
   AND (%(after)s::uuid IS NULL OR id < %(after)s::uuid)
 ORDER BY id DESC
 LIMIT %(limit)s;
@@ -694,3 +704,77 @@ SELECT lease_token IS DISTINCT FROM %(token)s
        AND history -> -1 ->> 'attempt' = %(attempt)s::text
        AND history -> -1 ->> 'waiting_for' = %(waiting_for)s
 FROM {schema}.job WHERE id = %(id)s;
+
+-- name: update_job
+-- `App.update`: a queued job's priority, queue, start or tags (a NULL parameter keeps that one; tags
+-- are replaced when %(set_tags)s). Locked first (FOR UPDATE, as cancel_job), so the status returned is
+-- the one the update saw: a job a worker claimed meanwhile is left as it is. A move to another queue
+-- or an earlier start wakes the workers of the job's (queue, type), as an insert does; the triggers
+-- job_key_updated and job_key_moved keep the per-key bookkeeping (sql/current.sql). A debounced job
+-- parked behind a run of its key (0030) keeps waiting for that run: a new start becomes its
+-- debounce_until, when it is released. A job of weight > 1 moved to a queue whose limit it exceeds is
+-- refused as a schedule would be (refuse_heavy_jobs, 0028): nothing is changed.
+WITH old AS (
+    SELECT id, status FROM {schema}.job WHERE id = %(id)s FOR UPDATE
+), updated AS (
+    UPDATE {schema}.job AS j
+    SET priority = coalesce(%(priority)s::integer, j.priority),
+        queue = coalesce(%(queue)s::text, j.queue),
+        available_at = CASE WHEN j.debounce_until IS NOT NULL THEN j.available_at
+                            ELSE coalesce(%(available_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8),
+                                          j.available_at) END,
+        debounce_until = CASE WHEN j.debounce_until IS NOT NULL
+                              THEN coalesce(%(available_at)s::timestamptz,
+                                            now() + make_interval(secs => %(delay)s::float8), j.debounce_until) END,
+        tags = CASE WHEN %(set_tags)s::boolean THEN %(tags)s::text[] ELSE j.tags END
+    FROM old
+    WHERE j.id = old.id AND old.status = 'queued'
+      AND CASE WHEN %(queue)s::text IS NULL OR j.weight = 1 THEN true
+               ELSE {schema}.refuse_heavy_jobs(ARRAY[%(queue)s::text], ARRAY[j.concurrency_key IS NOT NULL],
+                                               ARRAY[j.weight], '') END
+    RETURNING j.queue, j.type, j.available_at
+)
+SELECT old.status, (SELECT count(*) FROM updated) = 1,
+       (SELECT pg_notify(%(channel)s, json_build_array(queue, type)::text) IS NULL FROM updated
+        WHERE %(wake)s::boolean AND available_at <= now())
+FROM old;
+
+-- name: update_jobs
+-- One batch of `App.update_many`: the first %(limit)s queued jobs after %(after)s (in id order) that
+-- match the filters (and are among %(ids)s when given: the dashboard's selection) and that no other
+-- transaction holds (SKIP LOCKED: a job being claimed is left to its claim), changed as update_job
+-- changes one. Returns the last id the batch chose (the next batch
+-- starts after it), how many it chose, how many it changed, and the notifications sent.
+WITH chosen AS (
+    SELECT j.id FROM {schema}.job AS j
+    WHERE j.status = 'queued' AND j.id > %(after)s::uuid
+      AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
+      AND (%(type)s::text IS NULL OR j.type = %(type)s::text)
+      AND (%(tags)s::text[] IS NULL OR j.tags @> %(tags)s::text[])
+      AND (%(ids)s::uuid[] IS NULL OR j.id = ANY(%(ids)s::uuid[]))
+    ORDER BY j.id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), updated AS (
+    UPDATE {schema}.job AS j
+    SET priority = coalesce(%(set_priority)s::integer, j.priority),
+        queue = coalesce(%(set_queue)s::text, j.queue),
+        available_at = CASE WHEN j.debounce_until IS NOT NULL THEN j.available_at
+                            ELSE coalesce(%(available_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8),
+                                          j.available_at) END,
+        debounce_until = CASE WHEN j.debounce_until IS NOT NULL
+                              THEN coalesce(%(available_at)s::timestamptz,
+                                            now() + make_interval(secs => %(delay)s::float8), j.debounce_until) END,
+        tags = CASE WHEN %(add_tags)s::text[] IS NULL THEN j.tags
+                    ELSE {schema}.add_tags(j.id, j.tags, %(add_tags)s::text[]) END
+    FROM chosen
+    WHERE j.id = chosen.id AND j.status = 'queued'
+      AND CASE WHEN %(set_queue)s::text IS NULL OR j.weight = 1 THEN true
+               ELSE {schema}.refuse_heavy_jobs(ARRAY[%(set_queue)s::text], ARRAY[j.concurrency_key IS NOT NULL],
+                                               ARRAY[j.weight], '') END
+    RETURNING j.queue, j.type, j.available_at
+)
+SELECT (SELECT c.id FROM chosen AS c ORDER BY c.id DESC LIMIT 1), (SELECT count(*) FROM chosen),
+       (SELECT count(*) FROM updated),
+       (SELECT count(pg_notify(%(channel)s, json_build_array(q.queue, q.type)::text))
+        FROM (SELECT DISTINCT queue, type FROM updated WHERE %(wake)s::boolean AND available_at <= now()) AS q);

@@ -1,7 +1,8 @@
 -- Named queries of the operator's views of jobs (jobbus/store/views.py), shared by the dashboard's jobs
 -- page and `jobbus jobs list`. Each block starts with `-- name: <query_name>`; {schema} is the quoted
 -- schema identifier, {summary} the columns a list shows of a job (views.SUMMARY), {filters} the
--- conditions of `Filters` (queues, types, name, text: views.FILTERS), {search} the text's alone.
+-- conditions of `Filters` (queues, types, name, text, tags: views.FILTERS), {search} the text's alone,
+-- {tagged} the tags' alone.
 --
 -- Every list reaches every matching job: it walks the index of its view in the view's own order from
 -- a keyset cursor, never a window of recent entries, so a page is empty only when nothing older
@@ -64,6 +65,7 @@ WITH RECURSIVE triples AS (
           AND (%(at)s::timestamptz IS NULL OR (j.finished_at, j.id) < (%(at)s::timestamptz, %(id)s::uuid))
           AND (%(finished_after)s::timestamptz IS NULL OR j.finished_at > %(finished_after)s::timestamptz)
           AND (%(name)s::text IS NULL OR j.name = %(name)s::text)
+          AND {tagged}
           AND (%(text)s::text IS NULL OR {search})
         ORDER BY j.finished_at DESC, j.id DESC
         LIMIT %(limit)s
@@ -93,6 +95,7 @@ WITH RECURSIVE levels AS (
                                      AND (j.history -> -1 ->> 'outcome') IS DISTINCT FROM 'waiting'))
           AND (%(at)s::timestamptz IS NULL OR (j.available_at, j.id) > (%(at)s::timestamptz, %(id)s::uuid))
           AND (%(name)s::text IS NULL OR j.name = %(name)s::text)
+          AND {tagged}
           AND (%(text)s::text IS NULL OR {search})
         ORDER BY j.available_at, j.id
         LIMIT %(limit)s
@@ -159,6 +162,7 @@ SELECT count(*) FROM (
         WHERE j.status = t.status AND j.queue = t.queue AND j.type = t.type AND j.finished_at IS NOT NULL
           AND (%(finished_after)s::timestamptz IS NULL OR j.finished_at > %(finished_after)s::timestamptz)
           AND (%(name)s::text IS NULL OR j.name = %(name)s::text)
+          AND {tagged}
           AND (%(text)s::text IS NULL OR {search})
         LIMIT %(cap)s + 1
     ) AS r
@@ -181,6 +185,7 @@ SELECT count(*) FROM (
           AND (NOT %(scheduled)s OR (j.available_at > now() AND j.attempts = 0
                                      AND (j.history -> -1 ->> 'outcome') IS DISTINCT FROM 'waiting'))
           AND (%(name)s::text IS NULL OR j.name = %(name)s::text)
+          AND {tagged}
           AND (%(text)s::text IS NULL OR {search})
         LIMIT %(cap)s + 1
     ) AS r
@@ -342,6 +347,7 @@ WITH matched AS MATERIALIZED (
       AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))
       AND (%(types)s::text[] IS NULL OR j.type = ANY(%(types)s::text[]))
       AND (%(name)s::text IS NULL OR j.name = %(name)s::text)
+      AND {tagged}
       AND {search}
 ), page AS (
     SELECT id, finished_at FROM matched ORDER BY finished_at DESC, id DESC LIMIT %(limit)s
@@ -359,6 +365,7 @@ SELECT count(*) FROM (
       AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))
       AND (%(types)s::text[] IS NULL OR j.type = ANY(%(types)s::text[]))
       AND (%(name)s::text IS NULL OR j.name = %(name)s::text)
+      AND {tagged}
       AND {search}
     LIMIT %(cap)s + 1
 ) AS c;
@@ -382,6 +389,7 @@ WHERE j.name = %(name)s::text AND j.finished_at IS NOT NULL AND j.status = ANY(%
   AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))
   AND (%(types)s::text[] IS NULL OR j.type = ANY(%(types)s::text[]))
   AND (%(text)s::text IS NULL OR {search})
+  AND {tagged}
 ORDER BY j.finished_at DESC, j.id DESC
 LIMIT %(limit)s;
 
@@ -394,5 +402,26 @@ SELECT count(*) FROM (
       AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))
       AND (%(types)s::text[] IS NULL OR j.type = ANY(%(types)s::text[]))
       AND (%(text)s::text IS NULL OR {search})
+      AND {tagged}
     LIMIT %(cap)s + 1
 ) AS c;
+
+-- name: view_finished_tagged
+-- view_finished under a tag filter: {predicate} is the view's and the filters'. The planner chooses the
+-- read from the tag's statistics: the tag's jobs from job_tags_idx, then sorted, when it is rare; a
+-- walk in finish order that tests each job when it is common.
+SELECT {summary}
+FROM {schema}.job AS j
+WHERE {predicate}
+  AND (%(at)s::timestamptz IS NULL OR (j.finished_at, j.id) < (%(at)s::timestamptz, %(id)s::uuid))
+ORDER BY j.finished_at DESC, j.id DESC
+LIMIT %(limit)s;
+
+-- name: view_queued_tagged
+-- view_queued (and the views of queued jobs) under a tag filter, as view_finished_tagged.
+SELECT {summary}
+FROM {schema}.job AS j
+WHERE {predicate}
+  AND (%(at)s::timestamptz IS NULL OR (j.available_at, j.id) > (%(at)s::timestamptz, %(id)s::uuid))
+ORDER BY j.available_at, j.id
+LIMIT %(limit)s;
