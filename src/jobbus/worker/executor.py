@@ -27,7 +27,7 @@ from jobbus.execution import StopReason, SyncJobExecution, enter_job, leave_job
 from jobbus.jsontext import UndecodableJson
 from jobbus.models import JobStatus
 from jobbus.registry import Registry
-from jobbus.worker.attempt import Attempt, Phase
+from jobbus.worker.attempt import Attempt, Batch, Phase
 from jobbus.worker.completer import Completer, Written
 from jobbus.worker.outcomes import Decision, OutcomePolicy, error_text, traceback_text
 
@@ -95,6 +95,8 @@ class Executor:
                 decision = self._not_started(attempt)
             if decision is None:
                 decision, error = await self._call_handler(attempt)
+            elif attempt.batch is not None:
+                attempt.batch.withdraw(attempt)  # its batch's call goes on without it
             attempt.phase = Phase.WRITING
             self._on_slot_free(attempt)  # the next claim may use the slot while the outcome is written
             if decision.outcome is not None and scope is None and span is None and not events.active:
@@ -113,6 +115,8 @@ class Executor:
                 await events.emit(event)
         except Exception:
             logger.exception("job %s: internal error in the worker", attempt.id, extra=self._extra(attempt))
+            if attempt.batch is not None:
+                attempt.batch.withdraw(attempt)
         finally:
             if not handed_over:
                 self._end(attempt, status, kind, span, error, decision.outcome if decision is not None else None)
@@ -187,12 +191,42 @@ class Executor:
         return scope, None
 
     async def _call_handler(self, attempt: Attempt) -> tuple[Decision, BaseException | None]:
+        if attempt.batch is not None:
+            return await self._call_batched(attempt, attempt.batch)
         if attempt.timeout is not None:
             loop = asyncio.get_running_loop()
             attempt.timer = loop.call_later(attempt.timeout, self._time_out, attempt)
         if attempt.handler.is_async:
             return await self._call_async(attempt)
         return await self._call_sync(attempt)
+
+    def start_timer(self, attempt: Attempt) -> None:
+        """A batch's job: its timeout counts from the call of its batch's handler."""
+        if attempt.timeout is not None:
+            attempt.timer = asyncio.get_running_loop().call_later(attempt.timeout, self._time_out, attempt)
+
+    async def _call_batched(self, attempt: Attempt, batch: Batch) -> tuple[Decision, BaseException | None]:
+        """A batch's job waits for its batch's call and decides its own outcome from its answer. The
+        worker may cancel this wait (its timeout, a cancellation past its grace, a lost lease, a
+        shutdown): the job ends alone, the call goes on for the others."""
+        task = attempt.task
+        waiting = batch.arrive(attempt)
+        attempt.in_handler = True
+        try:
+            answer = await waiting
+        except asyncio.CancelledError as exc:
+            attempt.in_handler = False
+            self._returned(attempt)
+            if attempt.cancelled_for is not None:  # the worker cancelled it: shutdown, timeout, lost lease
+                if task is not None:
+                    task.uncancel()
+                return self.policy.after_error(attempt, exc, cancelled_by_worker=True), exc
+            raise  # cancelled from outside the worker: the host is tearing the loop down
+        attempt.in_handler = False
+        self._returned(attempt)
+        if answer.raised is not None:
+            return self.policy.after_error(attempt, answer.raised), answer.raised
+        return self.policy.after_return(attempt, answer.item), None
 
     def _time_out(self, attempt: Attempt) -> None:
         """At the timeout: an async handler is cancelled; a sync one is told (a thread cannot be
