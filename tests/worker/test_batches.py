@@ -5,8 +5,10 @@ outcome."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import uuid
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
@@ -328,3 +330,101 @@ def test_bad_batch_options_are_refused_with_what_to_give_and_nothing_is_register
     with pytest.raises(InvalidJobError, match=message):
         app.task("bad.task", **options)(lambda batch: None)
     assert "bad" not in app.registry.handlers and "bad.task" not in app.registry.handlers
+
+
+async def test_queue_limits_stay_exact_with_batch_claims_across_workers(dsn: str) -> None:
+    """A queue limit of 3 jobs, and of 1 per key, holds across two workers whose batch handler asks for 5:
+    the batches are only smaller."""
+    app = jobbus.App(dsn=dsn, **QUICK)
+    async with app:
+        await app.set_queue("capped", concurrency=3)
+        await app.set_queue("keyed", concurrency_per_key=1)
+        running: dict[str, list[str | None]] = {"capped": [], "keyed": []}
+        most = {"capped": 0, "keyed": 0}
+        doubled_keys: list[list[str | None]] = []
+
+        async def work(batch: jobbus.JobBatch[jobbus.JobExecution]) -> None:
+            queue = batch[0].queue
+            keys = [job.configuration.get("key") for job in batch]
+            running[queue].extend(keys)
+            most[queue] = max(most[queue], len(running[queue]))
+            if queue == "keyed" and len(set(running[queue])) != len(running[queue]):
+                doubled_keys.append(list(running[queue]))
+            await asyncio.sleep(0.1)
+            for key in keys:
+                running[queue].remove(key)
+
+        app.job("capped.work", batch_size=5, batch_wait=0.2, queue="capped")(work)
+        app.job("keyed.work", batch_size=5, queue="keyed")(work)
+        ids = await app.schedule_many("capped.work", [{} for _ in range(15)])
+        ids += await app.schedule_many(
+            [
+                jobbus.JobRequest("keyed.work", {"key": f"k{n % 3}"}, queue="keyed", concurrency_key=f"k{n % 3}")
+                for n in range(12)
+            ]
+        )
+        workers = [jobbus.Worker(app, stop_when_empty=True, concurrency=2) for _ in range(2)]
+        codes = await asyncio.wait_for(asyncio.gather(*(worker.run() for worker in workers)), 60)
+        assert codes == [0, 0]
+        assert most["capped"] == 3 and most["keyed"] <= 3
+        assert doubled_keys == []
+        assert await statuses(app, ids) == [JobStatus.COMPLETED] * 27
+
+
+async def test_max_jobs_bounds_the_jobs_of_batches_too(app: jobbus.App) -> None:
+    sizes: list[int] = []
+
+    @app.job("bounded", batch_size=10)
+    async def bounded(batch: jobbus.JobBatch[jobbus.JobExecution]) -> None:
+        sizes.append(len(batch))
+
+    await app.schedule_many("bounded", [{} for _ in range(25)])
+    assert await app.drain(max_jobs=7) == {"completed": 7}
+    assert sizes == [7]
+
+
+async def test_a_stop_calls_a_waiting_batch_at_once_with_what_it_has_and_the_worker_exits_0(app: jobbus.App) -> None:
+    sizes: list[int] = []
+
+    @app.job("patient", batch_size=10, batch_wait=timedelta(minutes=10))
+    async def patient(batch: jobbus.JobBatch[jobbus.JobExecution]) -> None:
+        sizes.append(len(batch))
+
+    ids = await app.schedule_many("patient", [{}, {}])
+    worker = jobbus.Worker(app)
+    task = worker.start()
+    await eventually(lambda: taken(app, ids[1]), what="both jobs claimed into the waiting batch")
+    assert sizes == []
+    worker.request_stop()
+    assert await asyncio.wait_for(task, 30) == 0
+    assert sizes == [2]
+    assert await statuses(app, ids) == [JobStatus.COMPLETED] * 2
+
+
+async def test_the_job_scope_is_entered_for_each_job_of_a_batch_and_exited_after_its_outcome(dsn: str) -> None:
+    entered: list[uuid.UUID] = []
+    exited: list[tuple[uuid.UUID, str | None]] = []
+
+    @contextlib.asynccontextmanager
+    async def scope(job: jobbus.JobExecution) -> AsyncIterator[str]:
+        entered.append(job.id)
+        try:
+            yield f"session for {job.id}"
+        except Exception as exc:
+            exited.append((job.id, type(exc).__name__))
+            raise
+        exited.append((job.id, None))
+
+    app = jobbus.App(dsn=dsn, **FAST, job_scope=scope)
+    async with app:
+        seen: list[str] = []
+
+        @app.job("scoped", batch_size=3, max_attempts=1)
+        async def scoped(batch: jobbus.JobBatch[jobbus.JobExecution]) -> list[object]:
+            seen.extend(job.scope for job in batch)
+            return [ValueError("no") if n == 1 else n for n, _ in enumerate(batch)]
+
+        ids = await app.schedule_many("scoped", [{}, {}, {}])
+        assert await app.drain(concurrency=1) == {"completed": 2, "failed": 1}
+        assert sorted(entered) == sorted(ids) and seen == [f"session for {job_id}" for job_id in ids]
+        assert sorted(exited) == sorted([(ids[0], None), (ids[1], "ValueError"), (ids[2], None)])

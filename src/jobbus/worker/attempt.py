@@ -131,3 +131,7 @@ class Batch(Protocol):
     def member_done(self) -> None:
         """The attempt's handler part is over."""
         ...
+
+    def ended_alone(self) -> None:
+        """An attempt stopped waiting for the call (the worker cancelled it)."""
+        ...

@@ -50,6 +50,7 @@ class BatchCall:
     ) -> None:
         assert handler.batch_size is not None
         self.handler = handler
+        self._loop = asyncio.get_running_loop()
         self.size = handler.batch_size
         self._threads = threads
         self._start_timer = start_timer
@@ -94,7 +95,7 @@ class BatchCall:
 
     def arrive(self, attempt: Attempt) -> asyncio.Future[Answer]:
         """The attempt waits for the call: its answer comes in the future returned."""
-        answer: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+        answer: asyncio.Future[Answer] = self._loop.create_future()
         self._arrived[attempt] = answer
         self._pending -= 1
         self._maybe_call()
@@ -127,12 +128,13 @@ class BatchCall:
         waiting = [(attempt, self._arrived[attempt]) for attempt in self.members if attempt in self._arrived]
         waiting = [(attempt, answer) for attempt, answer in waiting if not answer.done()]
         if waiting:
-            self.call = asyncio.get_running_loop().create_task(self._run(waiting))
+            self._answers = [answer for _, answer in waiting]
+            self.call = self._loop.create_task(self._run(waiting))
 
     async def _run(self, waiting: list[tuple[Attempt, asyncio.Future[Answer]]]) -> None:
-        answers = self._answers = [answer for _, answer in waiting]
-        for answer in answers:
-            answer.add_done_callback(self._answer_ended)
+        answers = self._answers
+        if any(answer.done() for answer in answers):  # ended on its own since it arrived
+            self.ended_alone()
         for attempt, _ in waiting:
             self._start_timer(attempt)
         attempts = [attempt for attempt, _ in waiting]
@@ -184,9 +186,9 @@ class BatchCall:
             if not future.done():
                 future.set_result(answer)
 
-    def _answer_ended(self, _: asyncio.Future[Answer]) -> None:
-        """An answer is no longer awaited: once none of the call's is (each attempt ended on its own: its
-        timeout, a cancellation past its grace, a lost lease, a shutdown), an async call is cancelled."""
+    def ended_alone(self) -> None:
+        """An attempt stopped waiting for its answer (its timeout, a cancellation past its grace, a lost
+        lease, a shutdown): once none of the call's attempts waits, an async call is cancelled."""
         call = self.call
         if call is None or call.done() or not self.handler.is_async or self._answered:
             return

@@ -220,6 +220,7 @@ class Executor:
             if attempt.cancelled_for is not None:  # the worker cancelled it: shutdown, timeout, lost lease
                 if task is not None:
                     task.uncancel()
+                batch.ended_alone()
                 return self.policy.after_error(attempt, exc, cancelled_by_worker=True), exc
             raise  # cancelled from outside the worker: the host is tearing the loop down
         attempt.in_handler = False

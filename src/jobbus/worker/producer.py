@@ -111,6 +111,10 @@ class Producer:
         #: Batch jobs in phase RUNNING beyond one per batch holding a slot: with `_running`, the
         #: attempts whose outcome is not waiting for the completer.
         self._in_batches = 0
+        #: Outcomes waiting for the completer beyond which the claims stop: `OUTCOMES_PER_SLOT` per slot,
+        #: and per job of the largest batch a slot may hold (a batch's outcomes come all at once).
+        largest = max((handler.batch_size or 1 for handler in self.registry.handlers.values()), default=1)
+        self._outcomes_cap = OUTCOMES_PER_SLOT * options.concurrency * largest
         self._claimed_total = 0
         self._wake = asyncio.Event()
         self._control_due = True
@@ -156,7 +160,7 @@ class Producer:
         """Slots are held by running handlers; outcomes waiting for the completer do not hold one, but
         `OUTCOMES_PER_SLOT` times `concurrency` of them stop the claims (backpressure)."""
         concurrency = self.options.concurrency
-        if len(self.in_flight) - self._running - self._in_batches >= OUTCOMES_PER_SLOT * concurrency:
+        if len(self.in_flight) - self._running - self._in_batches >= self._outcomes_cap:
             return 0
         free = concurrency - self._running
         limit = self.options.job_limit
