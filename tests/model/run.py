@@ -170,7 +170,18 @@ WORKER_CONCURRENCY = 9
 def batch_env(seed: int) -> dict[str, str]:
     """The batch handlers' `batch_size` (2 to 5) and `batch_wait` (0 to 0.6 s) of the run of `seed`,
     for its workers' environment: every worker of a run registers the same."""
-    return {"MODEL_BATCH_SIZE": str(2 + seed % 4), "MODEL_BATCH_WAIT": str(0.2 * (seed // 4 % 4))}
+    return {"MODEL_BATCH_SIZE": str(2 + seed % 4), "MODEL_BATCH_WAIT": f"{0.2 * (seed // 4 % 4):g}"}
+
+
+def _batch_together(jobs: list[dict[str, Any]]) -> None:
+    """Jobs scheduled together that include a batch handler's job all go to that handler (but those
+    planned to fail), so its calls get several jobs at once; no draw, so the seeds plan what they did."""
+    for batch_type in ("model.batch", "model.batch_sync"):
+        if any(job["type"] == batch_type for job in jobs):
+            for job in jobs:
+                if job["type"] in ("model.work", "model.work_sync"):
+                    job["type"] = batch_type
+            return
 
 
 def _maybe(rng: random.Random, p: float, value: Any) -> Any:
@@ -221,6 +232,7 @@ def generate(seed: int, duration: float = 25.0, *, single_queue_workers: bool = 
         args: dict[str, Any] = {"queue": q.name}
         if shape == "jobs":
             args["jobs"] = [_job(rng, q) for _ in range(rng.randint(1, 6))]
+            _batch_together(args["jobs"])
         elif shape == "hog":
             # A big key with a backlog of long jobs that sorts first: the other keys must not wait behind it.
             args["jobs"] = [

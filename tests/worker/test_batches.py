@@ -13,6 +13,8 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import jobbus
 from jobbus import JobStatus
@@ -428,3 +430,67 @@ async def test_the_job_scope_is_entered_for_each_job_of_a_batch_and_exited_after
         assert await app.drain(concurrency=1) == {"completed": 2, "failed": 1}
         assert sorted(entered) == sorted(ids) and seen == [f"session for {job_id}" for job_id in ids]
         assert sorted(exited) == sorted([(ids[0], None), (ids[1], "ValueError"), (ids[2], None)])
+
+
+PLAN = st.fixed_dictionaries(
+    {
+        "jobs": st.lists(st.sampled_from(["ok", "ok", "fails once", "raises once"]), min_size=1, max_size=25),
+        "batch_size": st.integers(1, 8),
+        "concurrency": st.integers(1, 4),
+        "sync": st.booleans(),
+    }
+)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(plan=PLAN)
+def test_any_mix_of_items_and_raises_gives_each_job_exactly_the_attempts_its_calls_gave_it(
+    dsn: str, plan: dict[str, Any]
+) -> None:
+    """Each call holds at most batch_size jobs, each once; a job is completed with its own item once it
+    returned one; each call it was in is one attempt, and every call before its last either raised (a job
+    planned to raise does so on its first attempt, failing its whole batch) or gave it its failed item."""
+    job_type = f"prop.{uuid.uuid4().hex[:8]}"
+    calls: list[tuple[list[uuid.UUID], bool]] = []
+
+    def answer(jobs: list[Any]) -> list[Any]:
+        raises = any(job.configuration["plan"] == "raises once" and job.attempt == 1 for job in jobs)
+        calls.append(([job.id for job in jobs], raises))
+        if raises:
+            raise RuntimeError("the batch raised")
+        return [
+            ValueError("its item failed")
+            if job.configuration["plan"] == "fails once" and job.attempt == 1
+            else job.configuration["n"] * 10
+            for job in jobs
+        ]
+
+    async def run() -> list[jobbus.Job]:
+        app = jobbus.App(dsn=dsn, **FAST)
+        async with app:
+            if plan["sync"]:
+                app.job(job_type, batch_size=plan["batch_size"], max_attempts=20)(lambda batch: answer(list(batch)))
+            else:
+
+                async def handler(batch: jobbus.JobBatch[jobbus.JobExecution]) -> list[Any]:
+                    return answer(list(batch))
+
+                app.job(job_type, batch_size=plan["batch_size"], max_attempts=20)(handler)
+            ids = await app.schedule_many(job_type, [{"n": n, "plan": p} for n, p in enumerate(plan["jobs"])])
+            await app.drain(types=[job_type], concurrency=plan["concurrency"])
+            jobs = [await app.find(job_id) for job_id in ids]
+            return [job for job in jobs if job is not None]
+
+    jobs = asyncio.run(run())
+    assert all(len(ids) <= plan["batch_size"] and len(set(ids)) == len(ids) for ids, _ in calls)
+    for job in jobs:
+        assert (job.status, job.result) == (JobStatus.COMPLETED, job.configuration_data["n"] * 10)
+        mine = [raised for ids, raised in calls if job.id in ids]
+        assert job.attempts == len(mine) and not mine[-1]
+        plan_of_job = job.configuration_data["plan"]
+        for attempt, raised in enumerate(mine[:-1], start=1):
+            assert raised or (attempt == 1 and plan_of_job == "fails once"), (plan_of_job, mine)
+        if plan_of_job == "fails once" and not mine[0]:
+            assert len(mine) >= 2
+        if plan_of_job == "raises once":
+            assert mine[0] and len(mine) >= 2
