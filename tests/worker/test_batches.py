@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -494,3 +495,26 @@ def test_any_mix_of_items_and_raises_gives_each_job_exactly_the_attempts_its_cal
             assert len(mine) >= 2
         if plan_of_job == "raises once":
             assert mine[0] and len(mine) >= 2
+
+
+async def test_a_sync_batch_handler_overrunning_a_jobs_timeout_has_that_job_recorded_timed_out(app: jobbus.App) -> None:
+    told: list[bool] = []
+
+    @app.job("sync.slow", batch_size=2, max_attempts=1)
+    def slow(batch: jobbus.JobBatch[jobbus.SyncJobExecution]) -> list[str]:
+        deadline = time.monotonic() + 5
+        while not batch[0].cancellation_requested and time.monotonic() < deadline:
+            time.sleep(0.02)  # a thread cannot be stopped: it looks at its job's flag
+        told.append(batch[0].cancellation_requested)
+        return ["late", "fine"]
+
+    ids = [
+        await app.schedule("sync.slow", timeout=timedelta(seconds=0.3)),
+        await app.schedule("sync.slow"),
+    ]
+    assert await drain(app) == 0
+    assert told == [True]
+    jobs = [await app.find(job_id) for job_id in ids]
+    assert [job.status for job in jobs if job] == [JobStatus.FAILED, JobStatus.COMPLETED]
+    assert [job.last_error for job in jobs if job] == ["timed out after 0.3 s", None]
+    assert [job.result for job in jobs if job] == [None, "fine"]
