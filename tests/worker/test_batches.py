@@ -26,6 +26,21 @@ from tests.processes import eventually
 QUICK = {**FAST, "heartbeat_interval_seconds": 0.2, "worker_dead_after_seconds": 3.0}
 
 
+@contextlib.asynccontextmanager
+async def plain_scope(job: jobbus.JobExecution) -> AsyncIterator[None]:
+    yield None
+
+
+#: How a batch runs: in one task for the whole batch (nothing of a job's own around its handler), or a task
+#: per job (a job scope to enter for each job).
+RUNS = pytest.mark.parametrize("per_job", [False, True], ids=["one task", "a task per job"])
+
+
+def runs(per_job: bool) -> dict[str, Any]:
+    """The App options that make a batch run in one task or a task per job."""
+    return {"job_scope": plain_scope} if per_job else {}
+
+
 async def drain(app: jobbus.App, **options: Any) -> int:
     worker = jobbus.Worker(app, stop_when_empty=True, **options)
     return await asyncio.wait_for(worker.run(), 60)
@@ -215,8 +230,11 @@ async def test_a_batch_takes_one_local_slot_and_plain_jobs_of_the_same_worker_ru
         assert await statuses(app, bulk_ids + plain_ids) == [JobStatus.COMPLETED] * 45
 
 
-async def test_a_cancelled_job_of_a_batch_is_recorded_cancelled_and_the_others_complete(dsn: str) -> None:
-    app = jobbus.App(dsn=dsn, **QUICK, cancel_grace_seconds=0.5)
+@RUNS
+async def test_a_cancelled_job_of_a_batch_is_recorded_cancelled_and_the_others_complete(
+    dsn: str, per_job: bool
+) -> None:
+    app = jobbus.App(dsn=dsn, **QUICK, cancel_grace_seconds=0.5, **runs(per_job))
     async with app:
         started = asyncio.Event()
         seen: list[bool] = []
@@ -241,8 +259,9 @@ async def test_a_cancelled_job_of_a_batch_is_recorded_cancelled_and_the_others_c
         assert [job.result for job in jobs if job] == ["a", None, "c"]
 
 
-async def test_a_job_cancelled_past_its_grace_ends_alone_while_the_call_goes_on(dsn: str) -> None:
-    app = jobbus.App(dsn=dsn, **QUICK, cancel_grace_seconds=0.2)
+@RUNS
+async def test_a_job_cancelled_past_its_grace_ends_alone_while_the_call_goes_on(dsn: str, per_job: bool) -> None:
+    app = jobbus.App(dsn=dsn, **QUICK, cancel_grace_seconds=0.2, **runs(per_job))
     async with app:
         started = asyncio.Event()
         go_on = asyncio.Event()
@@ -271,9 +290,47 @@ async def test_a_job_cancelled_past_its_grace_ends_alone_while_the_call_goes_on(
         assert await statuses(app, ids) == [JobStatus.CANCELLED, JobStatus.COMPLETED]
 
 
-async def test_each_job_of_a_batch_times_out_by_its_own_timeout_and_the_call_is_cancelled_with_the_last(
-    app: jobbus.App,
+@RUNS
+async def test_a_job_cancelled_while_its_batch_waits_for_more_ends_alone_before_the_call(
+    dsn: str, per_job: bool
 ) -> None:
+    app = jobbus.App(dsn=dsn, **QUICK, cancel_grace_seconds=0.1, **runs(per_job))
+    async with app:
+        calls: list[list[uuid.UUID]] = []
+
+        @app.job("gathered", batch_size=5, batch_wait=3)
+        async def gathered(batch: jobbus.JobBatch[jobbus.JobExecution]) -> None:
+            calls.append([job.id for job in batch])
+
+        ids = await app.schedule_many("gathered", [{}, {}])
+        worker = jobbus.Worker(app, stop_when_empty=True)
+        task = worker.start()
+
+        async def both_taken() -> bool:
+            return all([await taken(app, job_id) for job_id in ids])
+
+        await eventually(both_taken, what="both jobs claimed into the waiting batch")
+        assert await app.cancel(ids[0]) is JobStatus.RUNNING
+
+        async def cancelled() -> bool:
+            return await statuses(app, ids[:1]) == [JobStatus.CANCELLED]
+
+        await eventually(cancelled, what="the cancelled job recorded while its batch waits")
+        assert calls == []
+        assert await asyncio.wait_for(task, 30) == 0
+        assert calls == [[ids[1]]]
+        assert await statuses(app, ids) == [JobStatus.CANCELLED, JobStatus.COMPLETED]
+
+
+@RUNS
+async def test_each_job_of_a_batch_times_out_by_its_own_timeout_and_the_call_is_cancelled_with_the_last(
+    dsn: str, per_job: bool
+) -> None:
+    async with jobbus.App(dsn=dsn, **FAST, **runs(per_job)) as app:
+        await _each_job_times_out_by_its_own_timeout(app)
+
+
+async def _each_job_times_out_by_its_own_timeout(app: jobbus.App) -> None:
     cancelled: list[bool] = []
 
     @app.job("stuck", batch_size=2, max_attempts=1)
@@ -439,6 +496,7 @@ PLAN = st.fixed_dictionaries(
         "batch_size": st.integers(1, 8),
         "concurrency": st.integers(1, 4),
         "sync": st.booleans(),
+        "per_job": st.booleans(),
     }
 )
 
@@ -467,7 +525,7 @@ def test_any_mix_of_items_and_raises_gives_each_job_exactly_the_attempts_its_cal
         ]
 
     async def run() -> list[jobbus.Job]:
-        app = jobbus.App(dsn=dsn, **FAST)
+        app = jobbus.App(dsn=dsn, **FAST, **runs(plan["per_job"]))
         async with app:
             if plan["sync"]:
                 app.job(job_type, batch_size=plan["batch_size"], max_attempts=20)(lambda batch: answer(list(batch)))
@@ -497,7 +555,15 @@ def test_any_mix_of_items_and_raises_gives_each_job_exactly_the_attempts_its_cal
             assert mine[0] and len(mine) >= 2
 
 
-async def test_a_sync_batch_handler_overrunning_a_jobs_timeout_has_that_job_recorded_timed_out(app: jobbus.App) -> None:
+@RUNS
+async def test_a_sync_batch_handler_overrunning_a_jobs_timeout_has_that_job_recorded_timed_out(
+    dsn: str, per_job: bool
+) -> None:
+    async with jobbus.App(dsn=dsn, **FAST, **runs(per_job)) as app:
+        await _sync_overrun_recorded_timed_out(app)
+
+
+async def _sync_overrun_recorded_timed_out(app: jobbus.App) -> None:
     told: list[bool] = []
 
     @app.job("sync.slow", batch_size=2, max_attempts=1)

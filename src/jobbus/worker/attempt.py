@@ -97,6 +97,11 @@ class Attempt:
         ):
             self.cancelled_for = reason
             self.task.cancel()
+        elif (
+            self.task is None and self.batch is not None and self.handler.is_async and self.in_handler
+        ) and self.cancelled_for is None:  # a job of a batch run in one task (no task of its own)
+            self.cancelled_for = reason
+            self.batch.stop_alone(self)
 
     def log_extra(self, worker_id: str) -> dict[str, Any]:
         """Structured fields of a log line about this attempt; built only when a line is written."""
@@ -134,4 +139,8 @@ class Batch(Protocol):
 
     def ended_alone(self) -> None:
         """An attempt stopped waiting for the call (the worker cancelled it)."""
+        ...
+
+    def stop_alone(self, attempt: Attempt) -> None:
+        """The worker interrupted the attempt, a job of a batch run in one task: it ends alone now."""
         ...

@@ -13,6 +13,11 @@ Each attempt then gets its answer: the item of the list returned for it, or the 
 attempt stopped on its own meanwhile (its timeout, a cancellation past its grace, a lost lease, a
 shutdown) ends alone and its item is ignored; once every attempt of the call has ended so, an async
 call is cancelled.
+
+A batch whose jobs need nothing of their own around the call (no job scope, no event listener, no
+tracer) runs whole in one task instead (`run`, the executor's `run_batch`): its attempts have no task
+of their own, they wait for the call from their claim, and one interrupted by the worker ends alone
+through `stop_alone`; the guarantees are the same.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import asyncio
 import contextvars
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +52,8 @@ class BatchCall:
         threads: ThreadPoolExecutor,
         start_timer: Callable[[Attempt], None],
         release_slot: Callable[[BatchCall], None],
+        run: Callable[[BatchCall], Coroutine[Any, Any, None]] | None = None,
+        stop_alone: Callable[[BatchCall, Attempt], None] | None = None,
     ) -> None:
         assert handler.batch_size is not None
         self.handler = handler
@@ -72,6 +79,17 @@ class BatchCall:
         self._answered = False  # the call returned or raised: its answers are being given
         self._abandoned = False
         self.call: asyncio.Task[None] | None = None
+        #: Run in one task (`run`): its jobs have no task of their own; an interrupted one ends alone
+        #: through `stop_alone`, while the task is in the handler's call (`calling`) or waits for it.
+        self._run_whole = run
+        self._stop_alone = stop_alone
+        self.calling = False
+        self.abandoned = False
+
+    @property
+    def whole(self) -> bool:
+        """Whether the batch runs in one task (its jobs have no task of their own)."""
+        return self._run_whole is not None
 
     @property
     def missing(self) -> int:
@@ -82,6 +100,9 @@ class BatchCall:
         attempt.batch = self
         self.members.append(attempt)
         self._holding += 1
+        if self._run_whole is not None:
+            attempt.in_handler = True  # waits for the call: an interruption ends it alone (`stop_alone`)
+            return
         self._pending += 1
 
     def close(self) -> None:
@@ -125,6 +146,9 @@ class BatchCall:
         if self.open or self._pending > 0 or self._called:
             return
         self._called = True
+        if self._run_whole is not None:
+            self.call = self._loop.create_task(self._run_whole(self))
+            return
         waiting = [(attempt, self._arrived[attempt]) for attempt in self.members if attempt in self._arrived]
         waiting = [(attempt, answer) for attempt, answer in waiting if not answer.done()]
         if waiting:
@@ -151,21 +175,37 @@ class BatchCall:
         except BaseException as exc:
             self._answer_all(answers, Answer(raised=exc))
             return
+        self._answered = True
+        for answer, item in zip(answers, self.answers(result, len(answers)), strict=True):
+            if not answer.done():
+                answer.set_result(item)
+
+    def answers(self, result: Any, count: int) -> list[Answer]:
+        """Each job's answer from what the call of `count` jobs returned (in batch order)."""
         if result is None:
-            self._answer_all(answers, Answer())
-            return
-        if not isinstance(result, list | tuple) or len(result) != len(answers):
+            return [_COMPLETED] * count
+        if not isinstance(result, list | tuple) or len(result) != count:
             got = f"a list of {len(result)} items" if isinstance(result, list | tuple) else type(result).__name__
             error = BatchResultError(
-                f"batch handler {self.handler.type!r} returned {got} for a batch of {len(answers)} jobs: return "
+                f"batch handler {self.handler.type!r} returned {got} for a batch of {count} jobs: return "
                 "None or a list with one item per job, in batch order"
             )
-            self._answer_all(answers, Answer(raised=error))
-            return
-        self._answered = True
-        for answer, item in zip(answers, result, strict=True):
-            if not answer.done():
-                answer.set_result(Answer(raised=item) if isinstance(item, Exception) else Answer(item=item))
+            return [Answer(raised=error)] * count
+        return [Answer(raised=item) if isinstance(item, Exception) else Answer(item=item) for item in result]
+
+    def stop_alone(self, attempt: Attempt) -> None:
+        """An interrupted job of a batch run in one task ends alone; once none of the call's jobs waits
+        for it, an async call is cancelled."""
+        assert self._stop_alone is not None
+        self._stop_alone(self, attempt)
+        if self.calling and self.handler.is_async and not any(member.in_handler for member in self.members):
+            self.abandoned = True
+            assert self.call is not None
+            self.call.cancel()
+
+    async def call_handler(self, attempts: list[Attempt]) -> Any:
+        """The handler's one call with the `JobBatch` of `attempts`: awaited, or run in a worker thread."""
+        return await self._call_handler(attempts)
 
     async def _call_handler(self, attempts: list[Attempt]) -> Any:
         func = self.handler.func
@@ -195,6 +235,10 @@ class BatchCall:
         if all(answer.done() for answer in self._answers):
             self._abandoned = True
             call.cancel()
+
+
+#: The answer of every job of a call that returned None.
+_COMPLETED = Answer()
 
 
 @dataclass(frozen=True, slots=True)

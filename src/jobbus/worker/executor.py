@@ -27,7 +27,7 @@ from jobbus.execution import StopReason, SyncJobExecution, enter_job, leave_job
 from jobbus.jsontext import UndecodableJson
 from jobbus.models import JobStatus
 from jobbus.registry import Registry
-from jobbus.worker.attempt import Attempt, Batch, Phase
+from jobbus.worker.attempt import Answer, Attempt, Batch, Phase
 from jobbus.worker.completer import Completer, Written
 from jobbus.worker.outcomes import Decision, OutcomePolicy, error_text, traceback_text
 
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
 
     from jobbus.store import Outcome
+    from jobbus.worker.batches import BatchCall
 
 logger = logging.getLogger("jobbus.worker")
 
@@ -228,6 +229,128 @@ class Executor:
         if answer.raised is not None:
             return self.policy.after_error(attempt, answer.raised), answer.raised
         return self.policy.after_return(attempt, answer.item), None
+
+    # -- a batch in one task ------------------------------------------------------------------------
+
+    async def run_batch(self, batch: BatchCall) -> None:
+        """A batch whose jobs need nothing of their own around their handler (no job scope, no event, no
+        span) runs in this one task: each job still gets its own checks, timeout, interruption (it ends
+        alone, `stop_batched`) and fenced outcome, and the outcomes go to the completer together. Per job
+        this saves a task, its wake-ups, a future and a completer callback."""
+        members = batch.members
+        try:
+            decided: list[tuple[Attempt, Decision]] = []
+            waiting: list[Attempt] = []
+            latest = time.monotonic() + self._start_margin
+            for attempt in members:
+                if not attempt.in_handler:
+                    continue  # interrupted while the batch took jobs: it ended alone
+                decision = self._undecodable(attempt)
+                if decision is None and (latest > attempt.lease_deadline or attempt.lost or attempt.fenced):
+                    decision = self._not_started(attempt)
+                if decision is None:
+                    waiting.append(attempt)
+                else:
+                    attempt.in_handler = False
+                    decided.append((attempt, decision))
+            if decided:
+                self._hand_over(decided)
+            if not waiting:
+                return
+            answers = await self._call_batch(batch, waiting)
+            if answers is None:
+                return  # every job of the call ended alone
+            decided = []
+            for attempt, answer in zip(waiting, answers, strict=True):
+                if not attempt.in_handler:
+                    continue  # ended alone during the call: its item is ignored
+                attempt.in_handler = False
+                self._returned(attempt)
+                if answer.raised is not None:
+                    decision = self.policy.after_error(attempt, answer.raised)
+                else:
+                    decision = self.policy.after_return(attempt, answer.item)
+                decided.append((attempt, decision))
+            self._hand_over(decided)
+        except Exception:
+            logger.exception(
+                "batch of %s: internal error in the worker",
+                batch.handler.type,
+                extra={"job_type": batch.handler.type, "worker_id": self.worker_id},
+            )
+        finally:
+            for attempt in members:
+                if attempt.phase is Phase.RUNNING:  # not handed over: an internal error, or the loop torn down
+                    attempt.in_handler = False
+                    self._end(attempt, None, "lost", None, None)
+
+    async def _call_batch(self, batch: BatchCall, waiting: list[Attempt]) -> list[Answer] | None:
+        """The handler's call for the jobs `waiting`, their timeouts counting from it (one timer for the
+        jobs that share a timeout); None when every one of them ended alone and the call was cancelled."""
+        loop = asyncio.get_running_loop()
+        timers: list[asyncio.TimerHandle] = []
+        timed: dict[float, list[Attempt]] = {}
+        for attempt in waiting:
+            if attempt.timeout is not None:
+                timed.setdefault(attempt.timeout, []).append(attempt)
+        for timeout, attempts in timed.items():
+            timers.append(loop.call_later(timeout, self._time_out_all, attempts))
+        batch.calling = True
+        try:
+            result = await batch.call_handler(waiting)
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if batch.abandoned:
+                if task is not None:
+                    task.uncancel()
+                return None
+            if task is not None and task.cancelling():
+                raise  # cancelled from outside the worker: the host is tearing the loop down
+            return [Answer(raised=exc)] * len(waiting)  # the handler's own CancelledError
+        except BaseException as exc:
+            return [Answer(raised=exc)] * len(waiting)
+        finally:
+            batch.calling = False
+            for timer in timers:
+                timer.cancel()
+        return batch.answers(result, len(waiting))
+
+    def _time_out_all(self, attempts: list[Attempt]) -> None:
+        for attempt in attempts:
+            self._time_out(attempt)
+
+    def stop_batched(self, batch: BatchCall, attempt: Attempt) -> None:
+        """A job of a batch run in one task was interrupted (its timeout, a cancellation past its grace, a
+        lost lease, a shutdown): it ends alone now, as the worker's cancellation of its handler."""
+        attempt.in_handler = False
+        self._returned(attempt)
+        exc = asyncio.CancelledError()
+        self._hand_over([(attempt, self.policy.after_error(attempt, exc, cancelled_by_worker=True))])
+
+    def _hand_over(self, decided: list[tuple[Attempt, Decision]]) -> None:
+        """Jobs of a batch whose outcome is decided free their part of its slot; their outcomes go to the
+        completer in one go, and the jobs end once they are written."""
+        outcomes: list[Outcome] = []
+        deadlines: list[float] = []
+        writing: list[tuple[Attempt, Decision]] = []
+        for attempt, decision in decided:
+            attempt.phase = Phase.WRITING
+            self._on_slot_free(attempt)
+            if decision.outcome is None:
+                self._end(attempt, None, _kind(decision, None), None, None)
+                continue
+            outcomes.append(decision.outcome)
+            deadlines.append(attempt.lease_deadline)
+            writing.append((attempt, decision))
+        if writing:
+            self.completer.submit_many(outcomes, deadlines, partial(self._all_written, writing))
+
+    def _all_written(self, writing: list[tuple[Attempt, Decision]], written: Written) -> None:
+        for attempt, decision in writing:
+            try:
+                self._written(attempt, decision, written)
+            except Exception:
+                logger.exception("job %s: the bookkeeping after its outcome failed", attempt.id)
 
     def _time_out(self, attempt: Attempt) -> None:
         """At the timeout: an async handler is cancelled; a sync one is told (a thread cannot be

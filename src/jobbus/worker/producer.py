@@ -295,12 +295,19 @@ class Producer:
             handler = self.registry.handlers[job_type]
             size = handler.batch_size
             assert size is not None
+            # Nothing of a job's own around the handler (no job scope, event or span): the batch runs in
+            # one task, not one per job: a no-op batch handler's drain (5,000 jobs, batch 100, concurrency
+            # 10; `python -m bench.gate --batch-size 100 --concurrency 10`) made 136.7 Python calls per job
+            # with a task per job, 89.6 in one task per batch.
+            whole = tracer is None and self.registry.job_scope is None and not self.registry.events.active
             for first in range(0, len(of_type), size):
                 batch = BatchCall(
                     handler,
                     threads=self._threads,
                     start_timer=self.executor.start_timer,
                     release_slot=self._batch_slot_freed,
+                    run=self.executor.run_batch if whole else None,
+                    stop_alone=self.executor.stop_batched if whole else None,
                 )
                 self._running += 1
                 self._in_batches -= 1
@@ -336,7 +343,8 @@ class Producer:
             batch.add(attempt)
             self._in_batches += 1
             self.in_flight[claimed.id] = attempt
-            self.executor.start(attempt, tracer)
+            if not batch.whole:
+                self.executor.start(attempt, tracer)
             if self.observers.active:
                 self.observers.claimed(claimed, max(0.0, time.time() - claimed.available_at.timestamp()))
 
