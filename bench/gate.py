@@ -206,7 +206,9 @@ def measure(base: str, jobs: int, concurrency: int, show: int = 0, dump: str | N
     return figures
 
 
-def measure_batched(base: str, jobs: int, concurrency: int, batch_size: int, show: int = 0) -> dict[str, Any]:
+def measure_batched(
+    base: str, jobs: int, concurrency: int, batch_size: int, show: int = 0, dump: str | None = None
+) -> dict[str, Any]:
     """`calls_per_job` of the same drain with the no-op handler a batch handler of `batch_size` (no baseline)."""
     name = f"jobbus_gate_{os.getpid()}"
     try:
@@ -219,6 +221,8 @@ def measure_batched(base: str, jobs: int, concurrency: int, batch_size: int, sho
             raise SystemExit(f"gate: the batched drain ended with code {code}, {done} of {jobs} jobs completed")
         if show:
             _show(pstats.Stats(profile), jobs, show)
+        if dump:
+            pstats.Stats(profile).dump_stats(dump)
         return {"batched_calls_per_job": _calls_per_job(profile, jobs), "batch_size": batch_size}
     finally:
         _drop(base, name)
@@ -301,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.batch_size is not None:
-        batched = measure_batched(args.dsn, args.jobs, args.concurrency, args.batch_size, args.show)
+        batched = measure_batched(args.dsn, args.jobs, args.concurrency, args.batch_size, args.show, args.dump)
         print(json.dumps({**batched, "jobs": args.jobs, "concurrency": args.concurrency, "commit": _commit()}))
         return 0
     started = time.monotonic()

@@ -137,6 +137,10 @@ class Batch(Protocol):
         """The attempt's handler part is over."""
         ...
 
+    def members_done(self, count: int) -> None:
+        """The handler part of `count` of its attempts is over."""
+        ...
+
     def ended_alone(self) -> None:
         """An attempt stopped waiting for the call (the worker cancelled it)."""
         ...

@@ -135,6 +135,11 @@ class BatchCall:
         self._holding -= 1
         self._maybe_release()
 
+    def members_done(self, count: int) -> None:
+        """`member_done` of `count` attempts at once."""
+        self._holding -= count
+        self._maybe_release()
+
     def _maybe_release(self) -> None:
         if not self.open and self._holding <= 0 and self._holds_slot:
             self._holds_slot = False

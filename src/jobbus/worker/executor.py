@@ -52,6 +52,7 @@ class Executor:
         on_handler_done: Callable[[Attempt], None],
         on_slot_free: Callable[[Attempt], None],
         on_finished: Callable[[Attempt, JobStatus | None, str], None],
+        on_slots_free: Callable[[list[Attempt]], None] | None = None,
     ) -> None:
         self.registry = registry
         self.policy = policy
@@ -61,6 +62,8 @@ class Executor:
         self._on_handler_done = on_handler_done
         self._on_slot_free = on_slot_free
         self._on_finished = on_finished
+        #: The jobs of a batch run in one task free their slot together (`on_slot_free` of each by default).
+        self._on_slots_free = on_slots_free or self._each_slot_free
         settings = policy.settings
         #: A handler starts only while its lease has this long to run, half-way between the whole lease
         #: and one heartbeat: the monitor's first renewal comes at most a heartbeat after the start.
@@ -261,11 +264,15 @@ class Executor:
             if answers is None:
                 return  # every job of the call ended alone
             decided = []
+            returned = time.monotonic()
+            check = self._on_handler_done
             for attempt, answer in zip(waiting, answers, strict=True):
                 if not attempt.in_handler:
                     continue  # ended alone during the call: its item is ignored
                 attempt.in_handler = False
-                self._returned(attempt)
+                attempt.signals.close()  # `_returned`, with one reading of the clock for the batch
+                attempt.ran_seconds = returned - attempt.started
+                check(attempt)
                 if answer.raised is not None:
                     decision = self.policy.after_error(attempt, answer.raised)
                 else:
@@ -315,6 +322,10 @@ class Executor:
                 timer.cancel()
         return batch.answers(result, len(waiting))
 
+    def _each_slot_free(self, attempts: list[Attempt]) -> None:
+        for attempt in attempts:
+            self._on_slot_free(attempt)
+
     def _time_out_all(self, attempts: list[Attempt]) -> None:
         for attempt in attempts:
             self._time_out(attempt)
@@ -330,27 +341,38 @@ class Executor:
     def _hand_over(self, decided: list[tuple[Attempt, Decision]]) -> None:
         """Jobs of a batch whose outcome is decided free their part of its slot; their outcomes go to the
         completer in one go, and the jobs end once they are written."""
-        outcomes: list[Outcome] = []
-        deadlines: list[float] = []
-        writing: list[tuple[Attempt, Decision]] = []
-        for attempt, decision in decided:
+        for attempt, _ in decided:
             attempt.phase = Phase.WRITING
-            self._on_slot_free(attempt)
-            if decision.outcome is None:
-                self._end(attempt, None, _kind(decision, None), None, None)
-                continue
-            outcomes.append(decision.outcome)
-            deadlines.append(attempt.lease_deadline)
-            writing.append((attempt, decision))
+        self._on_slots_free([attempt for attempt, _ in decided])
+        writing = [(attempt, decision) for attempt, decision in decided if decision.outcome is not None]
+        if len(writing) < len(decided):  # nothing to write (no batch handler's outcome is so today)
+            for attempt, decision in decided:
+                if decision.outcome is None:
+                    self._end(attempt, None, _kind(decision, None), None, None)
         if writing:
+            outcomes = [decision.outcome for _, decision in writing if decision.outcome is not None]
+            deadlines = [attempt.lease_deadline for attempt, _ in writing]
             self.completer.submit_many(outcomes, deadlines, partial(self._all_written, writing))
 
     def _all_written(self, writing: list[tuple[Attempt, Decision]], written: Written) -> None:
+        """`_written` for the jobs of a batch handed over together, once their round is written."""
+        finished = self._on_finished
         for attempt, decision in writing:
             try:
-                self._written(attempt, decision, written)
+                outcome = decision.outcome
+                assert outcome is not None
+                status, refusal = written.get(attempt.claimed.id, _NOT_WRITTEN)
+                if status is outcome.status and refusal is None:  # written as asked: the common case
+                    kind = decision.kind
+                else:
+                    status, _ = self._recorded(attempt, decision, status, refusal)
+                    kind = _kind(decision, status)
+                if attempt.timer is not None or attempt.cancel_timer is not None:
+                    attempt.stop_timers()
+                attempt.signals.close()
+                finished(attempt, status, kind)
             except Exception:
-                logger.exception("job %s: the bookkeeping after its outcome failed", attempt.id)
+                logger.exception("job %s: the bookkeeping after its outcome failed", attempt.claimed.id)
 
     def _time_out(self, attempt: Attempt) -> None:
         """At the timeout: an async handler is cancelled; a sync one is told (a thread cannot be
@@ -491,6 +513,10 @@ def _kind(decision: Decision, status: JobStatus | None) -> str:
         return "waiting" if decision.kind == "waiting" else "lost"
     asked = decision.outcome.status if decision.outcome is not None else None
     return decision.kind if status is asked else status.value
+
+
+#: What `written.get` gives a job whose outcome was not written (its lease was lost).
+_NOT_WRITTEN: tuple[None, None] = (None, None)
 
 
 class _Raised(Exception):

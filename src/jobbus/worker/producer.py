@@ -102,6 +102,7 @@ class Producer:
             on_handler_done=monitor.check,
             on_slot_free=self._slot_freed,
             on_finished=self._finished,
+            on_slots_free=self._batch_slots_freed,
         )
         self.completed = 0
         self.failed = 0
@@ -327,6 +328,7 @@ class Producer:
     def _join(self, batch: BatchCall, jobs: list[ClaimedJob], sent: float, tracer: Tracer | None) -> None:
         """The jobs join the batch, each an attempt with its own task (that waits for the batch's call)."""
         handler = batch.handler
+        whole = batch.whole  # run in one task: its jobs get no task of their own
         for claimed in jobs:
             signals = AttemptSignals(cancelled=claimed.cancellation_requested)
             attempt = Attempt(claimed, handler, signals, sent + self.settings.lease_seconds)
@@ -343,7 +345,7 @@ class Producer:
             batch.add(attempt)
             self._in_batches += 1
             self.in_flight[claimed.id] = attempt
-            if not batch.whole:
+            if not whole:
                 self.executor.start(attempt, tracer)
             if self.observers.active:
                 self.observers.claimed(claimed, max(0.0, time.time() - claimed.available_at.timestamp()))
@@ -394,6 +396,17 @@ class Producer:
         self._running -= 1
         self._in_batches += 1
         self._wake.set()
+
+    def _batch_slots_freed(self, attempts: list[Attempt]) -> None:
+        """`_slot_freed` of jobs of one batch (run in one task) whose handler part ended together."""
+        if not attempts:
+            return
+        batch = attempts[0].batch
+        assert batch is not None
+        self._in_batches -= len(attempts)
+        batch.members_done(len(attempts))  # the batch's slot is freed with its last job
+        if self._check_memory is not None:
+            self._check_memory()
 
     def _slot_freed(self, attempt: Attempt) -> None:
         if attempt.batch is not None:
