@@ -291,6 +291,41 @@ async def test_a_job_cancelled_past_its_grace_ends_alone_while_the_call_goes_on(
 
 
 @RUNS
+async def test_each_job_of_a_batch_announces_its_own_events_before_the_worker_ends(dsn: str, per_job: bool) -> None:
+    async with jobbus.App(dsn=dsn, **FAST, **runs(per_job)) as app:
+        seen: list[tuple[str, uuid.UUID, Any]] = []
+
+        @app.on(jobbus.JobStarted)
+        async def started(event: jobbus.JobStarted) -> None:
+            seen.append(("started", event.job_id, event.attempt))
+
+        @app.on(jobbus.JobCompleted)
+        async def completed(event: jobbus.JobCompleted) -> None:
+            await asyncio.sleep(0.01)  # a listener that takes its time: the worker waits for it
+            seen.append(("completed", event.job_id, event.result))
+
+        @app.on(jobbus.JobFailed)
+        def failed(event: jobbus.JobFailed) -> None:
+            seen.append(("failed", event.job_id, event.error))
+
+        @app.job("announced", batch_size=3, max_attempts=1)
+        async def announced(batch: jobbus.JobBatch[jobbus.JobExecution]) -> list[object]:
+            return ["a", ValueError("not this one"), "c"]
+
+        ids = await app.schedule_many("announced", [{}, {}, {}])
+        assert await drain(app) == 0
+        assert sorted(entry for entry in seen if entry[0] == "started") == sorted(
+            ("started", job_id, 1) for job_id in ids
+        )
+        assert sorted(entry for entry in seen if entry[0] != "started") == sorted(
+            [("completed", ids[0], "a"), ("failed", ids[1], "ValueError: not this one"), ("completed", ids[2], "c")]
+        )
+        for job_id in ids:  # each job's start is announced before its end
+            kinds = [kind for kind, seen_id, _ in seen if seen_id == job_id]
+            assert kinds[0] == "started" and len(kinds) == 2
+
+
+@RUNS
 async def test_a_job_cancelled_while_its_batch_waits_for_more_ends_alone_before_the_call(
     dsn: str, per_job: bool
 ) -> None:

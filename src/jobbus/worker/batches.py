@@ -14,8 +14,8 @@ attempt stopped on its own meanwhile (its timeout, a cancellation past its grace
 shutdown) ends alone and its item is ignored; once every attempt of the call has ended so, an async
 call is cancelled.
 
-A batch whose jobs need nothing of their own around the call (no job scope, no event listener, no
-tracer) runs whole in one task instead (`run`, the executor's `run_batch`): its attempts have no task
+A batch whose jobs need nothing of their own around the call (no job scope, no tracer) runs whole
+in one task instead (`run`, the executor's `run_batch`): its attempts have no task
 of their own, they wait for the call from their claim, and one interrupted by the worker ends alone
 through `stop_alone`; the guarantees are the same.
 """

@@ -64,6 +64,8 @@ class Executor:
         self._on_finished = on_finished
         #: The jobs of a batch run in one task free their slot together (`on_slot_free` of each by default).
         self._on_slots_free = on_slots_free or self._each_slot_free
+        #: The tasks announcing the events of a batch's jobs (kept referenced until they end).
+        self._announcing: set[asyncio.Task[None]] = set()
         settings = policy.settings
         #: A handler starts only while its lease has this long to run, half-way between the whole lease
         #: and one heartbeat: the monitor's first renewal comes at most a heartbeat after the start.
@@ -236,12 +238,18 @@ class Executor:
     # -- a batch in one task ------------------------------------------------------------------------
 
     async def run_batch(self, batch: BatchCall) -> None:
-        """A batch whose jobs need nothing of their own around their handler (no job scope, no event, no
-        span) runs in this one task: each job still gets its own checks, timeout, interruption (it ends
-        alone, `stop_batched`) and fenced outcome, and the outcomes go to the completer together. Per job
-        this saves a task, its wake-ups, a future and a completer callback."""
+        """A batch whose jobs need nothing of their own around their handler (no job scope, no span) runs
+        in this one task: each job still gets its own checks, timeout, interruption (it ends alone,
+        `stop_batched`), fenced outcome and events, and the outcomes go to the completer together. Per
+        job this saves a task, its wake-ups, a future and a completer callback."""
         members = batch.members
         try:
+            events = self.registry.events
+            if events.active:
+                for attempt in members:
+                    if attempt.in_handler:
+                        claimed = attempt.claimed
+                        await events.emit(JobStarted(claimed.id, claimed.type, claimed.queue, claimed.attempts))
             decided: list[tuple[Attempt, Decision]] = []
             waiting: list[Attempt] = []
             latest = time.monotonic() + self._start_margin
@@ -357,22 +365,45 @@ class Executor:
     def _all_written(self, writing: list[tuple[Attempt, Decision]], written: Written) -> None:
         """`_written` for the jobs of a batch handed over together, once their round is written."""
         finished = self._on_finished
+        announce = self.registry.events.active
+        ended: list[tuple[Attempt, JobStatus | None, str, JobEvent | None]] = []
         for attempt, decision in writing:
             try:
                 outcome = decision.outcome
                 assert outcome is not None
                 status, refusal = written.get(attempt.claimed.id, _NOT_WRITTEN)
                 if status is outcome.status and refusal is None:  # written as asked: the common case
-                    kind = decision.kind
+                    kind, event = decision.kind, decision.event
                 else:
-                    status, _ = self._recorded(attempt, decision, status, refusal)
+                    status, event = self._recorded(attempt, decision, status, refusal)
                     kind = _kind(decision, status)
                 if attempt.timer is not None or attempt.cancel_timer is not None:
                     attempt.stop_timers()
                 attempt.signals.close()
-                finished(attempt, status, kind)
+                if announce:
+                    ended.append((attempt, status, kind, event))
+                else:
+                    finished(attempt, status, kind)
             except Exception:
                 logger.exception("job %s: the bookkeeping after its outcome failed", attempt.claimed.id)
+        if ended:  # the jobs stay in flight until their events are announced, as a job's own task keeps it
+            task = asyncio.get_running_loop().create_task(self._announce(ended))
+            self._announcing.add(task)
+            task.add_done_callback(self._announcing.discard)
+
+    async def _announce(self, ended: list[tuple[Attempt, JobStatus | None, str, JobEvent | None]]) -> None:
+        """The events of jobs of a batch run in one task, once their outcomes are written; then their end."""
+        events = self.registry.events
+        done = 0
+        try:
+            for attempt, status, kind, event in ended:
+                if event is not None and events.active:
+                    await events.emit(event)
+                done += 1
+                self._on_finished(attempt, status, kind)
+        finally:
+            for attempt, status, kind, _ in ended[done:]:
+                self._on_finished(attempt, status, kind)
 
     def _time_out(self, attempt: Attempt) -> None:
         """At the timeout: an async handler is cancelled; a sync one is told (a thread cannot be
