@@ -34,9 +34,18 @@ async def noop_by_id(job: jobbus.JobExecution) -> None:
     STARTS.append(time.time())
 
 
-def make_app(dsn: str | None = None, *, by_id: bool = False) -> jobbus.App:
-    """The benchmark app; without `dsn`, JOBBUS_DSN (and the other JOBBUS_* settings) apply."""
+async def noop_batch(batch: jobbus.JobBatch[jobbus.JobExecution]) -> None:
+    """The batched drain's no-op: a batch handler noting one start per job of its batch."""
+    STARTS.extend([time.time()] * len(batch))
+
+
+def make_app(dsn: str | None = None, *, by_id: bool = False, batch_size: int | None = None) -> jobbus.App:
+    """The benchmark app; without `dsn`, JOBBUS_DSN (and the other JOBBUS_* settings) apply. With
+    `batch_size`, the no-op is a batch handler of that size."""
     app = jobbus.App(dsn=dsn)
+    if batch_size:
+        app.job(NOOP, batch_size=batch_size)(noop_batch)
+        return app
     app.job(NOOP)(noop_by_id if by_id else noop)
     return app
 

@@ -22,6 +22,9 @@ Before the drain, the producer's side is counted the same way, on an open App: `
 while `--jobs` jobs are scheduled by `schedule_many(type, configurations)` (5,000 a call), and
 `enqueue_single_calls_per_job` over `SINGLES` `schedule` calls of one job each.
 
+`--batch-size N` counts instead the calls per job of the same drain with the no-op handler a batch
+handler of `N` (`batched_calls_per_job`, printed only: no baseline, no gate).
+
 The gate fails (exit status 1) when a count (`COUNTS`) is more than `--tolerance` (15 %) above
 bench/gate-baseline.json, with a message naming the figure; `--cpu` makes `cpu_us_per_job` fail
 the same way (for a quiet machine). Exit status 0 when within; the figures go to stdout as JSON.
@@ -77,6 +80,10 @@ async def _noop(job: jobbus.JobExecution) -> None:
     return None
 
 
+async def _noop_batch(batch: jobbus.JobBatch[jobbus.JobExecution]) -> None:
+    return None
+
+
 def _database_dsn(base: str, name: str) -> str:
     return psycopg.conninfo.make_conninfo(base, dbname=name)
 
@@ -96,9 +103,12 @@ def _drop(base: str, name: str) -> None:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
-def _app(dsn: str) -> jobbus.App:
+def _app(dsn: str, batch_size: int | None = None) -> jobbus.App:
     app = jobbus.App(dsn=dsn)
-    app.job(NOOP)(_noop)
+    if batch_size is None:
+        app.job(NOOP)(_noop)
+    else:
+        app.job(NOOP, batch_size=batch_size)(_noop_batch)
     return app
 
 
@@ -127,8 +137,8 @@ def _calls_per_job(profile: cProfile.Profile, jobs: int) -> float:
     return round(calls / jobs, 1)
 
 
-async def _drain(dsn: str, concurrency: int) -> int:
-    app = _app(dsn)
+async def _drain(dsn: str, concurrency: int, batch_size: int | None = None) -> int:
+    app = _app(dsn, batch_size)
     return await app.run_worker(concurrency=concurrency, stop_when_empty=True, install_signal_handlers=False)
 
 
@@ -194,6 +204,28 @@ def measure(base: str, jobs: int, concurrency: int, show: int = 0, dump: str | N
     finally:
         _drop(base, name)
     return figures
+
+
+def measure_batched(
+    base: str, jobs: int, concurrency: int, batch_size: int, show: int = 0, dump: str | None = None
+) -> dict[str, Any]:
+    """`calls_per_job` of the same drain with the no-op handler a batch handler of `batch_size` (no baseline)."""
+    name = f"jobbus_gate_{os.getpid()}"
+    try:
+        dsn = _recreate(base, name)
+        asyncio.run(_fill(dsn, jobs))
+        profile = cProfile.Profile()
+        code = _run(lambda: _drain(dsn, concurrency, batch_size), profile)
+        done = _completed(dsn)
+        if code != 0 or done != jobs:
+            raise SystemExit(f"gate: the batched drain ended with code {code}, {done} of {jobs} jobs completed")
+        if show:
+            _show(pstats.Stats(profile), jobs, show)
+        if dump:
+            pstats.Stats(profile).dump_stats(dump)
+        return {"batched_calls_per_job": _calls_per_job(profile, jobs), "batch_size": batch_size}
+    finally:
+        _drop(base, name)
 
 
 @contextlib.contextmanager
@@ -265,7 +297,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--show", type=int, default=0, metavar="N", help="print the N most called functions")
     parser.add_argument("--dump", metavar="PATH", help="write the profile (pstats format) to PATH")
     parser.add_argument("--update", action="store_true", help=f"write the figures to {BASELINE.name}")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        metavar="N",
+        help="count calls per job of the drain with a batch handler of N instead (no baseline, no gate)",
+    )
     args = parser.parse_args(argv)
+    if args.batch_size is not None:
+        batched = measure_batched(args.dsn, args.jobs, args.concurrency, args.batch_size, args.show, args.dump)
+        print(json.dumps({**batched, "jobs": args.jobs, "concurrency": args.concurrency, "commit": _commit()}))
+        return 0
     started = time.monotonic()
     figures = measure(args.dsn, args.jobs, args.concurrency, args.show, args.dump)
     load = os.getloadavg()[0]

@@ -49,6 +49,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=0, help="claim batch size, for queues that have one")
     parser.add_argument("--interval", type=float, default=0.02, help="latency: seconds between two jobs")
     parser.add_argument(
+        "--handler-batch",
+        type=int,
+        default=0,
+        help="drain: the no-op handler is a batch handler of this batch_size (jobbus; 0: a handler of one job)",
+    )
+    parser.add_argument(
         "--limit",
         default="",
         help="flow control for fill and drain: queue=N (at most N running fleet-wide) or keys=N (N keys, one each)",

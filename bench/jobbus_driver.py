@@ -103,7 +103,7 @@ async def fill(args: Namespace) -> dict[str, Any]:
 
 
 async def drain(args: Namespace) -> dict[str, Any]:
-    app = _app(args.dsn)
+    app = apps.make_app(args.dsn, batch_size=args.handler_batch or None)
     apps.STARTS.clear()
     started, cpu = time.time(), harness.cpu_seconds()
     await app.run_worker(concurrency=args.concurrency, stop_when_empty=True, install_signal_handlers=False)

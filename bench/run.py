@@ -92,6 +92,7 @@ SCENARIOS = [
     "latency",
     "finished_1m",
     "drain_limited",
+    "drain_batched",
     "commits",
     "floor",
     "drain_procs",
@@ -314,6 +315,9 @@ def evaluate_targets(suite: Suite) -> list[Target]:
         empty = med("drain_10k", "jobbus", "steady", best)
     commits = med("drain_100k", "jobbus", "commits", best)
     ratio_1m = with_1m / empty
+    batched = [m for m in suite.results if m.scenario == "drain_batched" and m.metric == "steady" and m.values]
+    by_one = next((m.median for m in batched if m.setting.startswith("one job")), math.nan)
+    by_batch = next((m.median for m in batched if m.setting.startswith("batch")), math.nan)
     return [
         target("drain, 1 process: ≥ 10,000 jobs/s", f"{jb:,.0f} jobs/s ({jb_where})", jb, lambda v: v >= 10_000),
         target(
@@ -340,6 +344,12 @@ def evaluate_targets(suite: Suite) -> list[Target]:
             lambda v: v >= 0.8,
         ),
         target("commits per completed job ≤ 0.1", f"{commits:.3f}", commits, lambda v: v <= 0.1),
+        target(
+            "batched drain (batch 100): ≥ 2× the unbatched drain of the same run (21)",
+            f"{by_batch / by_one:.2f}× ({by_batch:,.0f} vs {by_one:,.0f} jobs/s)",
+            by_batch / by_one,
+            lambda v: v >= 2,
+        ),
         *capacity_targets(suite, target, med, (jb, jb_where), floor, p99),
         *graphile_targets(suite, target),
     ]
@@ -512,6 +522,7 @@ SUMMARY_ROWS = [
     ("drain 100k, 1 process, start to exit", "drain_100k", "wall", True),
     ("drain, 2 processes, start to exit", "drain_2proc", "wall", True),
     ("drain, 1M finished rows present", "finished_1m", "steady", True),
+    ("drain by a batch handler (batch 100)", "drain_batched", "steady", True),
     ("idle latency p50 (ms)", "latency", "p50", False),
     ("idle latency p95 (ms)", "latency", "p95", False),
     ("idle latency p99 (ms)", "latency", "p99", False),
@@ -811,6 +822,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             suite.finished()
         if "drain_limited" in scenarios:
             suite.limited()
+        if "drain_batched" in scenarios:
+            suite.batched()
         if "floor" in scenarios:
             suite.floor()
         if "drain_procs" in scenarios:

@@ -57,6 +57,9 @@ QUICK = Sizes(single=500, drain_large=30_000, latency=100, finished=200_000, flo
 
 
 #: The flow-control drains: label and the drivers' `--limit` (see bench/harness.py).
+#: The batched drain (`Suite.batched`): jobs per call of the batch handler, and the worker's concurrency.
+BATCH_DRAIN_SIZE = 100
+BATCH_DRAIN_CONCURRENCY = 10
 LIMITED_DRAINS = [("unlimited", ""), ("queue limit 100", "queue=100"), ("1,000 keys, 1 each", "keys=1000")]
 #: Which limits each system has: pgqueuer's entrypoint `concurrency_limit`, procrastinate's `lock`.
 #: graphile-worker has no limit per queue, and its named queues (one job at a time each) cannot be drained
@@ -434,6 +437,7 @@ class Suite:
         reset: bool = True,
         limit: str = "",
         around: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext,
+        handler_batch: int = 0,
     ) -> dict[str, float]:
         """Fill `jobs`, drain them with `processes` workers; returns the figures of this run.
 
@@ -445,13 +449,16 @@ class Suite:
             self.reset(system, dbname)
         dsn = self.dsn(dbname)
         limited = {"limit": limit} if limit else {}
+        batching = {"handler-batch": handler_batch} if handler_batch else {}
         run_driver(system.argv("fill", dsn, jobs=jobs, **limited))
         self.server.checkpoint()
         self.server.sample_noise()
         commits0, wal0 = self.server.counters(dbname)
         with around():
             if processes == 1:
-                argv = system.argv("drain", dsn, concurrency=setting.concurrency, batch=setting.batch, **limited)
+                argv = system.argv(
+                    "drain", dsn, concurrency=setting.concurrency, batch=setting.batch, **limited, **batching
+                )
                 result = run_driver(argv)
             else:
                 result = self.drain_processes(system, dsn, setting, processes)
@@ -628,6 +635,29 @@ class Suite:
                             dbname = dbs[system.name]
                             figures = self.drain_once("drain_limited", system, dbname, setting, n, limit=limit)
                             self.record_drain("drain_limited", system, setting, n, figures, run)
+
+    def batched(self) -> None:
+        """jobbus's drain of no-op jobs by a batch handler (`BATCH_DRAIN_SIZE` jobs a call, concurrency
+        `BATCH_DRAIN_CONCURRENCY`) beside the same drain by a handler of one job at jobbus's best
+        setting, interleaved run by run, on one database."""
+        jobs = self.sizes.drain_small
+        with self.databases("drain_batched") as dbs:
+            for run in range(self.runs):
+                for system in self.systems:
+                    if system.name != "jobbus" or system.name not in dbs:
+                        continue
+                    best = system.best_setting
+                    plain = Setting(f"one job a call ({best.label})", best.concurrency, best.batch)
+                    batched = Setting(
+                        f"batch {BATCH_DRAIN_SIZE} (c{BATCH_DRAIN_CONCURRENCY})", BATCH_DRAIN_CONCURRENCY, best.batch
+                    )
+                    for setting, handler_batch in ((plain, 0), (batched, BATCH_DRAIN_SIZE)):
+                        with self.guarded("drain_batched", system):
+                            n = system.drain_size(jobs)
+                            figures = self.drain_once(
+                                "drain_batched", system, dbs[system.name], setting, n, handler_batch=handler_batch
+                            )
+                            self.record_drain("drain_batched", system, setting, n, figures, run)
 
     def floor(self) -> None:
         """The SQL floor: claim 100 rows per statement, complete them with one UPDATE, one connection."""

@@ -122,6 +122,18 @@ async def poison(job: jobbus.JobExecution) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+@app.job("record_batch", batch_size=5, batch_wait=0.5)
+async def record_batch(batch: jobbus.JobBatch[jobbus.JobExecution]) -> list[dict[str, Any]]:
+    """A batch handler: records each job's execution; sleeps `sleep` seconds (the largest of its jobs')
+    on a batch whose jobs are all on their first attempt."""
+    for job in batch:
+        await _record(job)
+    sleep = max(float(job.configuration.get("sleep", 0)) for job in batch)
+    if sleep and all(job.attempt == 1 for job in batch):
+        await asyncio.sleep(sleep)
+    return [{"pid": os.getpid(), "attempt": job.attempt} for job in batch]
+
+
 def make_app() -> jobbus.App:
     """`--app tests.apps:make_app`: a callable returning the App."""
     return app

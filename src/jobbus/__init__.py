@@ -22,7 +22,7 @@ from jobbus.events import (
     JobScheduled,
     JobStarted,
 )
-from jobbus.execution import JobExecution, JobParked, SyncJobExecution, current_job, current_sync_job
+from jobbus.execution import JobBatch, JobExecution, JobParked, SyncJobExecution, current_job, current_sync_job
 from jobbus.limits import QueueSettings, RateLimit
 from jobbus.models import GroupProgress, Job, JobStatus
 from jobbus.periodic import Periodic, PeriodicOptions
@@ -42,6 +42,7 @@ __all__ = [
     "InvalidJobError",
     "InvalidStateError",
     "Job",
+    "JobBatch",
     "JobCancelled",
     "JobCompleted",
     "JobEvent",

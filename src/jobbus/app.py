@@ -103,7 +103,9 @@ class App(AsyncProducer):
         The options are those of `HandlerOptions`: the jobs' default `queue`, `max_attempts` and
         `priority`; `timeout` (seconds or a timedelta) bounds every attempt of its jobs (a job's own
         `timeout` wins); `backoff(attempt, error)` returns the delay before the next attempt (seconds
-        or a timedelta) and replaces the settings' formula for this type.
+        or a timedelta) and replaces the settings' formula for this type. With `batch_size=N` the
+        handler is a batch handler: it gets a `JobBatch` of up to N jobs of its type claimed together
+        (waiting up to `batch_wait` for more once the first is claimed), see docs/batches.md.
         """
         return self.registry.job(type, **options)
 

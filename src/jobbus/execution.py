@@ -16,10 +16,10 @@ import hashlib
 import inspect
 import json
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from types import MappingProxyType
-from typing import Any, TypeVar, Unpack
+from typing import Any, Generic, TypeVar, Unpack, overload
 
 from jobbus.errors import LeaseLostError
 from jobbus.models import ClaimedJob, Job, JobSpec
@@ -550,6 +550,46 @@ class SyncJobExecution:
 MAX_STEP_NAME = 200
 #: Names that sleeps, event waits and spawns store their state under: not for `step`.
 RESERVED_PREFIXES = ("sleep:", "event:", "spawn:")
+
+
+#: The jobs of a batch: `JobExecution` for an async batch handler, `SyncJobExecution` for a sync one.
+E = TypeVar("E", JobExecution, SyncJobExecution)
+
+
+class JobBatch(Sequence[E], Generic[E]):
+    """The jobs a batch handler (`App.job(type, batch_size=N)`) is called with: up to N jobs of its type
+    claimed together, in claim order, each one attempt with its own lease, heartbeat, cancellation,
+    timeout and retries. The handler returns None (every job completes), a list of one item per job
+    in this order (each job completes with its item as result, or fails alone when its item is an
+    `Exception`), or raises (every job fails, one attempt each)."""
+
+    __slots__ = ("_jobs",)
+
+    def __init__(self, jobs: Iterable[E]) -> None:
+        self._jobs: tuple[E, ...] = tuple(jobs)
+
+    @overload
+    def __getitem__(self, index: int) -> E: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[E]: ...
+
+    def __getitem__(self, index: int | slice) -> E | Sequence[E]:
+        return self._jobs[index]
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def __iter__(self) -> Iterator[E]:
+        return iter(self._jobs)
+
+    def __repr__(self) -> str:
+        return f"<jobbus.JobBatch of {len(self._jobs)} job(s)>"
+
+    @property
+    def configurations(self) -> list[Mapping[str, Any]]:
+        """Each job's input (`configuration`), in batch order."""
+        return [job.configuration for job in self._jobs]
 
 
 #: The longest durable wait: a hundred years (a wake-up time must stay a date Python can read back).

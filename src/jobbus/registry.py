@@ -39,13 +39,17 @@ class HandlerOptions(TypedDict, total=False):
     `max_attempts` (None: the settings' `default_max_attempts`) and `priority` (0) when the producer
     does not say; `timeout`, seconds or a timedelta that bounds every attempt (a job's own wins);
     `backoff(attempt, error)`, the delay before the next attempt (seconds or a timedelta) in place of
-    the settings' formula."""
+    the settings' formula. `batch_size` (an integer, 1 or more) makes the handler a batch handler,
+    called with a `JobBatch` of up to that many jobs claimed together; `batch_wait` (seconds or a
+    timedelta, default 0) waits up to that long for more once a batch has its first job."""
 
     queue: str
     max_attempts: int | None
     priority: int
     timeout: float | timedelta | None
     backoff: BackoffPolicy | None
+    batch_size: int | None
+    batch_wait: float | timedelta
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +64,31 @@ class Handler:
     timeout: float | None = None
     #: `backoff(attempt, error)` → seconds or timedelta before the next attempt; None: the settings'.
     backoff: BackoffPolicy | None = None
+    #: A batch handler's most jobs per call (None: not a batch handler, called with one job).
+    batch_size: int | None = None
+    #: Seconds a batch short of `batch_size` waits for more jobs after its first.
+    batch_wait: float = 0.0
+
+
+#: The largest `batch_size`: a batch's jobs are claimed, leased and renewed together.
+MAX_BATCH_SIZE = 10_000
+
+
+def batch_options(batch_size: object, batch_wait: object) -> tuple[int | None, float]:
+    """`batch_size` and `batch_wait` checked: an integer from 1 to `MAX_BATCH_SIZE`, and seconds or a
+    timedelta (0 or more) that only a batch handler may have."""
+    if batch_size is not None and (
+        isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_BATCH_SIZE
+    ):
+        raise InvalidJobError(f"batch_size must be an integer from 1 to {MAX_BATCH_SIZE}, got {batch_size!r:.80}")
+    if batch_wait is None:
+        return batch_size, 0.0
+    if not isinstance(batch_wait, int | float | timedelta) or isinstance(batch_wait, bool):
+        raise InvalidJobError(f"batch_wait must be seconds (a number) or a timedelta, got {batch_wait!r:.80}")
+    wait = seconds_or_none("batch_wait", batch_wait, allow_zero=True) or 0.0
+    if wait and batch_size is None:
+        raise InvalidJobError("batch_wait is for batch handlers: give batch_size too")
+    return batch_size, wait
 
 
 class Registry:
@@ -94,12 +123,15 @@ class Registry:
         backoff = options.get("backoff")
         if backoff is not None and not callable(backoff):
             raise TypeError(f"backoff must be a callable (attempt, error) -> seconds or timedelta, got {backoff!r}")
+        batch_size, batch_wait = batch_options(options.get("batch_size"), options.get("batch_wait"))
 
         def register(func: F) -> F:
             if type in self.handlers:
                 raise ValueError(f"job type {type!r} already has a handler: {self.handlers[type].func!r}")
             is_async = inspect.iscoroutinefunction(func)
-            self.handlers[type] = Handler(type, func, is_async, defaults, timeout_seconds, backoff)
+            self.handlers[type] = Handler(
+                type, func, is_async, defaults, timeout_seconds, backoff, batch_size, batch_wait
+            )
             return func
 
         return register
@@ -114,7 +146,8 @@ class Registry:
         """`App.task`: `func` as a `Task` that defers its jobs through `producer`, and its handler."""
         if not callable(func) or isinstance(func, type):
             raise TypeError(f"@app.task decorates a function, got {func!r}")
-        task = Task(producer, func, name if name is not None else default_type(func))
+        batch = options.get("batch_size") is not None
+        task = Task(producer, func, name if name is not None else default_type(func), batch=batch)
         self.job(task.type, **options)(task.handler())
         return task
 

@@ -29,7 +29,7 @@ from jobbus import encoding
 from jobbus.durations import resolve_available_at, seconds_or_none
 from jobbus.encoding import EncodingError
 from jobbus.errors import InvalidJobError, NonRetryableError
-from jobbus.execution import JobExecution, SyncJobExecution
+from jobbus.execution import JobBatch, JobExecution, SyncJobExecution
 from jobbus.requests import JobOptions, check_options
 
 P = ParamSpec("P")
@@ -72,10 +72,12 @@ class Task(Generic[P, R]):
     `defer_sync`, `delay` and ``options(...).defer`` as it checks a call of the function itself.
     """
 
-    def __init__(self, app: TaskProducer, func: Callable[P, R], type: str) -> None:
+    def __init__(self, app: TaskProducer, func: Callable[P, R], type: str, *, batch: bool = False) -> None:
         self.app = app
         self.func = func
         self.type = type
+        #: A batch task (`batch_size=`): its function is called with a `JobBatch` (see `handler`).
+        self.batch = batch
         self.is_async = inspect.iscoroutinefunction(func)
         self._signature = inspect.signature(func)
         self._resolved: dict[str, _Parameter] | None = None
@@ -156,6 +158,12 @@ class Task(Generic[P, R]):
         Raises `TypeError` when the arguments do not fit the signature or a value does not fit its
         annotation (or would not come back equal from JSON).
         """
+        if self.batch:
+            raise TypeError(
+                f"task {self.type} is a batch task: its function takes the JobBatch, not a job's arguments; "
+                f"schedule its jobs with app.schedule({self.type!r}, configuration) and read each one's "
+                "job.configuration in the batch"
+            )
         try:
             bound = self._signature.bind(*args, **kwargs)
         except TypeError as exc:
@@ -205,6 +213,8 @@ class Task(Generic[P, R]):
     def handler(self) -> Callable[..., Any]:
         """The job handler a worker calls: decode the arguments, call the function, encode its result."""
         func: Callable[..., Any] = self.func
+        if self.batch:
+            return self._batch_handler()
         if self.is_async:
 
             async def run_task(job: JobExecution) -> Any:
@@ -218,6 +228,22 @@ class Task(Generic[P, R]):
             return _result(func(*args, **kwargs))
 
         return run_sync_task
+
+    def _batch_handler(self) -> Callable[..., Any]:
+        """A batch task's handler: the function gets the `JobBatch` itself; the items of a list it returns
+        are stored as a task's return value is (an `Exception` item fails its job alone)."""
+        func: Callable[..., Any] = self.func
+        if self.is_async:
+
+            async def run_batch_task(batch: JobBatch[JobExecution]) -> Any:
+                return _batch_results(await func(batch))
+
+            return run_batch_task
+
+        def run_sync_batch_task(batch: JobBatch[SyncJobExecution]) -> Any:
+            return _batch_results(func(batch))
+
+        return run_sync_batch_task
 
     def _parameters(self) -> dict[str, _Parameter]:
         """Resolved on first use, not at decoration: annotations may name classes defined later."""
@@ -261,6 +287,24 @@ class TaskOptions(Generic[P, R]):
 def _result(value: Any) -> Any:
     """A task's return value as the job's JSON result (a dataclass or model becomes its JSON object)."""
     return None if value is None else encoding.to_json(value, what="the task's return value")
+
+
+def _batch_results(value: Any) -> Any:
+    """A batch task's return value: a list's items encoded as results (its exceptions kept as they are:
+    each fails its job, as does an item that cannot be encoded); anything else is left for the worker to
+    accept (None) or refuse."""
+    if not isinstance(value, list | tuple):
+        return value
+    return [_batch_item(item) for item in value]
+
+
+def _batch_item(item: Any) -> Any:
+    if isinstance(item, Exception):
+        return item
+    try:
+        return _result(item)
+    except Exception as exc:  # this job's result cannot be stored: this job alone fails
+        return exc
 
 
 def _hints(func: Callable[..., Any]) -> dict[str, Any]:

@@ -180,6 +180,64 @@ def work_sync(job: jobbus.SyncJobExecution) -> Any:
         log.write_sync("end", job, run=run, outcome=outcome)
 
 
+#: The batch handlers' `batch_size` (2 to 5) and `batch_wait`, drawn by the run from its seed.
+BATCH_SIZE = int(os.environ.get("MODEL_BATCH_SIZE", "3"))
+BATCH_WAIT = float(os.environ.get("MODEL_BATCH_WAIT", "0.3"))
+
+
+async def _batch_run(jobs: jobbus.JobBatch[jobbus.JobExecution]) -> list[Any]:
+    """Each job's start is logged, the batch works in slices for its jobs' longest `sleep`, and a job told
+    to stop (a lost lease, a cancellation, a shutdown, a timeout) leaves the work at once, its end logged:
+    as a handler of one job returns or is cancelled, so no job is worked on after its attempt ended."""
+    runs = {job.id: str(uuid.uuid4()) for job in jobs}
+    call = str(uuid.uuid4())
+    for job in jobs:
+        await log.write(
+            "start", job, run=runs[job.id], available_at=job.available_at.timestamp(), call=call, type=job.type
+        )
+    active = list(jobs)
+    try:
+        for _ in range(max(_slices(job) for job in jobs)):
+            for job in [job for job in active if job.cancellation_requested]:
+                active.remove(job)
+                await log.write("end", job, run=runs[job.id], outcome="cancelled")
+            await asyncio.sleep(SLICE)
+    except asyncio.CancelledError:
+        for job in active:
+            await log.write("end", job, run=runs[job.id], outcome="cancelled")
+        raise
+    for job in active:
+        await log.write("end", job, run=runs[job.id], outcome="returned")
+    return [{"pid": os.getpid(), "batch": len(jobs)} for _ in jobs]
+
+
+@app.job("model.batch", max_attempts=50, batch_size=BATCH_SIZE, batch_wait=BATCH_WAIT)
+async def batch(jobs: jobbus.JobBatch[jobbus.JobExecution]) -> list[Any]:
+    """A batch handler of model.work's jobs: up to `BATCH_SIZE` of them in one call."""
+    return await _batch_run(jobs)
+
+
+@app.job("model.batch_sync", max_attempts=50, batch_size=max(2, BATCH_SIZE - 1))
+def batch_sync(jobs: jobbus.JobBatch[jobbus.SyncJobExecution]) -> list[Any]:
+    """The sync twin of model.batch (no `batch_wait`): a thread that cannot be interrupted, which leaves
+    a job's work once the job is told to stop."""
+    runs = {job.id: str(uuid.uuid4()) for job in jobs}
+    call = str(uuid.uuid4())
+    for job in jobs:
+        log.write_sync(
+            "start", job, run=runs[job.id], available_at=job.available_at.timestamp(), call=call, type=job.type
+        )
+    active = list(jobs)
+    for _ in range(max(_slices(job) for job in jobs)):
+        for job in [job for job in active if job.cancellation_requested]:
+            active.remove(job)
+            log.write_sync("end", job, run=runs[job.id], outcome="cancelled")
+        time.sleep(SLICE)
+    for job in active:
+        log.write_sync("end", job, run=runs[job.id], outcome="returned")
+    return [{"pid": os.getpid(), "batch": len(jobs)} for _ in jobs]
+
+
 @app.job("model.fail", max_attempts=1)
 async def fail(job: jobbus.JobExecution) -> None:
     async def body() -> None:

@@ -289,6 +289,10 @@ class History:
     edits: list[Edit] = field(default_factory=list)
     #: (marker priority, count returned, db clock before, after) of each `update_many`.
     moves: list[tuple[int, int, float, float]] = field(default_factory=list)
+    #: batch handler call id -> the (job id, type, attempt) of each job it was called with.
+    batch_calls: dict[str, list[tuple[str, str, int]]] = field(default_factory=dict)
+    #: job type -> the `batch_size` its batch handler was registered with.
+    batch_sizes: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -349,6 +353,7 @@ def check(history: History) -> Report:
         *checker.windows(),
         *checker.secrets(),
         *checker.errors_written(),
+        *checker.batches(),
         *checker.end_state(),
     ]
     return Report(violations, measures, dict(history.exercised))
@@ -1327,6 +1332,30 @@ class _Checker:
         return False
 
     # -- the end ------------------------------------------------------------------------------------
+
+    def batches(self) -> Iterator[Violation]:
+        """SPEC 21: a batch handler's call holds at most `batch_size` jobs, all of its own type, each once
+        (and, through the other checks, each job of a batch keeps its own limits, lease and end state)."""
+        h = self.h
+        jobs = 0
+        biggest = 0
+        for call, members in sorted(h.batch_calls.items()):
+            jobs += len(members)
+            biggest = max(biggest, len(members))
+            types = {job_type for _, job_type, _ in members}
+            ids = [job_id for job_id, _, _ in members]
+            size = min((h.batch_sizes.get(job_type, 0) for job_type in types), default=0)
+            if len(types) != 1:
+                yield Violation("batches", f"batch call {call} held jobs of several types: {sorted(types)}")
+            if len(members) > size:
+                yield Violation(
+                    "batches", f"batch call {call} held {len(members)} jobs, over its batch_size {size}: {ids}"
+                )
+            if len(set(ids)) != len(ids):
+                yield Violation("batches", f"batch call {call} held a job twice: {ids}")
+        self.measures["batch_calls"] = float(len(h.batch_calls))
+        self.measures["batched_jobs"] = float(jobs)
+        self.measures["batch_largest"] = float(biggest)
 
     def end_state(self) -> Iterator[Violation]:
         for worker, pid, code in self.h.unexpected_exits:

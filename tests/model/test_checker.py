@@ -821,3 +821,32 @@ def test_an_update_that_succeeded_on_a_finished_job() -> None:
     h.transitions.append(Transition("j1", T0 + 0.3, "running", "completed", 1))
     h.ops.append(Op("update", "j1", T0 + 5.0, T0 + 5.05, "ok"))
     assert check(h).guarantees() == {"update"}
+
+
+def test_a_batch_call_within_its_batch_size_and_of_one_type_passes_and_is_measured() -> None:
+    h = clean()
+    h.batch_sizes = {"model.batch": 3}
+    h.batch_calls = {"c1": [("j1", "model.batch", 1), ("j2", "model.batch", 1)], "c2": [("j3", "model.batch", 1)]}
+    report = check(h)
+    assert report.ok, report.text()
+    assert (report.measures["batch_calls"], report.measures["batched_jobs"], report.measures["batch_largest"]) == (
+        2,
+        3,
+        2,
+    )
+
+
+def test_a_batch_call_over_its_batch_size_of_mixed_types_or_holding_a_job_twice_is_a_violation() -> None:
+    h = clean()
+    h.batch_sizes = {"model.batch": 2, "model.batch_sync": 2}
+    h.batch_calls = {
+        "big": [("j1", "model.batch", 1), ("j2", "model.batch", 1), ("j3", "model.batch", 1)],
+        "mixed": [("j4", "model.batch", 1), ("j5", "model.batch_sync", 1)],
+        "twice": [("j6", "model.batch", 1), ("j6", "model.batch", 1)],
+    }
+    report = check(h)
+    assert report.guarantees() == {"batches"}
+    text = report.text()
+    assert "batch call big held 3 jobs, over its batch_size 2" in text
+    assert "batch call mixed held jobs of several types" in text
+    assert "batch call twice held a job twice" in text

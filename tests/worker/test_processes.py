@@ -310,3 +310,32 @@ def test_a_second_signal_ends_a_shutdown_stuck_on_the_database_within_seconds(db
         assert time.monotonic() - started < 15
         blocker.rollback()
     assert code == 0
+
+
+def test_a_worker_killed_mid_batch_loses_nothing_each_job_is_recovered_on_its_own(
+    db: str, sync_app: jobbus.App
+) -> None:
+    ids = sync_app.sync.schedule_many("record_batch", [{"sleep": 60} for _ in range(5)])
+    with workers(db, 1, env=SHORT_LEASE) as (first,):
+        wait_until(lambda: len(executions(db)) == 5, what="the batch's call to start")
+        assert {pid for _, _, pid in executions(db)} == {first.pid}
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        assert {status_of(db, job_id) for job_id in ids} == {"running"}  # leases that will expire
+        second = start_worker(db, env=SHORT_LEASE)
+        try:
+            wait_until(
+                lambda: {status_of(db, job_id) for job_id in ids} == {"completed"},
+                timeout=30,
+                what="every job of the batch completed by the second worker",
+            )
+            second.send_signal(signal.SIGTERM)
+            code, out = finish(second)
+        finally:
+            second.kill()
+    assert code == 0, out
+    for job_id in ids:
+        job = sync_app.sync.find(job_id)
+        assert job is not None and (job.status, job.attempts) == (jobbus.JobStatus.COMPLETED, 2)
+        assert job.result == {"pid": second.pid, "attempt": 2}
+        assert [attempt for _, attempt, _ in executions(db, job_id)] == [1, 2]

@@ -6,7 +6,7 @@ import asyncio
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from jobbus.execution import AttemptSignals, JobExecution, StopReason
 from jobbus.models import ClaimedJob
@@ -48,6 +48,8 @@ class Attempt:
     fenced: bool = False
     #: When a cancellation was seen: cancels an async handler's task at the end of its grace.
     cancel_timer: asyncio.TimerHandle | None = field(default=None, repr=False)
+    #: The batch this attempt's job belongs to (a batch handler's); None for a handler of one job.
+    batch: Batch | None = field(default=None, repr=False)
 
     @property
     def id(self) -> Any:
@@ -95,6 +97,11 @@ class Attempt:
         ):
             self.cancelled_for = reason
             self.task.cancel()
+        elif (
+            self.task is None and self.batch is not None and self.handler.is_async and self.in_handler
+        ) and self.cancelled_for is None:  # a job of a batch run in one task (no task of its own)
+            self.cancelled_for = reason
+            self.batch.stop_alone(self)
 
     def log_extra(self, worker_id: str) -> dict[str, Any]:
         """Structured fields of a log line about this attempt; built only when a line is written."""
@@ -104,3 +111,40 @@ class Attempt:
             "attempt": self.claimed.attempts,
             "worker_id": worker_id,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What a batch handler's call answered for one job: its item (the job's result), or the exception
+    that fails it."""
+
+    item: Any = None
+    raised: BaseException | None = None
+
+
+class Batch(Protocol):
+    """The batch of a batch handler's job (`worker/batches.py`), as its attempt sees it."""
+
+    def arrive(self, attempt: Attempt) -> asyncio.Future[Answer]:
+        """The attempt waits for the batch's call: its answer comes in the future returned."""
+        ...
+
+    def withdraw(self, attempt: Attempt) -> None:
+        """The attempt ended before the call."""
+        ...
+
+    def member_done(self) -> None:
+        """The attempt's handler part is over."""
+        ...
+
+    def members_done(self, count: int) -> None:
+        """The handler part of `count` of its attempts is over."""
+        ...
+
+    def ended_alone(self) -> None:
+        """An attempt stopped waiting for the call (the worker cancelled it)."""
+        ...
+
+    def stop_alone(self, attempt: Attempt) -> None:
+        """The worker interrupted the attempt, a job of a batch run in one task: it ends alone now."""
+        ...

@@ -14,7 +14,7 @@ waits a moment for others so claims go out in batches.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from jobbus.models import ClaimedJob
@@ -44,6 +44,7 @@ class Claimer:
         queues: Sequence[str] | None,
         concurrency: int,
         poll_interval: float,
+        batch_sizes: Mapping[str, int] | None = None,
     ) -> None:
         self.store = store
         self.maintenance = maintenance
@@ -72,6 +73,11 @@ class Claimer:
         self.expired_ahead = False
         #: Whether the last claim read the pairs from the table (rather than from memory).
         self.read_fresh = False
+        #: The batch handlers' types this worker takes, and their batch sizes: a slot claims a batch.
+        self._batch_sizes = {t: n for t, n in (batch_sizes or {}).items() if t in self.types}
+        self._group_rotation = 0
+        #: Batch types with a batch still taking jobs (`batch_wait`): their jobs are left to it.
+        self.gathering: dict[str, int] = {}
 
     def serves(self, queue: str | None, job_type: str | None) -> bool:
         """Whether a notification about (queue, type) concerns this worker (None: it does not say)."""
@@ -108,8 +114,11 @@ class Claimer:
         self._limited = frozenset(await self._run(self.queue_settings.limited_queues()))
         self._pairs_read = time.monotonic()
 
-    async def claim(self, free: int, paused_queues: frozenset[str]) -> tuple[list[ClaimedJob], float]:
-        """Lease up to `free` jobs; returns them with the claim's send time (their leases started later)."""
+    async def claim(
+        self, free: int, paused_queues: frozenset[str], *, jobs_left: int | None = None
+    ) -> tuple[list[ClaimedJob], float]:
+        """Lease up to `free` jobs, or, of a batch handler's type, up to `free` batches of them (at most
+        `jobs_left` jobs in all); returns them with the claim's send time (their leases started later)."""
         self.read_fresh = time.monotonic() - self._pairs_read >= self.poll_interval
         if self.read_fresh:
             await self._read_pairs()
@@ -120,6 +129,8 @@ class Claimer:
             self.backlog = False
             self.limited_short = False
             return [], sent
+        if self._batch_sizes:
+            return await self._claim_with_batches(free, pairs, jobs_left, sent), sent
         claim: Claim = await self._run(
             self.store.claim_jobs(
                 worker_id=self.worker_id,
@@ -136,6 +147,76 @@ class Claimer:
         self.backlog = len(jobs) == free
         self.limited_short = len(jobs) < free and bool(self._limited.intersection(q for q, _ in pairs))
         return jobs, sent
+
+    async def _claim_with_batches(
+        self, free: int, pairs: list[tuple[str, str]], jobs_left: int | None, sent: float
+    ) -> list[ClaimedJob]:
+        """A worker with batch handlers claims each batch type apart from the other types, through the
+        same claim statement: `free` slots ask for `free` jobs of the other types, or `batch_size` times
+        the free slots of a batch type. The groups take turns at being claimed first. A type with a batch
+        still taking jobs is left to that batch, which claims for itself."""
+        groups: dict[str | None, list[tuple[str, str]]] = {}
+        gathering = self.gathering
+        for pair in pairs:
+            if pair[1] not in gathering:
+                groups.setdefault(pair[1] if pair[1] in self._batch_sizes else None, []).append(pair)
+        order = list(groups)
+        if len(order) > 1:
+            self._group_rotation = (self._group_rotation + 1) % len(order)
+            order = order[self._group_rotation :] + order[: self._group_rotation]
+        jobs: list[ClaimedJob] = []
+        left = free
+        self.expired_ahead = False
+        self.limited_short = False
+        for group in order:
+            if left <= 0 or (jobs_left is not None and jobs_left - len(jobs) <= 0):
+                break
+            size = 1 if group is None else self._batch_sizes[group]
+            limit = left * size
+            if jobs_left is not None:
+                limit = min(limit, jobs_left - len(jobs))
+            group_pairs = groups[group]
+            limited = sorted(self._limited.intersection(queue for queue, _ in group_pairs))
+            claim: Claim = await self._run(
+                self.store.claim_jobs(
+                    worker_id=self.worker_id,
+                    limit=limit,
+                    pairs=group_pairs,
+                    lease_seconds=self.settings.lease_seconds,
+                    max_payload_bytes=self.settings.max_payload_bytes,
+                    limited_queues=limited,
+                )
+            )
+            jobs.extend(claim.jobs)
+            left -= -(-len(claim.jobs) // size)  # the slots taken: one per job, or per batch begun
+            self.expired_ahead = self.expired_ahead or claim.expired_ahead
+            self.limited_short = self.limited_short or (len(claim.jobs) < limit and bool(limited))
+        self._last_claim = time.monotonic()
+        self.backlog = left <= 0
+        return jobs
+
+    async def claim_batch(
+        self, job_type: str, limit: int, paused_queues: frozenset[str]
+    ) -> tuple[list[ClaimedJob], float]:
+        """For a batch short of its size: lease up to `limit` more jobs of its type, through the claim
+        statement every job goes through (limits, leases and expiry as for any claim)."""
+        if time.monotonic() - self._pairs_read >= self.poll_interval:
+            await self._read_pairs()
+        pairs = [pair for pair in self._pairs if pair[1] == job_type and pair[0] not in paused_queues]
+        sent = time.monotonic()
+        if not pairs:
+            return [], sent
+        claim: Claim = await self._run(
+            self.store.claim_jobs(
+                worker_id=self.worker_id,
+                limit=limit,
+                pairs=pairs,
+                lease_seconds=self.settings.lease_seconds,
+                max_payload_bytes=self.settings.max_payload_bytes,
+                limited_queues=sorted(self._limited.intersection(queue for queue, _ in pairs)),
+            )
+        )
+        return claim.jobs, sent
 
     async def wait_for_limits(self, longest: float) -> float:
         """After a claim that limits cut short: how long until a rate window frees room (at most

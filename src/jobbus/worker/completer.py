@@ -113,6 +113,19 @@ class Completer(Service):
         current.callbacks.append(on_written)
         self._wakeup.set()
 
+    def submit_many(
+        self, outcomes: list[Outcome], lease_deadlines: list[float], on_written: Callable[[Written], None]
+    ) -> None:
+        """`submit` for the outcomes of a batch handler's call: handed in together, one callback for all."""
+        if self._closing and all(task.done() for task in self._tasks):
+            on_written({})
+            return
+        current = self._round
+        current.outcomes.extend(outcomes)
+        current.deadlines.extend(lease_deadlines)
+        current.callbacks.append(on_written)
+        self._wakeup.set()
+
     async def close(self, timeout: float) -> None:
         """Flush what is pending (at most `timeout` seconds), then stop."""
         self._closing = True

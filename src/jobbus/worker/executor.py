@@ -27,7 +27,7 @@ from jobbus.execution import StopReason, SyncJobExecution, enter_job, leave_job
 from jobbus.jsontext import UndecodableJson
 from jobbus.models import JobStatus
 from jobbus.registry import Registry
-from jobbus.worker.attempt import Attempt, Phase
+from jobbus.worker.attempt import Answer, Attempt, Batch, Phase
 from jobbus.worker.completer import Completer, Written
 from jobbus.worker.outcomes import Decision, OutcomePolicy, error_text, traceback_text
 
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
 
     from jobbus.store import Outcome
+    from jobbus.worker.batches import BatchCall
 
 logger = logging.getLogger("jobbus.worker")
 
@@ -51,6 +52,7 @@ class Executor:
         on_handler_done: Callable[[Attempt], None],
         on_slot_free: Callable[[Attempt], None],
         on_finished: Callable[[Attempt, JobStatus | None, str], None],
+        on_slots_free: Callable[[list[Attempt]], None] | None = None,
     ) -> None:
         self.registry = registry
         self.policy = policy
@@ -60,6 +62,10 @@ class Executor:
         self._on_handler_done = on_handler_done
         self._on_slot_free = on_slot_free
         self._on_finished = on_finished
+        #: The jobs of a batch run in one task free their slot together (`on_slot_free` of each by default).
+        self._on_slots_free = on_slots_free or self._each_slot_free
+        #: The tasks announcing the events of a batch's jobs (kept referenced until they end).
+        self._announcing: set[asyncio.Task[None]] = set()
         settings = policy.settings
         #: A handler starts only while its lease has this long to run, half-way between the whole lease
         #: and one heartbeat: the monitor's first renewal comes at most a heartbeat after the start.
@@ -95,6 +101,8 @@ class Executor:
                 decision = self._not_started(attempt)
             if decision is None:
                 decision, error = await self._call_handler(attempt)
+            elif attempt.batch is not None:
+                attempt.batch.withdraw(attempt)  # its batch's call goes on without it
             attempt.phase = Phase.WRITING
             self._on_slot_free(attempt)  # the next claim may use the slot while the outcome is written
             if decision.outcome is not None and scope is None and span is None and not events.active:
@@ -113,6 +121,8 @@ class Executor:
                 await events.emit(event)
         except Exception:
             logger.exception("job %s: internal error in the worker", attempt.id, extra=self._extra(attempt))
+            if attempt.batch is not None:
+                attempt.batch.withdraw(attempt)
         finally:
             if not handed_over:
                 self._end(attempt, status, kind, span, error, decision.outcome if decision is not None else None)
@@ -187,12 +197,213 @@ class Executor:
         return scope, None
 
     async def _call_handler(self, attempt: Attempt) -> tuple[Decision, BaseException | None]:
+        if attempt.batch is not None:
+            return await self._call_batched(attempt, attempt.batch)
         if attempt.timeout is not None:
             loop = asyncio.get_running_loop()
             attempt.timer = loop.call_later(attempt.timeout, self._time_out, attempt)
         if attempt.handler.is_async:
             return await self._call_async(attempt)
         return await self._call_sync(attempt)
+
+    def start_timer(self, attempt: Attempt) -> None:
+        """A batch's job: its timeout counts from the call of its batch's handler."""
+        if attempt.timeout is not None:
+            attempt.timer = asyncio.get_running_loop().call_later(attempt.timeout, self._time_out, attempt)
+
+    async def _call_batched(self, attempt: Attempt, batch: Batch) -> tuple[Decision, BaseException | None]:
+        """A batch's job waits for its batch's call and decides its own outcome from its answer. The
+        worker may cancel this wait (its timeout, a cancellation past its grace, a lost lease, a
+        shutdown): the job ends alone, the call goes on for the others."""
+        task = attempt.task
+        waiting = batch.arrive(attempt)
+        attempt.in_handler = True
+        try:
+            answer = await waiting
+        except asyncio.CancelledError as exc:
+            attempt.in_handler = False
+            self._returned(attempt)
+            if attempt.cancelled_for is not None:  # the worker cancelled it: shutdown, timeout, lost lease
+                if task is not None:
+                    task.uncancel()
+                batch.ended_alone()
+                return self.policy.after_error(attempt, exc, cancelled_by_worker=True), exc
+            raise  # cancelled from outside the worker: the host is tearing the loop down
+        attempt.in_handler = False
+        self._returned(attempt)
+        if answer.raised is not None:
+            return self.policy.after_error(attempt, answer.raised), answer.raised
+        return self.policy.after_return(attempt, answer.item), None
+
+    # -- a batch in one task ------------------------------------------------------------------------
+
+    async def run_batch(self, batch: BatchCall) -> None:
+        """A batch whose jobs need nothing of their own around their handler (no job scope, no span) runs
+        in this one task: each job still gets its own checks, timeout, interruption (it ends alone,
+        `stop_batched`), fenced outcome and events, and the outcomes go to the completer together. Per
+        job this saves a task, its wake-ups, a future and a completer callback."""
+        members = batch.members
+        try:
+            events = self.registry.events
+            if events.active:
+                for attempt in members:
+                    if attempt.in_handler:
+                        claimed = attempt.claimed
+                        await events.emit(JobStarted(claimed.id, claimed.type, claimed.queue, claimed.attempts))
+            decided: list[tuple[Attempt, Decision]] = []
+            waiting: list[Attempt] = []
+            latest = time.monotonic() + self._start_margin
+            for attempt in members:
+                if not attempt.in_handler:
+                    continue  # interrupted while the batch took jobs: it ended alone
+                decision = self._undecodable(attempt)
+                if decision is None and (latest > attempt.lease_deadline or attempt.lost or attempt.fenced):
+                    decision = self._not_started(attempt)
+                if decision is None:
+                    waiting.append(attempt)
+                else:
+                    attempt.in_handler = False
+                    decided.append((attempt, decision))
+            if decided:
+                self._hand_over(decided)
+            if not waiting:
+                return
+            answers = await self._call_batch(batch, waiting)
+            if answers is None:
+                return  # every job of the call ended alone
+            decided = []
+            returned = time.monotonic()
+            check = self._on_handler_done
+            for attempt, answer in zip(waiting, answers, strict=True):
+                if not attempt.in_handler:
+                    continue  # ended alone during the call: its item is ignored
+                attempt.in_handler = False
+                attempt.signals.close()  # `_returned`, with one reading of the clock for the batch
+                attempt.ran_seconds = returned - attempt.started
+                check(attempt)
+                if answer.raised is not None:
+                    decision = self.policy.after_error(attempt, answer.raised)
+                else:
+                    decision = self.policy.after_return(attempt, answer.item)
+                decided.append((attempt, decision))
+            self._hand_over(decided)
+        except Exception:
+            logger.exception(
+                "batch of %s: internal error in the worker",
+                batch.handler.type,
+                extra={"job_type": batch.handler.type, "worker_id": self.worker_id},
+            )
+        finally:
+            for attempt in members:
+                if attempt.phase is Phase.RUNNING:  # not handed over: an internal error, or the loop torn down
+                    attempt.in_handler = False
+                    self._end(attempt, None, "lost", None, None)
+
+    async def _call_batch(self, batch: BatchCall, waiting: list[Attempt]) -> list[Answer] | None:
+        """The handler's call for the jobs `waiting`, their timeouts counting from it (one timer for the
+        jobs that share a timeout); None when every one of them ended alone and the call was cancelled."""
+        loop = asyncio.get_running_loop()
+        timers: list[asyncio.TimerHandle] = []
+        timed: dict[float, list[Attempt]] = {}
+        for attempt in waiting:
+            if attempt.timeout is not None:
+                timed.setdefault(attempt.timeout, []).append(attempt)
+        for timeout, attempts in timed.items():
+            timers.append(loop.call_later(timeout, self._time_out_all, attempts))
+        batch.calling = True
+        try:
+            result = await batch.call_handler(waiting)
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if batch.abandoned:
+                if task is not None:
+                    task.uncancel()
+                return None
+            if task is not None and task.cancelling():
+                raise  # cancelled from outside the worker: the host is tearing the loop down
+            return [Answer(raised=exc)] * len(waiting)  # the handler's own CancelledError
+        except BaseException as exc:
+            return [Answer(raised=exc)] * len(waiting)
+        finally:
+            batch.calling = False
+            for timer in timers:
+                timer.cancel()
+        return batch.answers(result, len(waiting))
+
+    def _each_slot_free(self, attempts: list[Attempt]) -> None:
+        for attempt in attempts:
+            self._on_slot_free(attempt)
+
+    def _time_out_all(self, attempts: list[Attempt]) -> None:
+        for attempt in attempts:
+            self._time_out(attempt)
+
+    def stop_batched(self, batch: BatchCall, attempt: Attempt) -> None:
+        """A job of a batch run in one task was interrupted (its timeout, a cancellation past its grace, a
+        lost lease, a shutdown): it ends alone now, as the worker's cancellation of its handler."""
+        attempt.in_handler = False
+        self._returned(attempt)
+        exc = asyncio.CancelledError()
+        self._hand_over([(attempt, self.policy.after_error(attempt, exc, cancelled_by_worker=True))])
+
+    def _hand_over(self, decided: list[tuple[Attempt, Decision]]) -> None:
+        """Jobs of a batch whose outcome is decided free their part of its slot; their outcomes go to the
+        completer in one go, and the jobs end once they are written."""
+        for attempt, _ in decided:
+            attempt.phase = Phase.WRITING
+        self._on_slots_free([attempt for attempt, _ in decided])
+        writing = [(attempt, decision) for attempt, decision in decided if decision.outcome is not None]
+        if len(writing) < len(decided):  # nothing to write (no batch handler's outcome is so today)
+            for attempt, decision in decided:
+                if decision.outcome is None:
+                    self._end(attempt, None, _kind(decision, None), None, None)
+        if writing:
+            outcomes = [decision.outcome for _, decision in writing if decision.outcome is not None]
+            deadlines = [attempt.lease_deadline for attempt, _ in writing]
+            self.completer.submit_many(outcomes, deadlines, partial(self._all_written, writing))
+
+    def _all_written(self, writing: list[tuple[Attempt, Decision]], written: Written) -> None:
+        """`_written` for the jobs of a batch handed over together, once their round is written."""
+        finished = self._on_finished
+        announce = self.registry.events.active
+        ended: list[tuple[Attempt, JobStatus | None, str, JobEvent | None]] = []
+        for attempt, decision in writing:
+            try:
+                outcome = decision.outcome
+                assert outcome is not None
+                status, refusal = written.get(attempt.claimed.id, _NOT_WRITTEN)
+                if status is outcome.status and refusal is None:  # written as asked: the common case
+                    kind, event = decision.kind, decision.event
+                else:
+                    status, event = self._recorded(attempt, decision, status, refusal)
+                    kind = _kind(decision, status)
+                if attempt.timer is not None or attempt.cancel_timer is not None:
+                    attempt.stop_timers()
+                attempt.signals.close()
+                if announce:
+                    ended.append((attempt, status, kind, event))
+                else:
+                    finished(attempt, status, kind)
+            except Exception:
+                logger.exception("job %s: the bookkeeping after its outcome failed", attempt.claimed.id)
+        if ended:  # the jobs stay in flight until their events are announced, as a job's own task keeps it
+            task = asyncio.get_running_loop().create_task(self._announce(ended))
+            self._announcing.add(task)
+            task.add_done_callback(self._announcing.discard)
+
+    async def _announce(self, ended: list[tuple[Attempt, JobStatus | None, str, JobEvent | None]]) -> None:
+        """The events of jobs of a batch run in one task, once their outcomes are written; then their end."""
+        events = self.registry.events
+        done = 0
+        try:
+            for attempt, status, kind, event in ended:
+                if event is not None and events.active:
+                    await events.emit(event)
+                done += 1
+                self._on_finished(attempt, status, kind)
+        finally:
+            for attempt, status, kind, _ in ended[done:]:
+                self._on_finished(attempt, status, kind)
 
     def _time_out(self, attempt: Attempt) -> None:
         """At the timeout: an async handler is cancelled; a sync one is told (a thread cannot be
@@ -333,6 +544,10 @@ def _kind(decision: Decision, status: JobStatus | None) -> str:
         return "waiting" if decision.kind == "waiting" else "lost"
     asked = decision.outcome.status if decision.outcome is not None else None
     return decision.kind if status is asked else status.value
+
+
+#: What `written.get` gives a job whose outcome was not written (its lease was lost).
+_NOT_WRITTEN: tuple[None, None] = (None, None)
 
 
 class _Raised(Exception):

@@ -132,6 +132,11 @@ class Worker:
             queues=self.options.queues,
             concurrency=self.options.concurrency,
             poll_interval=self.poll_interval,
+            batch_sizes={
+                handler.type: handler.batch_size
+                for handler in self.registry.handlers.values()
+                if handler.batch_size is not None
+            },
         )
         self.control = ControlReader(
             store=self.workers,
