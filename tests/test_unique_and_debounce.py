@@ -463,3 +463,17 @@ def test_a_weighted_job_keeps_its_weight_through_a_window_or_debounce_and_a_heav
                 ' "weight": 4}\')'
             )
         assert _count(conn) == 3
+
+
+def test_run_now_of_a_parked_job_starts_it_as_soon_as_the_run_of_its_key_ends(dsn: str, sync_app: jobbus.App) -> None:
+    producer = sync_app.sync
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        first = producer.schedule("t", {"n": 1}, unique_key="k", debounce=0.01)
+        _make_available(conn, first)
+        (running,) = claim(sync_app, conn)
+        parked = producer.schedule("t", {"n": 2}, unique_key="k", debounce=3600)
+        producer.run_now(parked)
+        assert claim(sync_app, conn) == []  # never beside the run of its key
+        assert write(sync_app, conn, running, JobStatus.COMPLETED)
+        (job,) = claim(sync_app, conn)
+        assert job.id == parked

@@ -317,7 +317,8 @@ class SyncProducer(ABC):
 
     def run_now(self, job_id: uuid.UUID) -> None:
         """Make a queued job available at once (a delayed, retrying or parked one); anything else raises
-        `InvalidStateError`. A job parked in a durable wait that is not over parks again when it runs."""
+        `InvalidStateError`. A job parked in a durable wait that is not over parks again when it runs; a
+        debounced job waiting for the run of its key to end starts as soon as it ends."""
         before, done = self._run(self._app.store.run_job_now(plan.as_uuid(job_id)))
         plan.check_run_now(job_id, before, done)
 

@@ -548,12 +548,14 @@ DELETE FROM {schema}.job WHERE id = %(id)s AND status <> 'running';
 
 -- name: run_job_now
 -- `App.run_now`: a queued job becomes available at once (and workers are told); the status before is
--- returned, no row when there is no such job.
+-- returned, no row when there is no such job. A debounced job parked behind a run of its key (0030)
+-- cannot start beside it: it becomes available the moment that run ends.
 WITH old AS (
     SELECT id, status FROM {schema}.job WHERE id = %(id)s FOR UPDATE
 ), updated AS (
     UPDATE {schema}.job AS j
-    SET available_at = now()
+    SET available_at = CASE WHEN j.debounce_until IS NOT NULL THEN j.available_at ELSE now() END,
+        debounce_until = CASE WHEN j.debounce_until IS NOT NULL THEN now() END
     FROM old
     WHERE j.id = old.id AND old.status = 'queued'
     RETURNING j.queue, j.type
