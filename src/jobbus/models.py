@@ -78,6 +78,8 @@ class Job:
     expires_at: datetime | None = None
     #: The job's tags, in the order given (migration 0031; empty: none).
     tags: tuple[str, ...] = ()
+    #: What it counts against its queue's limits (`weight=`, migration 0028).
+    weight: int = 1
 
     @property
     def view(self) -> str:
@@ -116,7 +118,7 @@ def waiting_for(recorded: Any) -> str | None:
 
 #: The columns of the job table, in `Job`'s order (reads add `parent_id` and `steps` after them).
 JOB_COLUMNS: tuple[str, ...] = tuple(
-    name for name in Job.__dataclass_fields__ if name not in ("parent_id", "steps", "expires_at", "tags")
+    name for name in Job.__dataclass_fields__ if name not in ("parent_id", "steps", "expires_at", "tags", "weight")
 )
 
 

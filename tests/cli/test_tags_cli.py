@@ -112,3 +112,26 @@ def test_jobs_update_of_one_job_and_its_exit_codes(dsn: str) -> None:
         refused = jobbus(dsn, "jobs", "update", *args)
         assert refused.returncode == 64 and problem in refused.stderr, (args, refused.stderr)
     assert query_value(dsn, "SELECT priority FROM jobbus.job WHERE id = %s", job_id) == 9
+
+
+def test_schedule_takes_a_weight_a_window_and_a_debounce(dsn: str) -> None:
+    weighted = jobbus(dsn, "schedule", "t", "--weight", "3")
+    assert weighted.returncode == 0, weighted.stderr
+    assert query_value(dsn, "SELECT weight FROM jobbus.job WHERE id = %s", weighted.stdout.strip()) == 3
+    first = jobbus(dsn, "schedule", "w", "--unique-key", "daily", "--unique-for", "1d")
+    again = jobbus(dsn, "schedule", "w", "--unique-key", "daily", "--unique-for", "1d")
+    assert first.returncode == again.returncode == 0 and first.stdout == again.stdout
+    debounced = [
+        jobbus(dsn, "schedule", "d", "--unique-key", "u", "--debounce", "30s", "--config", f'{{"n": {n}}}')
+        for n in (1, 2)
+    ]
+    assert debounced[0].stdout == debounced[1].stdout
+    assert query_value(dsn, "SELECT configuration_data->>'n' FROM jobbus.job WHERE type = 'd'") == "2"
+    for args, problem in (
+        (("--weight", "0"), "--weight"),
+        (("--unique-for", "1d"), "unique_for needs a unique_key"),
+        (("--unique-key", "k", "--debounce", "soon"), "--debounce 'soon' is not a duration"),
+    ):
+        refused = jobbus(dsn, "schedule", "x", *args)
+        assert refused.returncode in (2, 64) and problem in refused.stderr, (args, refused.stderr)
+    assert query_value(dsn, "SELECT count(*) FROM jobbus.job WHERE type = 'x'") == 0

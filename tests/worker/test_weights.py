@@ -581,3 +581,14 @@ def test_the_weight_check_is_validated_by_the_migration(dsn: str) -> None:
             conn.execute(
                 "INSERT INTO jobbus.job (id, type, max_attempts, weight) VALUES (gen_random_uuid(), 't', 1, 0)"
             )
+
+
+def test_a_job_reads_back_with_its_weight_and_jobs_show_prints_it(dsn: str, sync_app: jobbus.App) -> None:
+    heavy = sync_app.sync.schedule("t", weight=4, tags=["w"])
+    plain = sync_app.sync.schedule("t")
+    found = sync_app.sync.find(heavy)
+    assert found is not None and found.weight == 4 and found.tags == ("w",)
+    assert {job.id: job.weight for job in sync_app.sync.list_jobs(type="t")} == {heavy: 4, plain: 1}
+    shown = cli(dsn, "jobs", "show", str(heavy))
+    assert shown.returncode == 0, shown.stderr
+    assert re.search(r"weight\s+4\b", shown.stdout), shown.stdout

@@ -311,6 +311,7 @@ def _job_detail(job: Job) -> Group:
         ("parent", str(job.parent_id) if job.parent_id else "-"),
         ("unique key", shown(job.unique_key or "-")),
         ("concurrency key", shown(job.concurrency_key or "-")),
+        ("weight", str(job.weight)),
         ("tags", shown(", ".join(job.tags) or "-")),
         ("timeout", f"{job.timeout_seconds:g} s" if job.timeout_seconds is not None else "-"),
         ("progress", progress_text(job)),

@@ -105,6 +105,21 @@ def parse_config(text: str | None) -> dict[str, Any]:
 @click.option("--group-id", metavar="UUID", help="Group the job with others (see group progress).")
 @click.option("--tag", "tags", multiple=True, metavar="TAG", help="A tag to find the job by (repeatable, at most 16).")
 @click.option(
+    "--weight", type=click.IntRange(1, 1_000_000), metavar="N", help="What it counts against its queue's limits (1)."
+)
+@click.option(
+    "--unique-for",
+    "unique_for_text",
+    metavar="DURATION",
+    help="With --unique-key: a job of the key scheduled less than this long ago answers the call.",
+)
+@click.option(
+    "--debounce",
+    "debounce_text",
+    metavar="DURATION",
+    help="With --unique-key: a queued job of the key takes this call's configuration and starts this long from now.",
+)
+@click.option(
     "--app",
     "app_spec",
     metavar="MODULE:ATTR",
@@ -124,6 +139,9 @@ def schedule_command(
     name: str | None,
     group_id: str | None,
     tags: tuple[str, ...],
+    weight: int | None,
+    unique_for_text: str | None,
+    debounce_text: str | None,
     app_spec: str | None,
     dsn: str | None,
 ) -> None:
@@ -172,6 +190,9 @@ def schedule_command(
         "group_id": group,
         "expires": parse_expires(expires_text) if expires_text else None,
         "tags": list(tags) or None,
+        "weight": weight,
+        "unique_for": parse_duration(unique_for_text, "--unique-for") if unique_for_text else None,
+        "debounce": parse_duration(debounce_text, "--debounce") if debounce_text else None,
     }
     try:  # everything the library would refuse (a configuration it cannot store too) before the database
         build_spec(JobRequest(job_type, configuration, **options), JobDefaults(), default_max_attempts=1)

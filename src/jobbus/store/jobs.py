@@ -753,13 +753,15 @@ def _expires(spec: JobSpec) -> bool:
 
 
 def job_from_row(row: Row) -> Job:
-    """A `Job` from a read of the job's columns followed by its parent, its steps, `expires_at` and `tags`."""
-    values = dict(zip(JOB_COLUMNS, row[:-4], strict=True))
+    """A `Job` from a read of the job's columns followed by its parent, its steps, `expires_at`, `tags` and
+    `weight`."""
+    values = dict(zip(JOB_COLUMNS, row[:-5], strict=True))
     values["status"] = JobStatus(values["status"])
-    values["parent_id"] = row[-4]
-    values["steps"] = row[-3] or {}
-    values["expires_at"] = row[-2]
-    values["tags"] = tuple(row[-1] or ())
+    values["parent_id"] = row[-5]
+    values["steps"] = row[-4] or {}
+    values["expires_at"] = row[-3]
+    values["tags"] = tuple(row[-2] or ())
+    values["weight"] = row[-1]
     return Job(**values)
 
 
@@ -783,6 +785,7 @@ def job_from_json(data: Mapping[str, Any]) -> Job:
     values["history"] = values["history"] or []
     values["steps"] = values["steps"] or {}
     values["tags"] = tuple(values["tags"] or ())
+    values["weight"] = values["weight"] or 1
     return Job(**values)
 
 

@@ -173,7 +173,7 @@ SELECT (SELECT max(finished_at) FROM {schema}.job WHERE finished_at IS NOT NULL)
 -- One job for its page: its parent (type and status too) and no steps. App.find reads every step, which
 -- for a parent of 10,000 children is 10,000 spawn steps; the page reads them bounded instead
 -- (dashboard_job_steps, dashboard_job_children).
-SELECT {columns}, parent_id, NULL::jsonb, expires_at, tags,
+SELECT {columns}, parent_id, NULL::jsonb, expires_at, tags, weight,
        (SELECT p.type FROM {schema}.job AS p WHERE p.id = j.parent_id),
        (SELECT p.status FROM {schema}.job AS p WHERE p.id = j.parent_id)
 FROM (SELECT *, (SELECT c.parent_id FROM {schema}.job_child AS c WHERE c.child_id = job.id) AS parent_id

@@ -568,14 +568,14 @@ FROM old;
 -- Reads add the job's parent (`Job.parent_id`) and durable steps (`Job.steps`) after its columns.
 SELECT {columns}, (SELECT c.parent_id FROM {schema}.job_child AS c WHERE c.child_id = j.id),
        (SELECT jsonb_object_agg(s.name, s.result) FROM {schema}.job_step AS s WHERE s.job_id = j.id),
-       j.expires_at, j.tags
+       j.expires_at, j.tags, j.weight
 FROM {schema}.job AS j WHERE id = %(id)s;
 
 -- name: find_jobs
 -- find_job for many ids at once (a page of a view read whole); the caller orders them.
 SELECT {columns}, (SELECT c.parent_id FROM {schema}.job_child AS c WHERE c.child_id = j.id),
        (SELECT jsonb_object_agg(s.name, s.result) FROM {schema}.job_step AS s WHERE s.job_id = j.id),
-       j.expires_at, j.tags
+       j.expires_at, j.tags, j.weight
 FROM {schema}.job AS j WHERE id = ANY(%(ids)s::uuid[]);
 
 -- name: group_progress
@@ -589,7 +589,7 @@ SELECT status, count(*) FROM {schema}.job WHERE group_id = %(group_id)s GROUP BY
 -- most one of them. %(tags)s keeps the jobs that have every one of those tags.
 SELECT {columns}, (SELECT c.parent_id FROM {schema}.job_child AS c WHERE c.child_id = j.id),
        (SELECT jsonb_object_agg(s.name, s.result) FROM {schema}.job_step AS s WHERE s.job_id = j.id),
-       j.expires_at, j.tags
+       j.expires_at, j.tags, j.weight
 FROM {schema}.job AS j
 WHERE ((%(statuses)s::text[] IS NULL AND %(views)s::text[] IS NULL) OR status = ANY(%(statuses)s::text[])
        OR (status = 'queued' AND %(views)s::text[] IS NOT NULL AND (
@@ -612,7 +612,7 @@ LIMIT %(limit)s;
 -- list_jobs, the newest first: pass the last id seen as %(after)s for the next (older) page.
 SELECT {columns}, (SELECT c.parent_id FROM {schema}.job_child AS c WHERE c.child_id = j.id),
        (SELECT jsonb_object_agg(s.name, s.result) FROM {schema}.job_step AS s WHERE s.job_id = j.id),
-       j.expires_at, j.tags
+       j.expires_at, j.tags, j.weight
 FROM {schema}.job AS j
 WHERE ((%(statuses)s::text[] IS NULL AND %(views)s::text[] IS NULL) OR status = ANY(%(statuses)s::text[])
        OR (status = 'queued' AND %(views)s::text[] IS NOT NULL AND (
