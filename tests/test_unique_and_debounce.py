@@ -181,8 +181,10 @@ def test_a_call_during_a_run_waits_for_its_end_and_is_not_lost(dsn: str, sync_ap
         assert producer.schedule("t", {"n": 9}, unique_key="k") in (first, second)
         assert _rows(conn) == [(first, "running", {"n": 1}, False, False), (second, "queued", {"n": 3}, True, True)]
         wait_until(
-            lambda: conn.execute("SELECT now() > debounce_until FROM jobbus.job WHERE id = %s", (second,)).fetchone()
-            == (True,),
+            lambda: (
+                conn.execute("SELECT now() > debounce_until FROM jobbus.job WHERE id = %s", (second,)).fetchone()
+                == (True,)
+            ),
             what="the parked job's debounce to pass",
         )
         assert claim(sync_app, conn) == []  # parked while the key runs, however late
