@@ -403,7 +403,7 @@ def test_a_parked_debounced_job_keeps_waiting_for_its_run_and_a_heavy_job_is_not
         assert parked != running.id
         producer.update(parked, available_at=timedelta(hours=2), priority=5)
         row = conn.execute(
-            "SELECT available_at >= '9000-01-01', debounce_until > now() + interval '1 hour', priority"
+            "SELECT available_at = jobbus.never(), debounce_until > now() + interval '1 hour', priority"
             " FROM jobbus.job WHERE id = %s",
             (parked,),
         ).fetchone()

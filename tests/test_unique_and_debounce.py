@@ -25,7 +25,7 @@ from tests.storehelpers import claim, write
 
 def _rows(conn: psycopg.Connection[Any], job_type: str = "t") -> list[tuple[Any, ...]]:
     return conn.execute(
-        "SELECT id, status, configuration_data, available_at >= '9000-01-01', debounce_until IS NOT NULL"
+        "SELECT id, status, configuration_data, available_at = jobbus.never(), debounce_until IS NOT NULL"
         " FROM jobbus.job WHERE type = %s ORDER BY created_at, id",
         (job_type,),
     ).fetchall()

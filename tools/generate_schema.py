@@ -463,7 +463,9 @@ def render_file(program: Program) -> str:
 
 
 def generate(conn: psycopg.Connection[Any]) -> str:
-    """current.sql as the server of `conn` prints it; `conn` is to an empty database, in autocommit."""
+    """current.sql as the server of `conn` prints it; `conn` is to an empty database, in autocommit. The
+    session's time zone is UTC: a timestamptz constant in a CHECK prints in it (job_debounce_parked_check)."""
+    conn.execute("SET TimeZone = 'UTC'")
     return render_file(build(conn))
 
 

@@ -40,7 +40,7 @@ BREAKS: tuple[Break, ...] = (
     Break(
         name="per-key-limit-forgets-the-first-pass",
         promise="concurrency_per_key counts the jobs of the key the same claim took in an earlier pass",
-        file=f"{MIGRATIONS}/0012_exact_limits.sql",
+        file=f"{MIGRATIONS}/0028_job_weights.sql",
         original="                v_held := v_held + coalesce((v_mine ->> v_key)::integer, 0);\n",
         replacement="",
         tests=(
@@ -61,7 +61,7 @@ BREAKS: tuple[Break, ...] = (
     Break(
         name="rate-limit-without-its-window",
         promise="a queue's rate_limit counts the starts within its window",
-        file=f"{MIGRATIONS}/0012_exact_limits.sql",
+        file=f"{MIGRATIONS}/0028_job_weights.sql",
         original="s.started_at > v_now - make_interval(secs => v_setting.rate_period_seconds);",
         replacement="s.started_at > v_now;",
         tests=("tests/worker/test_flow_claims.py::test_a_rate_limit_holds_when_the_worker_serves_another_queue",),
@@ -143,7 +143,7 @@ BREAKS: tuple[Break, ...] = (
     Break(
         name="expiry-cancels-a-started-job",
         promise="expiry concerns only a job's first start: a retry after it runs",
-        file=f"{MIGRATIONS}/0023_expiry_first_start_payload_size.sql",
+        file=f"{MIGRATIONS}/0028_job_weights.sql",
         original="j.expires_at <= v_clock AND j.started_at IS NULL",
         replacement="j.expires_at <= v_clock",
         count=8,
@@ -152,7 +152,7 @@ BREAKS: tuple[Break, ...] = (
     Break(
         name="expired-job-starts",
         promise="a job past its expiry before its first start is never claimed and ends cancelled",
-        file=f"{MIGRATIONS}/0023_expiry_first_start_payload_size.sql",
+        file=f"{MIGRATIONS}/0028_job_weights.sql",
         original="j.expires_at <= v_clock AND j.started_at IS NULL",
         replacement="false",
         count=8,
@@ -177,7 +177,7 @@ BREAKS: tuple[Break, ...] = (
     Break(
         name="unique-window-without-its-lock",
         promise="calls with a uniqueness window on one key, racing, schedule one job per window",
-        file=f"{MIGRATIONS}/0030_unique_windows_and_debounce_functions.sql",
+        file=f"{MIGRATIONS}/0031_tags.sql",
         original="PERFORM pg_advisory_xact_lock({schema}.wait_lock('unique:'",
         replacement="PERFORM length({schema}.wait_lock('unique:'",
         tests=("tests/test_unique_and_debounce.py::test_racing_window_calls_from_python_and_sql_schedule_one_job",),
@@ -185,7 +185,7 @@ BREAKS: tuple[Break, ...] = (
     Break(
         name="debounce-job-never-parked",
         promise="a debounced call during a run of its key waits for that run's end (never two runs at once)",
-        file=f"{MIGRATIONS}/0030_unique_windows_and_debounce_functions.sql",
+        file=f"{MIGRATIONS}/0031_tags.sql",
         original="                CASE WHEN v_parked THEN {schema}.never()\n",
         replacement="                CASE WHEN false THEN {schema}.never()\n",
         tests=("tests/test_unique_and_debounce.py::test_a_call_during_a_run_waits_for_its_end_and_is_not_lost",),

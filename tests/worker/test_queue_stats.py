@@ -271,7 +271,7 @@ def test_a_worker_role_granted_before_this_release_samples_without_new_grants(em
         conn.execute(schema.script("jobbus").split("\n-- 0016_")[0].encode())
 
     def earlier(script: str) -> str:
-        return without_lines(script, "sample_queues", CLAIM_OF_MIGRATION_23, *WEIGHTS_OF_MIGRATION_28)
+        return without_lines(script, "sample_queues", CLAIM_OF_MIGRATION_23, *WEIGHTS_OF_MIGRATION_28, "schedule_keyed")
 
     with granted_roles(empty_dsn, ("worker", "operator", "observer"), edit=earlier) as roles:
         with psycopg.connect(empty_dsn, autocommit=True) as conn:
