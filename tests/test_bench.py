@@ -4,6 +4,7 @@ bench/round_trips.py sends (a test database)."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import re
@@ -19,6 +20,7 @@ from jobbus import schema
 from jobbus.requests import JobRequest
 from jobbus.store import Statement
 from jobbus.store.statements import queries
+from jobbus.worker.producer import Producer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -151,6 +153,72 @@ def test_a_claim_function_the_edits_no_longer_fit_stops_the_benchmark() -> None:
         unused_features.strip_claim_function(expiry_elsewhere, where)
 
 
+def test_the_weights_edit_records_starts_without_their_weight_and_composes_with_the_limits_edit() -> None:
+    shipped, where = unused_features.claim_function_template()
+    assert re.search(r"\bc\.weight\b", _code(shipped))
+
+    unweighted = unused_features.stripped_claim_function(("weights",))
+    both = unused_features.stripped_claim_function(("weights", "limits"))
+
+    assert not re.search(r"\b(weight|units)\b", _code(unweighted))
+    assert 'INSERT INTO "jobbus".queue_start (queue, concurrency_key, started_at)\n' in unweighted
+    assert "take_limited" in unweighted and "expires_at" in unweighted  # flow control and expiry stay
+    assert both == unused_features.stripped_claim_function(("limits", "weights"))  # one order, whatever the variant's
+    for word in ("weight", "units", "take_limited", "queue_start", "expires_at"):
+        assert not re.search(rf"\b{word}\b", _code(both))
+    with pytest.raises(unused_features.SqlChanged, match="the units of the starts recorded"):
+        unused_features.edit_claim_function(shipped.replace("c.weight", "j.weight"), where, ("weights",))
+
+
+async def test_the_spec_21_schema_strips_apply_to_the_shipped_schema_and_a_plain_drain_runs_on_it(dsn: str) -> None:
+    removed = ("weights", "debounce", "tags", "limits", "workflows")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        unused_features.strip_claim(conn, removed)
+        for name in removed:
+            strip = unused_features.FEATURES[name].database
+            if strip is not None:
+                strip(conn)
+        triggers = {
+            row[0] for row in conn.execute("SELECT tgname FROM pg_trigger WHERE tgrelid = 'jobbus.job'::regclass")
+        }
+        constraints = {
+            row[0] for row in conn.execute("SELECT conname FROM pg_constraint WHERE conrelid = 'jobbus.job'::regclass")
+        }
+        columns = {
+            row[0]
+            for row in conn.execute(
+                "SELECT attname FROM pg_attribute WHERE attrelid = 'jobbus.job'::regclass AND NOT attisdropped"
+            )
+        }
+        claim = conn.execute("SELECT prosrc FROM pg_proc WHERE proname = 'claim_jobs' AND pronargs = 8").fetchone()
+    assert not triggers & {"job_debounce_finished", "job_debounce_deleted", "job_key_moved"}
+    assert not constraints & {"job_debounce_parked_check", "job_weight_check"}
+    assert "weight" not in columns and {"tags", "unique_key", "debounce_until"} <= columns
+    assert claim is not None and "weight" not in claim[0] and "take_limited" not in claim[0]
+
+    app = apps.make_app(dsn)
+    async with app:
+        await app.schedule_many(harness.NOOP, [{}] * 30)
+        await app.run_worker(concurrency=10, stop_when_empty=True, install_signal_handlers=False)
+    with psycopg.connect(dsn) as conn:
+        statuses = conn.execute("SELECT status, count(*) FROM jobbus.job GROUP BY status").fetchall()
+    assert statuses == [("completed", 30)]
+    with psycopg.connect(dsn, autocommit=True) as conn, pytest.raises(psycopg.errors.UndefinedObject):
+        unused_features.strip_tags(conn)  # gone already: a renamed trigger fails the strip the same way
+
+
+def test_the_batches_edit_takes_only_the_batch_diversion_out_of_the_shipped_start() -> None:
+    shipped = inspect.getsource(Producer._start)
+
+    edited = unused_features.start_without_batches()
+
+    assert "batch_size" in shipped and "batch_size" not in edited
+    assert "_start_batches" not in edited and "self.executor.start(attempt, tracer)" in edited
+    assert len(edited.splitlines()) == len(shipped.splitlines()) - 6
+    with pytest.raises(unused_features.SourceChanged, match="expected these lines once"):
+        unused_features.start_without_batches(shipped.replace("batched.append(claimed)", "batched += [claimed]"))
+
+
 def test_the_history_edit_cuts_only_the_history_entry_of_each_shipped_outcome_statement() -> None:
     shipped = queries("jobbus")
 
@@ -176,7 +244,9 @@ def test_the_worker_process_strips_apply_to_the_shipped_worker() -> None:
         "import jobbus\n"
         "from bench import apps\n"
         "worker = jobbus.Worker(apps.make_app('postgresql://unused.invalid/bench'))\n"
-        "print(type(worker.observers).__name__, bool(worker.observers), jobbus.tracing.current_tracer())\n"
+        "from jobbus.worker.producer import Producer\n"
+        "print(type(worker.observers).__name__, bool(worker.observers), jobbus.tracing.current_tracer(),\n"
+        "      '_start_batches' in Producer._start.__code__.co_names)\n"
     )
     strips = ",".join(unused_features.FEATURES)
 
@@ -189,7 +259,7 @@ def test_the_worker_process_strips_apply_to_the_shipped_worker() -> None:
         check=False,
     )
 
-    assert (probe.returncode, probe.stdout) == (0, "NoObservers False None\n"), probe.stderr
+    assert (probe.returncode, probe.stdout) == (0, "NoObservers False None False\n"), probe.stderr
     assert driver.returncode == 0, driver.stderr
     assert driver.stdout.startswith("usage: ")
 
