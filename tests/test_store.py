@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import threading
 import uuid
 from collections import Counter
@@ -70,6 +71,62 @@ def test_a_claim_takes_the_free_jobs_at_once_past_one_another_transaction_holds(
         assert sorted(j.id for j in jobs) == sorted(ids[1:])
         holder.rollback()
     assert [j.id for j in claim(sync_app, conn, 3)] == [ids[0]]
+
+
+@pytest.mark.parametrize("split", ["priority", "type"])
+def test_a_claim_takes_the_next_group_when_another_transaction_holds_the_first(
+    sync_app: jobbus.App, dsn: str, conn: Any, split: str
+) -> None:
+    """Regression: a claim over several (type, priority) groups shared what it wanted among them by their
+    heads, counted without locks; heads held by another transaction (a claim, the leader cancelling
+    expired jobs) left it empty-handed while the next group's jobs were free, and a draining worker
+    stopped with jobs queued."""
+    if split == "priority":
+        held = sync_app.sync.schedule_many("t", [{} for _ in range(3)], priority=5)
+        free = sync_app.sync.schedule_many("t", [{} for _ in range(3)], priority=0)
+        types: tuple[str, ...] = ("t",)
+    else:
+        held = sync_app.sync.schedule_many("t", [{} for _ in range(3)], available_at=timedelta(seconds=-60))
+        free = sync_app.sync.schedule_many("u", [{} for _ in range(3)])
+        types = ("t", "u")
+    with psycopg.connect(dsn) as holder:
+        holder.execute("SELECT 1 FROM jobbus.job WHERE id = ANY(%s) FOR UPDATE", (held,))
+        conn.execute("SET statement_timeout = '2s'")
+        assert sorted(j.id for j in claim(sync_app, conn, 3, types=types)) == sorted(free)
+        holder.rollback()
+    assert sorted(j.id for j in claim(sync_app, conn, 5, types=types)) == sorted(held)
+
+
+def test_a_claim_takes_every_free_job_it_can_whatever_other_transactions_hold(
+    sync_app: jobbus.App, dsn: str, conn: Any
+) -> None:
+    """Random groups of types and priorities, a random part of them held by another transaction: a claim
+    takes min(limit, free jobs), never a held one, in claim order while nothing is held."""
+    rng = random.Random(2026_12_07)
+    for _ in range(25):
+        conn.execute("DELETE FROM jobbus.job")
+        ids: list[uuid.UUID] = []
+        for job_type in rng.sample(["t", "u", "v"], rng.randint(1, 3)):
+            for priority in rng.sample(range(4), rng.randint(1, 3)):
+                ids += sync_app.sync.schedule_many(
+                    job_type,
+                    [{} for _ in range(rng.randint(1, 6))],
+                    priority=priority,
+                    available_at=timedelta(seconds=-rng.randint(0, 100)),
+                )
+        held = set(rng.sample(ids, rng.randint(0, len(ids))))
+        limit = rng.randint(1, len(ids) + 2)
+        with psycopg.connect(dsn) as holder:
+            holder.execute("SELECT 1 FROM jobbus.job WHERE id = ANY(%s) FOR UPDATE", (list(held),))
+            jobs = claim(sync_app, conn, limit, types=("t", "u", "v"))
+            holder.rollback()
+        taken = {j.id for j in jobs}
+        assert len(taken) == len(jobs) == min(limit, len(ids) - len(held)) and not taken & held, (limit, len(held))
+        if not held:
+            order = conn.execute(
+                "SELECT id FROM jobbus.job WHERE id = ANY(%s) ORDER BY priority DESC, available_at, id", (ids,)
+            ).fetchall()
+            assert taken == {row[0] for row in order[:limit]}
 
 
 def test_claim_order_is_priority_then_available_at_then_id(sync_app: jobbus.App, conn: Any) -> None:

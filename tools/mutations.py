@@ -32,10 +32,21 @@ BREAKS: tuple[Break, ...] = (
     Break(
         name="claim-waits-for-locked-jobs",
         promise="a claim skips jobs another transaction holds (SKIP LOCKED) and takes the free ones at once",
-        file=f"{MIGRATIONS}/0005_leader_and_queue_claims.sql",
+        file=f"{MIGRATIONS}/0033_claim_past_held_rows.sql",
         original="            LIMIT v_counts[v_group]\n            FOR UPDATE SKIP LOCKED",
         replacement="            LIMIT v_counts[v_group]\n            FOR UPDATE",
         tests=("tests/test_store.py::test_a_claim_takes_the_free_jobs_at_once_past_one_another_transaction_holds",),
+    ),
+    Break(
+        name="claim-stops-at-held-heads",
+        promise="a claim over several groups takes from the next group the jobs another transaction holds in the first",
+        file=f"{MIGRATIONS}/0033_claim_past_held_rows.sql",
+        original="    IF v_short AND cardinality(v_types) > 1 THEN",
+        replacement="    IF false THEN",
+        tests=(
+            "tests/test_store.py::test_a_claim_takes_the_next_group_when_another_transaction_holds_the_first",
+            "tests/test_store.py::test_a_claim_takes_every_free_job_it_can_whatever_other_transactions_hold",
+        ),
     ),
     Break(
         name="per-key-limit-forgets-the-first-pass",

@@ -202,7 +202,11 @@ def test_a_sleeping_workflow_outlives_its_worker_and_its_children_run_on_two_pro
     assert (job.status, job.result, job.attempts) == (JobStatus.COMPLETED, sum(range(20)), 1)
     assert _effect_names(dsn, job_id) == ["charge", "finish"]
     assert query(dsn, "SELECT count(*) FROM jobbus.job WHERE type = 'wf.noop'") == [(20,)]
-    assert [entry["outcome"] for entry in job.history] == ["waiting", "waiting", "completed"]
+    # Parked in its sleep, then in its wait unless the other process ran all 20 children before it got there.
+    assert [entry["outcome"] for entry in job.history] in (
+        ["waiting", "waiting", "completed"],
+        ["waiting", "completed"],
+    )
 
 
 def _effect_names(dsn: str, job_id: Any) -> list[str]:
