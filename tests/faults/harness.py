@@ -70,7 +70,11 @@ class Fleet:
         self.env = env or {}
         self.app = app
         self.procs: dict[str, subprocess.Popen[str]] = {}
+        self.logs: dict[str, Path] = {}
         self.restarts = 0
+        #: What the database held when the fleet was told to stop: printed with the logs if the test fails.
+        self.state_at_stop = ""
+        STARTED.append(self)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         for n in range(count):
@@ -87,6 +91,7 @@ class Fleet:
         log = LOGS / f"{ports}-{worker_id}.log"
         threading.Thread(target=_copy_output, args=(proc, log), daemon=True).start()
         self.procs[worker_id] = proc
+        self.logs[worker_id] = log
 
     def _supervise(self) -> None:
         while not self._stop.wait(0.1):
@@ -96,6 +101,14 @@ class Fleet:
                         self.restarts += 1
                         self._spawn(worker_id)
 
+    def explain(self, lines: int = 40) -> str:
+        """The database's state at stop and the end of each worker's log."""
+        parts = [self.state_at_stop]
+        for worker_id, log in self.logs.items():
+            tail = log.read_text(errors="replace").splitlines()[-lines:] if log.exists() else []
+            parts.append(f"--- {worker_id} ({log}), last {len(tail)} lines:\n" + "\n".join(tail))
+        return "\n".join(parts)
+
     def signal_one(self, worker_id: str, sig: signal.Signals) -> None:
         with self._lock:
             proc = self.procs[worker_id]
@@ -103,6 +116,7 @@ class Fleet:
                 proc.send_signal(sig)
 
     def stop(self) -> list[int]:
+        self.state_at_stop = database_state(self.dsn)
         self._stop.set()
         self._supervisor.join()
         codes = []
@@ -117,6 +131,28 @@ class Fleet:
                 proc.kill()
                 codes.append(proc.wait())
         return codes
+
+
+#: Fleets started by the running test (tests/faults/conftest.py prints them when it fails).
+STARTED: list[Fleet] = []
+
+
+def database_state(dsn: str) -> str:
+    """Jobs by status (running ones by lease), the leader and the worker rows: why a wait may have timed out."""
+    try:
+        with psycopg.connect(dsn, connect_timeout=2, autocommit=True) as conn:
+            jobs = conn.execute(
+                "SELECT status, CASE WHEN status <> 'running' THEN '' WHEN lease_expires_at < now()"
+                " THEN 'lease expired' ELSE 'lease live' END, count(*), min(available_at) - now()"
+                " FROM jobbus.job GROUP BY 1, 2 ORDER BY 1, 2"
+            ).fetchall()
+            leader = conn.execute("SELECT worker_id, expires_at - now() FROM jobbus.leader").fetchall()
+            workers = conn.execute(
+                "SELECT id, state, in_flight, now() - last_seen_at FROM jobbus.worker ORDER BY id"
+            ).fetchall()
+    except psycopg.Error as exc:
+        return f"database state at stop: unreadable ({exc})"
+    return f"database state at stop: jobs {jobs}; leader {leader}; workers {workers}"
 
 
 def _copy_output(proc: subprocess.Popen[str], log: Path) -> None:
