@@ -77,6 +77,7 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=200)
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--handler-batch", type=int, default=0, help="the no-op as a batch handler of this size")
     args = parser.parse_args()
     py_spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
     if py_spy is None:
@@ -94,6 +95,8 @@ def main() -> int:
             parse_result(driver, proc.returncode, proc.stdout, proc.stderr)
         raw = OUT / "drain.raw.txt"
         drain = [*driver, "drain", "--dsn", dsn, "--concurrency", str(args.concurrency)]
+        if args.handler_batch:
+            drain += ["--handler-batch", str(args.handler_batch)]
         started = time.perf_counter()
         proc = subprocess.run(
             [py_spy, "record", "--rate", str(args.rate), "--format", "raw", "-o", str(raw), "--", *drain],
@@ -107,7 +110,8 @@ def main() -> int:
         server.drop_database(name)
     text, totals = summarise(raw, int(result["count"]), args.rate, args.top)
     header = (
-        f"drain of {result['count']:,} no-op jobs, concurrency {args.concurrency}, under py-spy: "
+        f"drain of {result['count']:,} no-op jobs, concurrency {args.concurrency}"
+        f"{f', batches of {args.handler_batch}' if args.handler_batch else ''}, under py-spy: "
         f"{result['steady']:,.0f} jobs/s steady, {elapsed:.1f} s in all"
     )
     report = header + "\n" + text

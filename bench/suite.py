@@ -57,9 +57,10 @@ QUICK = Sizes(single=500, drain_large=30_000, latency=100, finished=200_000, flo
 
 
 #: The flow-control drains: label and the drivers' `--limit` (see bench/harness.py).
-#: The batched drain (`Suite.batched`): jobs per call of the batch handler, and the worker's concurrency.
+#: The batched drain (`Suite.batched`): jobs per call of the batch handler, and the worker concurrencies
+#: it is measured at (its best is compared, as the unbatched drain's best setting is).
 BATCH_DRAIN_SIZE = 100
-BATCH_DRAIN_CONCURRENCY = 10
+BATCH_DRAIN_CONCURRENCIES = (10, 20, 50)
 LIMITED_DRAINS = [("unlimited", ""), ("queue limit 100", "queue=100"), ("1,000 keys, 1 each", "keys=1000")]
 #: Which limits each system has: pgqueuer's entrypoint `concurrency_limit`, procrastinate's `lock`.
 #: graphile-worker has no limit per queue, and its named queues (one job at a time each) cannot be drained
@@ -637,21 +638,23 @@ class Suite:
                             self.record_drain("drain_limited", system, setting, n, figures, run)
 
     def batched(self) -> None:
-        """jobbus's drain of no-op jobs by a batch handler (`BATCH_DRAIN_SIZE` jobs a call, concurrency
-        `BATCH_DRAIN_CONCURRENCY`) beside the same drain by a handler of one job at jobbus's best
-        setting, interleaved run by run, on one database."""
-        jobs = self.sizes.drain_small
+        """jobbus's drain of `drain_large` no-op jobs by a batch handler (`BATCH_DRAIN_SIZE` jobs a call)
+        at each of `BATCH_DRAIN_CONCURRENCIES`, beside the same drain by a handler of one job at jobbus's
+        best setting, interleaved run by run, on one database. A large drain, so that the steady window
+        holds many waves of batches and start to exit is not mostly start-up."""
+        jobs = self.sizes.drain_large
         with self.databases("drain_batched") as dbs:
             for run in range(self.runs):
                 for system in self.systems:
                     if system.name != "jobbus" or system.name not in dbs:
                         continue
                     best = system.best_setting
-                    plain = Setting(f"one job a call ({best.label})", best.concurrency, best.batch)
-                    batched = Setting(
-                        f"batch {BATCH_DRAIN_SIZE} (c{BATCH_DRAIN_CONCURRENCY})", BATCH_DRAIN_CONCURRENCY, best.batch
-                    )
-                    for setting, handler_batch in ((plain, 0), (batched, BATCH_DRAIN_SIZE)):
+                    settings = [(Setting(f"one job a call ({best.label})", best.concurrency, best.batch), 0)]
+                    settings += [
+                        (Setting(f"batch {BATCH_DRAIN_SIZE} (c{c})", c, best.batch), BATCH_DRAIN_SIZE)
+                        for c in BATCH_DRAIN_CONCURRENCIES
+                    ]
+                    for setting, handler_batch in settings:
                         with self.guarded("drain_batched", system):
                             n = system.drain_size(jobs)
                             figures = self.drain_once(
