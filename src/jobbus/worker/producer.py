@@ -43,6 +43,8 @@ from jobbus.worker.outcomes import OutcomePolicy
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
 
+    from jobbus.registry import Handler
+
 logger = logging.getLogger("jobbus.worker")
 
 #: An open batch (`batch_wait`) claims for its missing jobs at each announcement of its type, and at
@@ -252,27 +254,13 @@ class Producer:
         Returns the slots taken: one per job, one per batch of a batch handler's jobs."""
         tracer = tracing.current_tracer()
         handlers = self.registry.handlers
-        build_job_spec = self.registry.build_job_spec
         batched: list[ClaimedJob] = []
         for claimed in jobs:
             handler = handlers[claimed.type]
             if handler.batch_size is not None:
                 batched.append(claimed)
                 continue
-            signals = AttemptSignals(cancelled=claimed.cancellation_requested)
-            attempt = Attempt(claimed, handler, signals, sent + self.settings.lease_seconds)
-            attempt.execution = JobExecution(
-                claimed,
-                self.store,
-                # The attempt by a weak reference: a strong one would make attempt → execution → attempt a
-                # cycle that only the cyclic garbage collector frees, a dozen objects per job.
-                functools.partial(self._run_for_handler, weakref.ref(attempt)),
-                self.settings.lease_seconds,
-                self.settings.max_payload_bytes,
-                signals,
-                build_job_spec,
-            )
-            attempt.timeout = claimed.timeout_seconds or handler.timeout
+            attempt = self._attempt(claimed, handler, sent)
             self.in_flight[claimed.id] = attempt
             self._running += 1
             self.executor.start(attempt, tracer)
@@ -325,23 +313,30 @@ class Producer:
                     batch.close()
         return batches
 
+    def _attempt(self, claimed: ClaimedJob, handler: Handler, sent: float) -> Attempt:
+        """A claimed job's attempt, with the `JobExecution` its handler receives."""
+        signals = AttemptSignals(cancelled=claimed.cancellation_requested)
+        attempt = Attempt(claimed, handler, signals, sent + self.settings.lease_seconds)
+        attempt.execution = JobExecution(
+            claimed,
+            self.store,
+            # The attempt by a weak reference: a strong one would make attempt → execution → attempt a
+            # cycle that only the cyclic garbage collector frees, a dozen objects per job.
+            functools.partial(self._run_for_handler, weakref.ref(attempt)),
+            self.settings.lease_seconds,
+            self.settings.max_payload_bytes,
+            signals,
+            self.registry.build_job_spec,
+        )
+        attempt.timeout = claimed.timeout_seconds or handler.timeout
+        return attempt
+
     def _join(self, batch: BatchCall, jobs: list[ClaimedJob], sent: float, tracer: Tracer | None) -> None:
         """The jobs join the batch, each an attempt with its own task (that waits for the batch's call)."""
         handler = batch.handler
         whole = batch.whole  # run in one task: its jobs get no task of their own
         for claimed in jobs:
-            signals = AttemptSignals(cancelled=claimed.cancellation_requested)
-            attempt = Attempt(claimed, handler, signals, sent + self.settings.lease_seconds)
-            attempt.execution = JobExecution(
-                claimed,
-                self.store,
-                functools.partial(self._run_for_handler, weakref.ref(attempt)),
-                self.settings.lease_seconds,
-                self.settings.max_payload_bytes,
-                signals,
-                self.registry.build_job_spec,
-            )
-            attempt.timeout = claimed.timeout_seconds or handler.timeout
+            attempt = self._attempt(claimed, handler, sent)
             batch.add(attempt)
             self._in_batches += 1
             self.in_flight[claimed.id] = attempt
