@@ -155,6 +155,8 @@ def test_a_hostile_job_ends_defined_and_its_innocent_neighbours_complete_once(db
     procs = [start_worker(db, "--concurrency", "3", env=ENV, app=APP) for _ in range(2)]
     try:
         wait_until(lambda: _status(db, hostile) != "queued", what="the hostile job to be claimed")
+        # Both workers up before the innocents come: the attack meets two workers, and both exit on SIGTERM.
+        wait_until(lambda: query(db, "SELECT count(*) FROM jobbus.worker")[0][0] == 2, what="both workers")
         # Scheduled once the hostile job runs: what runs beside it (and what its worker holds then) is
         # what the attack must not harm.
         innocents = app.sync.schedule_many("innocent", [{"sleep": 0.2} for _ in range(8)])

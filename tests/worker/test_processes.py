@@ -192,6 +192,41 @@ def test_second_sigterm_skips_the_wait(db: str, sync_app: jobbus.App) -> None:
     assert status_of(db, job_id) == "queued"
 
 
+def test_sigterm_while_the_worker_starts_up_stops_it_cleanly(db: str, sync_app: jobbus.App, tmp_path: Path) -> None:
+    """A worker still loading its application (or connecting) when a supervisor stops it: the signal is
+    kept until the worker can act on it, then it stops as a running worker does, exit 0, no job taken."""
+    job_id = sync_app.sync.schedule("record", {})
+    gate = tmp_path / "gate"
+    worker = start_worker(db, env={"JOBBUS_TEST_IMPORT_GATE": str(gate)}, app="tests.gated_import_app:app")
+    try:
+        assert worker.stdout is not None and "importing" in worker.stdout.readline()
+        worker.send_signal(signal.SIGTERM)
+        gate.touch()
+        code, out = finish(worker)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    assert code == 0, out
+    assert "SIGTERM: stopping" in out
+    assert status_of(db, job_id) == "queued" and not executions(db, job_id)
+
+
+def test_a_second_sigterm_while_the_worker_starts_up_ends_it_at_once(db: str, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    worker = start_worker(db, env={"JOBBUS_TEST_IMPORT_GATE": str(gate)}, app="tests.gated_import_app:app")
+    try:
+        assert worker.stdout is not None and "importing" in worker.stdout.readline()
+        worker.send_signal(signal.SIGTERM)
+        worker.send_signal(signal.SIGTERM)
+        code, _ = finish(worker, timeout=20)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    assert code == -signal.SIGTERM
+
+
 def test_cancelling_a_running_cooperative_job_records_cancelled(db: str, sync_app: jobbus.App) -> None:
     job_id = sync_app.sync.schedule("cooperative", {"steps": 2000})
     with workers(db, 1, env={"JOBBUS_HEARTBEAT_INTERVAL_SECONDS": "0.5"}) as (worker,):

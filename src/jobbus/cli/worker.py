@@ -20,6 +20,7 @@ from jobbus.worker import Worker, WorkerOptions
 from jobbus.worker.memory import parse_size
 from jobbus.worker.observer import WorkerObserver
 from jobbus.worker.outcomes import MAX_TRACEBACK_BYTES, traceback_text
+from jobbus.worker.runtime import hold_stop_signals
 
 if TYPE_CHECKING:
     from jobbus.metrics import MetricsServer
@@ -98,6 +99,7 @@ def worker_command(
     Exit codes: 0 stopped, 75 restart requested (control command or memory limit),
     64 bad usage, 69 database unreachable (or --health-port taken), 70 internal error, 78 configuration error.
     """
+    hold_stop_signals()
     try:
         memory = parse_size(memory_limit) if memory_limit else None
     except ValueError as exc:

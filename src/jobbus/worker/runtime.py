@@ -488,6 +488,9 @@ class Worker:
             installed.append(sig)
         loop.add_signal_handler(signal.SIGUSR1, _dump_tasks)
         installed.append(signal.SIGUSR1)
+        for sig in _held_signals:  # received while the process was starting: acted on now
+            loop.call_soon(self._on_signal, sig)
+        _held_signals.clear()
         return installed
 
     def _remove_signals(self, installed: list[signal.Signals]) -> None:
@@ -551,3 +554,24 @@ __all__ = [
     "WorkerIdInUseError",
     "WorkerOptions",
 ]
+
+
+#: SIGTERM and SIGINT received while a `jobbus worker` process was starting (`hold_stop_signals`).
+_held_signals: list[signal.Signals] = []
+
+
+def hold_stop_signals() -> None:
+    """Until a worker installs its own handlers, keep SIGTERM and SIGINT for it instead of letting them end
+    the process: a supervisor that stops a worker still loading its application or connecting gets the
+    same clean stop (exit 0) as one that stops a running worker. A second such signal before then ends the
+    process as it would have."""
+
+    def held(number: int, _frame: Any) -> None:
+        sig = signal.Signals(number)
+        if _held_signals:
+            signal.signal(sig, signal.SIG_DFL)
+            signal.raise_signal(sig)
+        _held_signals.append(sig)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, held)
