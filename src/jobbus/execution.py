@@ -15,13 +15,16 @@ import enum
 import hashlib
 import inspect
 import json
+import logging
+import threading
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar, Unpack, overload
 
 from jobbus.errors import LeaseLostError
+from jobbus.joblog import JOB_LOGGER, AttemptLog
 from jobbus.models import ClaimedJob, Job, JobSpec
 from jobbus.requests import (
     JobOptions,
@@ -132,6 +135,7 @@ class JobExecution:
         "_configuration",
         "_execution_data",
         "_lease_seconds",
+        "_log",
         "_max_payload_bytes",
         "_run",
         "_signals",
@@ -169,6 +173,9 @@ class JobExecution:
         self._spawned: dict[str, int] = {}
         #: `wait_for_children` calls so far in this run of the handler.
         self._children_waits = 0
+        #: What the handler logged, made at its first line (`attempt_log`); the worker reads it once the
+        #: attempt is decided, to store it with the outcome.
+        self._log: AttemptLog | None = None
 
     # -- identity ----------------------------------------------------------------------------------
     @property
@@ -199,6 +206,23 @@ class JobExecution:
     @property
     def max_attempts(self) -> int:
         return self._claimed.max_attempts
+
+    @property
+    def logger(self) -> logging.LoggerAdapter[logging.Logger]:
+        """A logger whose lines are kept with this attempt in its `Job.history` entry (`logs`), also from
+        a batch handler or a task the handler started, and go to the application's handlers as every
+        record does (the `jobbus.job` logger; its level decides what is logged)."""
+        return JobLogger(self)
+
+    def attempt_log(self) -> AttemptLog:
+        """Where this attempt's lines are kept, made at its first one."""
+        log = self._log
+        if log is None:
+            with _MAKING_LOG:  # a sync handler's thread and a task it started on the loop may race
+                log = self._log
+                if log is None:
+                    log = self._log = AttemptLog()
+        return log
 
     @property
     def lease_token(self) -> uuid.UUID:
@@ -477,6 +501,11 @@ class SyncJobExecution:
         return self._execution.max_attempts
 
     @property
+    def logger(self) -> logging.LoggerAdapter[logging.Logger]:
+        """See `JobExecution.logger`: its lines are kept with this attempt."""
+        return self._execution.logger
+
+    @property
     def created_at(self) -> datetime:
         return self._execution.created_at
 
@@ -660,6 +689,47 @@ def current_sync_job() -> SyncJobExecution:
     if job is None:
         raise RuntimeError("current_sync_job() is called outside a job: only code run by a worker's handler has one")
     raise RuntimeError("current_sync_job() is called in an async handler: use jobbus.current_job()")
+
+
+#: The jobs of the batch handler's call running in this context: what is logged there, other than
+#: through one job's `logger`, is kept with each of them.
+_BATCH: contextvars.ContextVar[Sequence[JobExecution]] = contextvars.ContextVar("jobbus_current_batch")
+_MAKING_LOG = threading.Lock()
+
+
+def logging_attempts() -> Sequence[JobExecution]:
+    """The attempts whose log a record made in this context belongs to: the running job's (its
+    handler's task or thread, or a task it started), every job of a running batch call, or none."""
+    job = _CURRENT.get(None)
+    if job is not None:
+        return (job._execution if isinstance(job, SyncJobExecution) else job,)
+    return _BATCH.get(())
+
+
+def enter_batch(jobs: Sequence[JobExecution]) -> contextvars.Token[Sequence[JobExecution]]:
+    """Make `jobs` the running batch call's in this context (the worker's batch call)."""
+    return _BATCH.set(jobs)
+
+
+def leave_batch(token: contextvars.Token[Sequence[JobExecution]]) -> None:
+    _BATCH.reset(token)
+
+
+class JobLogger(logging.LoggerAdapter[logging.Logger]):
+    """`job.logger`: the `jobbus.job` logger whose records name their attempt (`job_id`, `job_type`,
+    `attempt`), so that they are kept with it wherever they are logged from. The caller's `extra` is
+    kept beside."""
+
+    def __init__(self, job: JobExecution) -> None:
+        super().__init__(logging.getLogger(JOB_LOGGER), {"job_id": str(job.id), "job_type": job.type})
+        self._job = job
+
+    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
+        job = self._job
+        extra = dict(kwargs.get("extra") or ())
+        extra.update(job_id=str(job.id), job_type=job.type, attempt=job.attempt, jobbus_attempt=job)
+        kwargs["extra"] = extra
+        return msg, kwargs
 
 
 def enter_job(job: JobExecution | SyncJobExecution) -> contextvars.Token[JobExecution | SyncJobExecution]:

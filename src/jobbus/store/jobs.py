@@ -86,6 +86,9 @@ class Outcome:
     kind: str = ""
     #: The formatted traceback of an attempt that raised (bounded and redacted by the worker).
     traceback: str | None = None
+    #: What the handler logged, as JSON: `{"lines": [{"at", "level", "message"}, ...], "dropped": N}`
+    #: (bounded and redacted by the worker); None when it logged nothing.
+    logs: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,7 +368,7 @@ class JobStore:
         lock their rows in the same order and cannot deadlock each other.
         """
         outcomes = sorted(outcomes, key=attrgetter("job_id"))
-        if all(o.status is JobStatus.COMPLETED for o in outcomes):
+        if all(o.status is JobStatus.COMPLETED and o.logs is None for o in outcomes):
             plain = {
                 "ids": [o.job_id for o in outcomes],
                 "tokens": [o.lease_token for o in outcomes],
@@ -382,6 +385,7 @@ class JobStore:
             "released": [o.released for o in outcomes],
             "kinds": [o.kind or o.status.value for o in outcomes],
             "tracebacks": [o.traceback for o in outcomes],
+            "logs": [o.logs for o in outcomes],
             "channel": self.channel,
         }
         return Statement(self._q["record_outcomes"], params, _statuses_written, prepare=False)
