@@ -173,7 +173,7 @@ class JobExecution:
         self._spawned: dict[str, int] = {}
         #: `wait_for_children` calls so far in this run of the handler.
         self._children_waits = 0
-        #: What the handler logged, made at its first line (`attempt_log`); the worker reads it once the
+        #: What the handler logged, made at its first line (`_attempt_log`); the worker reads it once the
         #: attempt is decided, to store it with the outcome.
         self._log: AttemptLog | None = None
 
@@ -214,7 +214,7 @@ class JobExecution:
         record does (the `jobbus.job` logger; its level decides what is logged)."""
         return JobLogger(self)
 
-    def attempt_log(self) -> AttemptLog:
+    def _attempt_log(self) -> AttemptLog:
         """Where this attempt's lines are kept, made at its first one."""
         log = self._log
         if log is None:

@@ -34,7 +34,7 @@ class JobLogCapture(logging.Handler):
         try:
             at, level, message = line_of(record)
             for attempt in attempts:
-                attempt.attempt_log().add(at, level, message)
+                attempt._attempt_log().add(at, level, message)
         except Exception:
             self.handleError(record)
         return True
