@@ -337,6 +337,10 @@ class JobExecution:
 
     # -- durable waits ------------------------------------------------------------------------------
 
+    def _logs_so_far(self) -> str | None:
+        """What the attempt logged so far, for a durable wait that may park it (and so end it)."""
+        return None if self._log is None else self._log.stored(close=False)
+
     def _parked(self, what: str) -> JobParked:
         self._signals.close()
         return JobParked(f"job {self.id} waits for {what}")
@@ -349,7 +353,8 @@ class JobExecution:
         seconds = wait_seconds("delay", delay)
         self.check_open(f"sleep {name!r}")
         step = f"sleep:{name}"
-        await self._wait(self._store.sleep_job(self.id, self.lease_token, step, seconds), f"sleep {name!r}", step)
+        statement = self._store.sleep_job(self.id, self.lease_token, step, seconds, self._logs_so_far())
+        await self._wait(statement, f"sleep {name!r}", step)
 
     async def wait_for_event(self, key: str, timeout: float | timedelta | None = None) -> Any:
         """The payload of the first `app.emit_event(key, ...)`, emitted before or after this call; parks
@@ -360,7 +365,9 @@ class JobExecution:
         found, stored = await self.stored_step(step)
         if not found or not isinstance(stored, dict) or not ({"payload", "timed_out"} & stored.keys()):
             timeout_seconds = None if timeout is None else wait_seconds("timeout", timeout)
-            statement = self._store.wait_for_event(self.id, self.lease_token, key, step, timeout_seconds)
+            statement = self._store.wait_for_event(
+                self.id, self.lease_token, key, step, timeout_seconds, self._logs_so_far()
+            )
             _, stored = await self._wait(statement, f"event {key!r}", f"event {key}")
             assert self._steps is not None
             self._steps[step] = stored
@@ -411,7 +418,8 @@ class JobExecution:
         self.check_open("wait for its children")
         index = self._children_waits
         self._children_waits += 1
-        await self._wait(self._store.wait_for_children(self.id, self.lease_token), "its children", "children")
+        statement = self._store.wait_for_children(self.id, self.lease_token, self._logs_so_far())
+        await self._wait(statement, "its children", "children")
         taken: tuple[str, list[Job]] = await self._run(self._store.children_snapshot(self.id, self.lease_token, index))
         self._after_wait(taken[0], "its children")
         return taken[1]

@@ -8,6 +8,7 @@ lock; only attempts that log take it. Memory is bounded whatever a handler logs:
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import deque
 from typing import Any
@@ -60,6 +61,19 @@ class AttemptLog:
             lines = [line for line, _ in self._lines]
             self._lines.clear()
             return lines, self.dropped
+
+    def stored(self, *, close: bool) -> str | None:
+        """The lines as the store takes them (`{"lines": [...], "dropped": N}`, JSON), None when there
+        are none; `close` closes the log (the attempt is decided), else the lines stay (a durable wait
+        that may not park)."""
+        if close:
+            lines, dropped = self.close()
+        else:
+            with _LOCK:
+                lines, dropped = [line for line, _ in self._lines], self.dropped
+        if not lines:
+            return None
+        return json.dumps({"lines": lines, "dropped": dropped}, ensure_ascii=False)
 
 
 def history_logs(entry: Any) -> list[dict[str, Any]]:

@@ -270,3 +270,71 @@ async def test_lines_after_the_attempt_and_of_a_lost_lease_are_not_kept(app: job
     stale_job = await app.find(stale_id)
     assert stale_job is not None and stale_job.status is JobStatus.RUNNING  # nothing written: the fence held
     assert all("logs" not in entry for entry in stale_job.history)
+
+
+async def test_workflow_steps_log_into_their_attempt_and_a_parked_attempt_keeps_its_lines(app: jobbus.App) -> None:
+    """A step's lines are its attempt's; an attempt that parks in a durable wait keeps what it logged in
+    its `waiting` entry, and the attempt that resumes keeps its own lines in its own entry."""
+
+    @app.job("onboard")
+    async def onboard(job: jobbus.JobExecution) -> str:
+        async def create_account() -> str:
+            shop.info("creating the account (attempt %d)", job.attempt)
+            return "acct-1"
+
+        account: str = await job.step("account", create_account)
+        job.logger.info("before the nap")
+        await job.sleep("nap", 0.3)
+        job.logger.info("after the nap, account %s", account)
+        return account
+
+    @app.job("onboard.sync")
+    def onboard_sync(job: jobbus.SyncJobExecution) -> None:
+        shop.info("sync before the event wait")
+        sent = job.wait_for_event("welcome-sent", timeout=60)
+        shop.info("sync after the event wait: %s", sent)
+
+    job_id = await app.schedule("onboard")
+    sync_id = await app.schedule("onboard.sync")
+    worker = jobbus.Worker(app, concurrency=4)
+    task = worker.start()
+
+    async def finished() -> bool:
+        found = [await app.find(job_id), await app.find(sync_id)]
+        return all(job is not None and job.status is JobStatus.COMPLETED for job in found)
+
+    async def parked() -> bool:
+        job = await app.find(sync_id)
+        return job is not None and bool(job.history) and job.history[-1]["outcome"] == "waiting"
+
+    await eventually(parked, what="the sync handler parked")
+    await app.emit_event("welcome-sent", {"to": "ada"})
+    await eventually(finished, what="both workflows completed")
+    worker.request_stop()
+    assert await task == 0
+    job = await app.find(job_id)
+    assert job is not None and job.status is JobStatus.COMPLETED
+    assert [entry["outcome"] for entry in job.history] == ["waiting", "completed"]
+    assert messages(job.history[0]) == ["creating the account (attempt 1)", "before the nap"]
+    # The handler runs again from its start; its stored step does not.
+    assert messages(job.history[1]) == ["before the nap", "after the nap, account acct-1"]
+    synced = await app.find(sync_id)
+    assert synced is not None and synced.status is JobStatus.COMPLETED
+    assert [messages(entry) for entry in synced.history] == [
+        ["sync before the event wait"],
+        ["sync before the event wait", "sync after the event wait: {'to': 'ada'}"],
+    ]
+
+
+async def test_a_timed_out_attempt_keeps_its_lines(app: jobbus.App) -> None:
+    @app.job("slow")
+    async def slow(job: jobbus.JobExecution) -> None:
+        job.logger.warning("starting a long call")
+        await asyncio.sleep(30)
+
+    job_id = await app.schedule("slow", timeout=0.2, max_attempts=1)
+    assert await drain(app) == 0
+    job = await app.find(job_id)
+    assert job is not None and job.status is JobStatus.FAILED
+    assert job.history[-1]["error"].startswith("timed out")
+    assert messages(job.history[-1]) == ["starting a long call"]

@@ -311,16 +311,19 @@ class JobStore:
 
     # -- durable waits (functions in sql/current.sql; each fenced by the lease, each parks the job itself) --
 
-    def sleep_job(self, job_id: uuid.UUID, token: uuid.UUID, step: str, seconds: float) -> Statement[str]:
-        """'ready' once the stored wake-up time has passed, 'parked' (lease given back) or 'lost'."""
-        params = {"id": job_id, "token": token, "step": step, "seconds": seconds}
+    def sleep_job(
+        self, job_id: uuid.UUID, token: uuid.UUID, step: str, seconds: float, logs: str | None = None
+    ) -> Statement[str]:
+        """'ready' once the stored wake-up time has passed, 'parked' (lease given back) or 'lost'. A
+        parked job's history entry keeps `logs` (as `Outcome.logs`), as do the other durable waits'."""
+        params = {"id": job_id, "token": token, "step": step, "seconds": seconds, "logs": logs}
         return Statement(self._q["sleep_job"], params, lambda rows, _: str(rows[0][0]))
 
     def wait_for_event(
-        self, job_id: uuid.UUID, token: uuid.UUID, key: str, step: str, timeout: float | None
+        self, job_id: uuid.UUID, token: uuid.UUID, key: str, step: str, timeout: float | None, logs: str | None = None
     ) -> Statement[tuple[str, Any]]:
         """('ready', {"payload": ...}), ('timeout', ...), ('parked', ...) or ('lost', None)."""
-        params = {"id": job_id, "token": token, "key": key, "step": step, "timeout": timeout}
+        params = {"id": job_id, "token": token, "key": key, "step": step, "timeout": timeout, "logs": logs}
         return Statement(self._q["wait_for_event"], params, lambda rows, _: (str(rows[0][0]), rows[0][1]))
 
     def emit_event(self, key: str, payload_json: str) -> Statement[bool]:
@@ -333,8 +336,8 @@ class JobStore:
         params = {"id": job_id, "token": token, "step": step, "spec": spec_json, "channel": self.channel}
         return Statement(self._q["spawn_child"], params, lambda rows, _: (str(rows[0][0]), rows[0][1]))
 
-    def wait_for_children(self, job_id: uuid.UUID, token: uuid.UUID) -> Statement[str]:
-        params = {"id": job_id, "token": token}
+    def wait_for_children(self, job_id: uuid.UUID, token: uuid.UUID, logs: str | None = None) -> Statement[str]:
+        params = {"id": job_id, "token": token, "logs": logs}
         return Statement(self._q["wait_for_children"], params, lambda rows, _: str(rows[0][0]))
 
     def groups_with_callbacks(self, group_ids: Sequence[uuid.UUID]) -> Statement[list[uuid.UUID]]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -546,13 +545,12 @@ class Executor:
 def keep_logs(attempt: Attempt, decision: Decision) -> None:
     """The attempt is decided: its log is closed (a line logged later is not kept) and its lines go
     with the outcome, written in the outcome's own statement. An attempt whose outcome is not written
-    (its lease was lost, or it parked in a durable wait) keeps none."""
+    (its lease was lost) keeps none; one that parked in a durable wait wrote them when it parked."""
     log = attempt.execution._log
     assert log is not None
-    lines, dropped = log.close()
-    outcome = decision.outcome
-    if outcome is not None and lines:
-        outcome.logs = json.dumps({"lines": lines, "dropped": dropped}, ensure_ascii=False)
+    logs = log.stored(close=True)
+    if decision.outcome is not None:
+        decision.outcome.logs = logs
 
 
 def _kind(decision: Decision, status: JobStatus | None) -> str:

@@ -680,10 +680,13 @@ WITH holder AS (
 SELECT EXISTS (SELECT 1 FROM holder), EXISTS (SELECT 1 FROM stored);
 
 -- name: sleep_job
-SELECT {schema}.sleep_job(%(id)s, %(token)s, %(step)s, %(seconds)s::float8);
+-- The durable waits take the lines the attempt logged so far (NULL: none), kept in the `waiting` entry
+-- of the history when they park the job (park_job in sql/current.sql).
+SELECT {schema}.sleep_job(%(id)s, %(token)s, %(step)s, %(seconds)s::float8, %(logs)s::jsonb);
 
 -- name: wait_for_event
-SELECT state, step FROM {schema}.wait_for_event(%(id)s, %(token)s, %(key)s, %(step)s, %(timeout)s::float8);
+SELECT state, step FROM {schema}.wait_for_event(%(id)s, %(token)s, %(key)s, %(step)s, %(timeout)s::float8,
+                                               %(logs)s::jsonb);
 
 -- name: emit_event
 SELECT {schema}.emit_event(%(key)s, %(payload)s::jsonb, %(channel)s);
@@ -692,7 +695,7 @@ SELECT {schema}.emit_event(%(key)s, %(payload)s::jsonb, %(channel)s);
 SELECT state, child FROM {schema}.spawn_child(%(id)s, %(token)s, %(step)s, %(spec)s::jsonb, %(channel)s);
 
 -- name: wait_for_children
-SELECT {schema}.wait_for_children(%(id)s, %(token)s);
+SELECT {schema}.wait_for_children(%(id)s, %(token)s, %(logs)s::jsonb);
 
 -- name: groups_with_callbacks
 SELECT group_id FROM {schema}.job_group WHERE group_id = ANY (%(ids)s::uuid[]) ORDER BY group_id;
