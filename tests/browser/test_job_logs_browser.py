@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -48,6 +49,7 @@ def test_a_jobs_page_shows_each_attempts_logs_escaped(dsn: str, processes: Proce
         rows = logs.nth(n).locator("table.logs tr")
         assert rows.count() == 2
         assert rows.nth(0).locator("td.level").inner_text() == "INFO"
+        assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}Z", rows.nth(0).locator("td.when").inner_text())
         assert rows.nth(0).locator("pre").inner_text() == f"fetching orders, attempt {n + 1}"
         assert rows.nth(1).locator("td.level").inner_text() == "WARNING"
         assert rows.nth(1).locator("pre").inner_text() == HOSTILE.replace("s3cr3t", MASK)
