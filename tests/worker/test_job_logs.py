@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import subprocess
+import sys
 import threading
 import time
 import tracemalloc
@@ -338,3 +340,37 @@ async def test_a_timed_out_attempt_keeps_its_lines(app: jobbus.App) -> None:
     assert job is not None and job.status is JobStatus.FAILED
     assert job.history[-1]["error"].startswith("timed out")
     assert messages(job.history[-1]) == ["starting a long call"]
+
+
+def test_an_application_without_logging_configured_still_sees_its_warnings(dsn: str) -> None:
+    """Python prints a warning no handler takes (`logging.lastResort`): the capture on the root logger
+    does not take that away, for the handler's records as for the application's others."""
+    script = f"""
+import asyncio, logging
+import jobbus
+
+app = jobbus.App(dsn={dsn!r})
+
+@app.job("warns")
+async def warns(job):
+    logging.getLogger("shop").warning("the handler's warning")
+    job.logger.error("the job logger's error")
+
+async def main():
+    async with app:
+        await app.schedule("warns")
+        await jobbus.Worker(app, stop_when_empty=True).run()
+        job = (await app.list_jobs())[0]
+        print(len(job.history[-1]["logs"]))
+
+asyncio.run(main())
+logging.getLogger("shop").warning("a warning after the worker")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "2"
+    assert done.stderr.splitlines()[-3:] == [
+        "the handler's warning",
+        "the job logger's error",
+        "a warning after the worker",
+    ]

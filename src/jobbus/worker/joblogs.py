@@ -28,6 +28,11 @@ class JobLogCapture(logging.Handler):
     def handle(self, record: logging.LogRecord) -> bool:
         """Without the handler's lock: formatting a line (masking included) does not hold up other
         threads' records; only adding it to an attempt's log takes a short lock."""
+        last_resort = logging.lastResort
+        if last_resort is not None and record.levelno >= last_resort.level and self._alone(record):
+            # Python prints a record no handler takes (`logging.lastResort`); this handler alone must
+            # not take that from an application that configured no logging.
+            last_resort.handle(record)
         attempts = _attempts_of(record)
         if not attempts:
             return False
@@ -37,6 +42,17 @@ class JobLogCapture(logging.Handler):
                 attempt._attempt_log().add(at, level, message)
         except Exception:
             self.handleError(record)
+        return True
+
+    def _alone(self, record: logging.LogRecord) -> bool:
+        """Whether no other handler is on the record's way to the root (as `Logger.callHandlers` looks)."""
+        logger: logging.Logger | None = logging.getLogger(record.name)
+        while logger is not None:
+            if any(handler is not self for handler in logger.handlers):
+                return False
+            if not logger.propagate:
+                return True
+            logger = logger.parent
         return True
 
     def emit(self, record: logging.LogRecord) -> None:
