@@ -15,13 +15,16 @@ import enum
 import hashlib
 import inspect
 import json
+import logging
+import threading
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar, Unpack, overload
 
 from jobbus.errors import LeaseLostError
+from jobbus.joblog import JOB_LOGGER, AttemptLog
 from jobbus.models import ClaimedJob, Job, JobSpec
 from jobbus.requests import (
     JobOptions,
@@ -132,6 +135,7 @@ class JobExecution:
         "_configuration",
         "_execution_data",
         "_lease_seconds",
+        "_log",
         "_max_payload_bytes",
         "_run",
         "_signals",
@@ -169,6 +173,9 @@ class JobExecution:
         self._spawned: dict[str, int] = {}
         #: `wait_for_children` calls so far in this run of the handler.
         self._children_waits = 0
+        #: What the handler logged, made at its first line (`_attempt_log`); the worker reads it once the
+        #: attempt is decided, to store it with the outcome.
+        self._log: AttemptLog | None = None
 
     # -- identity ----------------------------------------------------------------------------------
     @property
@@ -199,6 +206,23 @@ class JobExecution:
     @property
     def max_attempts(self) -> int:
         return self._claimed.max_attempts
+
+    @property
+    def logger(self) -> logging.LoggerAdapter[logging.Logger]:
+        """A logger whose lines are kept with this attempt in its `Job.history` entry (`logs`), also from
+        a batch handler or a task the handler started, and go to the application's handlers as every
+        record does (the `jobbus.job` logger; its level decides what is logged)."""
+        return JobLogger(self)
+
+    def _attempt_log(self) -> AttemptLog:
+        """Where this attempt's lines are kept, made at its first one."""
+        log = self._log
+        if log is None:
+            with _MAKING_LOG:  # a sync handler's thread and a task it started on the loop may race
+                log = self._log
+                if log is None:
+                    log = self._log = AttemptLog()
+        return log
 
     @property
     def lease_token(self) -> uuid.UUID:
@@ -313,6 +337,10 @@ class JobExecution:
 
     # -- durable waits ------------------------------------------------------------------------------
 
+    def _logs_so_far(self) -> str | None:
+        """What the attempt logged so far, for a durable wait that may park it (and so end it)."""
+        return None if self._log is None else self._log.stored(close=False)
+
     def _parked(self, what: str) -> JobParked:
         self._signals.close()
         return JobParked(f"job {self.id} waits for {what}")
@@ -325,7 +353,8 @@ class JobExecution:
         seconds = wait_seconds("delay", delay)
         self.check_open(f"sleep {name!r}")
         step = f"sleep:{name}"
-        await self._wait(self._store.sleep_job(self.id, self.lease_token, step, seconds), f"sleep {name!r}", step)
+        statement = self._store.sleep_job(self.id, self.lease_token, step, seconds, self._logs_so_far())
+        await self._wait(statement, f"sleep {name!r}", step)
 
     async def wait_for_event(self, key: str, timeout: float | timedelta | None = None) -> Any:
         """The payload of the first `app.emit_event(key, ...)`, emitted before or after this call; parks
@@ -336,7 +365,9 @@ class JobExecution:
         found, stored = await self.stored_step(step)
         if not found or not isinstance(stored, dict) or not ({"payload", "timed_out"} & stored.keys()):
             timeout_seconds = None if timeout is None else wait_seconds("timeout", timeout)
-            statement = self._store.wait_for_event(self.id, self.lease_token, key, step, timeout_seconds)
+            statement = self._store.wait_for_event(
+                self.id, self.lease_token, key, step, timeout_seconds, self._logs_so_far()
+            )
             _, stored = await self._wait(statement, f"event {key!r}", f"event {key}")
             assert self._steps is not None
             self._steps[step] = stored
@@ -387,7 +418,8 @@ class JobExecution:
         self.check_open("wait for its children")
         index = self._children_waits
         self._children_waits += 1
-        await self._wait(self._store.wait_for_children(self.id, self.lease_token), "its children", "children")
+        statement = self._store.wait_for_children(self.id, self.lease_token, self._logs_so_far())
+        await self._wait(statement, "its children", "children")
         taken: tuple[str, list[Job]] = await self._run(self._store.children_snapshot(self.id, self.lease_token, index))
         self._after_wait(taken[0], "its children")
         return taken[1]
@@ -475,6 +507,11 @@ class SyncJobExecution:
     @property
     def max_attempts(self) -> int:
         return self._execution.max_attempts
+
+    @property
+    def logger(self) -> logging.LoggerAdapter[logging.Logger]:
+        """See `JobExecution.logger`: its lines are kept with this attempt."""
+        return self._execution.logger
 
     @property
     def created_at(self) -> datetime:
@@ -660,6 +697,47 @@ def current_sync_job() -> SyncJobExecution:
     if job is None:
         raise RuntimeError("current_sync_job() is called outside a job: only code run by a worker's handler has one")
     raise RuntimeError("current_sync_job() is called in an async handler: use jobbus.current_job()")
+
+
+#: The jobs of the batch handler's call running in this context: what is logged there, other than
+#: through one job's `logger`, is kept with each of them.
+_BATCH: contextvars.ContextVar[Sequence[JobExecution]] = contextvars.ContextVar("jobbus_current_batch")
+_MAKING_LOG = threading.Lock()
+
+
+def logging_attempts() -> Sequence[JobExecution]:
+    """The attempts whose log a record made in this context belongs to: the running job's (its
+    handler's task or thread, or a task it started), every job of a running batch call, or none."""
+    job = _CURRENT.get(None)
+    if job is not None:
+        return (job._execution if isinstance(job, SyncJobExecution) else job,)
+    return _BATCH.get(())
+
+
+def enter_batch(jobs: Sequence[JobExecution]) -> contextvars.Token[Sequence[JobExecution]]:
+    """Make `jobs` the running batch call's in this context (the worker's batch call)."""
+    return _BATCH.set(jobs)
+
+
+def leave_batch(token: contextvars.Token[Sequence[JobExecution]]) -> None:
+    _BATCH.reset(token)
+
+
+class JobLogger(logging.LoggerAdapter[logging.Logger]):
+    """`job.logger`: the `jobbus.job` logger whose records name their attempt (`job_id`, `job_type`,
+    `attempt`), so that they are kept with it wherever they are logged from. The caller's `extra` is
+    kept beside."""
+
+    def __init__(self, job: JobExecution) -> None:
+        super().__init__(logging.getLogger(JOB_LOGGER), {"job_id": str(job.id), "job_type": job.type})
+        self._job = job
+
+    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
+        job = self._job
+        extra = dict(kwargs.get("extra") or ())
+        extra.update(job_id=str(job.id), job_type=job.type, attempt=job.attempt, jobbus_attempt=job)
+        kwargs["extra"] = extra
+        return msg, kwargs
 
 
 def enter_job(job: JobExecution | SyncJobExecution) -> contextvars.Token[JobExecution | SyncJobExecution]:

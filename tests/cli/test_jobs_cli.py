@@ -333,3 +333,42 @@ def test_errors_stored_in_clear_by_an_earlier_release_are_masked_when_printed(ds
         assert document["last_error"] == f"ValueError: token={MASK}"
         assert document["history"][0]["error"] == f"ValueError: token={MASK}"
         assert document["history"][0]["traceback"].endswith(f"ValueError: token={MASK}\n")
+
+
+def test_jobs_show_logs_prints_each_attempts_lines_and_json_has_them(dsn: str) -> None:
+    job_id = _schedule(dsn, "noop", "--max-attempts", "2")
+    history = [
+        {
+            "attempt": 1,
+            "outcome": "retried",
+            "at": "2026-12-02T02:00:01+00:00",
+            "error": "ValueError: first",
+            "logs": [
+                {"at": "2026-12-02T02:00:00.250000+00:00", "level": "INFO", "message": "fetching page 1"},
+                {"at": "2026-12-02T02:00:00.500000+00:00", "level": "ERROR", "message": "gave up\nTraceback: x"},
+            ],
+            "logs_dropped": 12,
+        },
+        {"attempt": 2, "outcome": "completed", "at": "2026-12-02T02:00:05+00:00"},
+        {
+            "attempt": 3,
+            "outcome": "completed",
+            "at": "2026-12-02T02:00:09+00:00",
+            "logs": [{"at": "2026-12-02T02:00:08+00:00", "level": "WARNING", "message": "[bold]x[/bold]\x1b[31m"}],
+        },
+    ]
+    execute(dsn, "UPDATE jobbus.job SET history = %s::jsonb WHERE id = %s", json.dumps(history), job_id)
+    plain = jobbus(dsn, "jobs", "show", job_id, TZ="UTC")
+    assert plain.returncode == 0, plain.stderr
+    assert "fetching page 1" not in plain.stdout  # only with --logs
+    human = jobbus(dsn, "jobs", "show", job_id, "--logs", TZ="UTC")
+    assert human.returncode == 0, human.stderr
+    out = human.stdout
+    assert "logs of attempt 1 (retried):" in out and "(12 earlier lines dropped" in out
+    assert "2026-12-02 02:00:00.250 INFO     fetching page 1" in out
+    assert "ERROR    gave up\n    Traceback: x" in out
+    assert "logs of attempt 2" not in out  # it logged nothing
+    assert "WARNING  [bold]x[/bold]\\x1b[31m" in out  # data, never markup or a terminal escape
+    assert out.index("logs of attempt 1") < out.index("logs of attempt 3")
+    shown = jobbus_json(dsn, "jobs", "show", job_id, "--logs")
+    assert [entry.get("logs") for entry in shown["history"]] == [entry.get("logs") for entry in history]

@@ -124,6 +124,7 @@ if WORKER:
 async def _logged(job: jobbus.JobExecution, body: Any) -> Any:
     run = str(uuid.uuid4())
     await log.write("start", job, run=run, available_at=job.available_at.timestamp())
+    job.logger.warning("model run %s", run)  # kept in this attempt's history entry only (SPEC 22)
     outcome = "raised"
     try:
         result = await body()
@@ -170,6 +171,7 @@ def work_sync(job: jobbus.SyncJobExecution) -> Any:
     """The sync twin of model.work: a thread that cannot be interrupted."""
     run = str(uuid.uuid4())
     log.write_sync("start", job, run=run, available_at=job.available_at.timestamp())
+    job.logger.warning("model run %s", run)
     outcome = "raised"
     try:
         for _ in range(_slices(job)):
@@ -195,6 +197,7 @@ async def _batch_run(jobs: jobbus.JobBatch[jobbus.JobExecution]) -> list[Any]:
         await log.write(
             "start", job, run=runs[job.id], available_at=job.available_at.timestamp(), call=call, type=job.type
         )
+        job.logger.warning("model run %s", runs[job.id])  # this job's alone, though the batch shares a call
     active = list(jobs)
     try:
         for _ in range(max(_slices(job) for job in jobs)):
@@ -227,6 +230,7 @@ def batch_sync(jobs: jobbus.JobBatch[jobbus.SyncJobExecution]) -> list[Any]:
         log.write_sync(
             "start", job, run=runs[job.id], available_at=job.available_at.timestamp(), call=call, type=job.type
         )
+        job.logger.warning("model run %s", runs[job.id])  # this job's alone, though the batch shares a call
     active = list(jobs)
     for _ in range(max(_slices(job) for job in jobs)):
         for job in [job for job in active if job.cancellation_requested]:

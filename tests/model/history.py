@@ -20,6 +20,7 @@ import re
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from itertools import pairwise
 from typing import Any
 
@@ -352,11 +353,26 @@ def check(history: History) -> Report:
         *checker.debounce(),
         *checker.windows(),
         *checker.secrets(),
+        *checker.logs(),
         *checker.errors_written(),
         *checker.batches(),
         *checker.end_state(),
     ]
     return Report(violations, measures, dict(history.exercised))
+
+
+#: The line each handler run logs through `job.logger` (tests/model/app.py).
+RUN_LINE = re.compile(r"model run (\S+)")
+
+
+def _timestamp(value: Any) -> float | None:
+    """A history entry's `at` (ISO 8601) as seconds, None when absent."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        return None
 
 
 def _says_expired(error: str | None) -> bool:
@@ -1274,6 +1290,45 @@ class _Checker:
                 )
                 yield Violation("secrets", f"job {job_id} ({job.type}) stores secrets in clear: {listing}")
         self.measures["secrets_checked"] = float(checked)
+
+    def logs(self) -> Iterator[Violation]:
+        """SPEC 22: what a handler logged during an attempt is kept only in that attempt's history entry.
+        Each handler run logs `model run <run id>` through `job.logger`; such a line may appear in one
+        entry only, of the run's own job, with the run's attempt number, written after the run started
+        (a line in another job's entry, another attempt's, or twice, is a leak between attempts)."""
+        runs = {r.run_id: r for r in self.h.runs}
+        seen: Counter[str] = Counter()
+        for job_id, job in sorted(self.jobs.items()):
+            for n, entry in enumerate(job.history):
+                logs = entry.get("logs") if isinstance(entry, dict) else None
+                for line in logs if isinstance(logs, list) else []:
+                    match = RUN_LINE.fullmatch(str(line.get("message", ""))) if isinstance(line, dict) else None
+                    if match is None:
+                        continue
+                    run_id = match[1]
+                    seen[run_id] += 1
+                    run = runs.get(run_id)
+                    if run is None:
+                        yield Violation(
+                            "logs", f"job {job_id} history[{n}] keeps a line of run {run_id}, never started"
+                        )
+                        continue
+                    at = _timestamp(entry.get("at"))
+                    if (
+                        run.job_id != job_id
+                        or run.attempt != entry.get("attempt")
+                        or (at is not None and at < run.start)
+                    ):
+                        yield Violation(
+                            "logs",
+                            f"job {job_id} history[{n}] (attempt {entry.get('attempt')}) keeps a line of run "
+                            f"{run_id}: job {run.job_id}, attempt {run.attempt}, "
+                            f"started {_fmt(run.start, self.origin)}",
+                        )
+        for run_id, count in sorted(seen.items()):
+            if count > 1:
+                yield Violation("logs", f"run {run_id}'s line is kept {count} times")
+        self.measures["log_lines_checked"] = float(sum(seen.values()))
 
     def errors_written(self) -> Iterator[Violation]:
         """A handler that raised has its outcome written by its own worker within ERROR_WRITE_BOUND, a huge

@@ -850,3 +850,21 @@ def test_a_batch_call_over_its_batch_size_of_mixed_types_or_holding_a_job_twice_
     assert "batch call big held 3 jobs, over its batch_size 2" in text
     assert "batch call mixed held jobs of several types" in text
     assert "batch call twice held a job twice" in text
+
+
+def test_a_log_line_kept_in_another_attempts_entry() -> None:
+    done = job(20, queue="x", finished_at=T0 + 4)
+    h = with_job(clean(), done, run(20, 1.0, 1.5, queue="x", run_id="ra", outcome="raised"), expected="completed")
+    h.runs.append(run(20, 2.0, 2.5, queue="x", run_id="rb", attempt=2))
+    first = {"attempt": 1, "outcome": "retried", "at": "1970-01-12T13:46:41.600000+00:00"}
+    second = {"attempt": 2, "outcome": "completed", "at": "1970-01-12T13:46:42.600000+00:00"}
+    lines = [{"at": "1970-01-12T13:46:41+00:00", "level": "WARNING", "message": "model run ra"}]
+    h.jobs[-1] = replace(done, history=[{**first, "logs": lines}, second])
+    report = check(h)
+    assert "log_lines_checked" in report.measures and "logs" not in report.guarantees(), report.text()
+    h.jobs[-1] = replace(done, history=[first, {**second, "logs": lines}])  # attempt 1's line in attempt 2's entry
+    assert "logs" in broken(h)
+    h.jobs[-1] = replace(done, history=[{**first, "logs": lines}, {**second, "logs": lines}])  # kept twice
+    assert "logs" in broken(h)
+    h.jobs[-1] = replace(done, history=[{**first, "at": "1970-01-12T13:46:40+00:00", "logs": lines}, second])
+    assert "logs" in broken(h)  # an entry written before its run started cannot hold its line

@@ -421,6 +421,29 @@ async def test_job_page_shows_each_attempts_traceback_collapsed_and_redacted(dsn
     assert re.search(r"<dt>created</dt><dd>\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ \(", html)
 
 
+async def test_job_page_shows_each_attempts_logs_escaped_masked_and_to_the_millisecond(dsn: str) -> None:
+    app = jobbus.App(dsn=dsn)
+    lines = [
+        {"at": "2026-12-02T02:00:00.250000+00:00", "level": "INFO", "message": "fetching page 1"},
+        {"at": "2026-12-02T02:00:00.5+00:00", "level": "ERROR", "message": "<b>bold</b> password=hunter2"},
+    ]
+    history = [
+        {"attempt": 1, "outcome": "completed", "at": "2026-12-02T02:00:01+00:00", "logs": lines, "logs_dropped": 3}
+    ]
+    asgi = create_app(app)
+    async with app:
+        job_id = await app.schedule("mailer", {})
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute("UPDATE jobbus.job SET history = %s::jsonb WHERE id = %s", (json.dumps(history), job_id))
+        async with client(asgi) as http:
+            html = (await http.get(f"/jobs/{job_id}")).text
+    await asgi.state.dashboard.close()
+    assert '<details class="logs" data-key="logs-1"><summary>logs (2 lines, 3 earlier dropped)</summary>' in html
+    assert '<td class="when">2026-12-02 02:00:00.250Z</td><td class="level">INFO</td>' in html
+    assert f"&lt;b&gt;bold&lt;/b&gt; password={MASK}" in html
+    assert "<b>bold</b>" not in html and "hunter2" not in html
+
+
 async def test_counts_are_read_now_whatever_the_samples_say(dsn: str, dashboard: tuple[jobbus.App, Any]) -> None:
     """The overview and the queues page count the jobs now, as `jobbus status` does: a stale or wrong
     sample changes no count, and the charts' note says how old the samples are."""

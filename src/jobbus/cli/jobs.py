@@ -35,6 +35,7 @@ from jobbus.cli.output import (
 from jobbus.cli.schedule import parse_when
 from jobbus.cli.suggest import SuggestingGroup
 from jobbus.errors import InvalidJobError
+from jobbus.joblog import history_logs
 from jobbus.models import JOB_VIEWS, Job, JobStatus
 from jobbus.requests import validate_tags
 from jobbus.views import Cursor, Filters
@@ -263,14 +264,19 @@ def _when(job: Job) -> str:
 
 @jobs_group.command("show")
 @click.argument("job_id", metavar="ID")
+@click.option("--logs", "with_logs", is_flag=True, help="Also print what the handler logged, attempt by attempt.")
 @json_option
 @dsn_option
-def show_command(job_id: str, as_json: bool, dsn: str | None) -> None:
+def show_command(job_id: str, with_logs: bool, as_json: bool, dsn: str | None) -> None:
     """Show every field of one job: configuration, checkpoint, progress, result, error, timeline.
 
+    --logs also prints the lines each attempt's handler logged (time, level, message), oldest first;
+    --json always includes them, in each `history` entry's `logs`.
+
     \b
-    Example:
+    Examples:
       jobbus jobs show 0190f3c4-8f2e-7a71-9c1e-2b1f0e6d4a10 --json | jq .execution_data
+      jobbus jobs show 0190f3c4-8f2e-7a71-9c1e-2b1f0e6d4a10 --logs
 
     Exit codes: 0 ok, 1 no such job, 64 not a UUID.
     """
@@ -286,6 +292,8 @@ def show_command(job_id: str, as_json: bool, dsn: str | None) -> None:
             print_json(job_dict(job))
         else:
             console().print(_job_detail(job))
+            if with_logs:
+                console().print(_job_logs(job))
         return exit_codes.OK
 
     sys.exit(run(body))
@@ -350,6 +358,38 @@ def _job_detail(job: Job) -> Group:
         parts.append(Text(f"traceback of attempt {attempt}:", style="bold red"))
         parts.append(shown(text.rstrip("\n")))
     return Group(*parts)
+
+
+def _job_logs(job: Job) -> Group:
+    """Each attempt's logged lines, oldest first: time, level, message (a traceback on its lines)."""
+    parts: list[Text] = []
+    for entry in job.history:
+        lines = history_logs(entry)
+        if not lines:
+            continue
+        heading = f"logs of attempt {entry.get('attempt', '?')} ({entry.get('outcome', '?')}):"
+        parts.append(shown(heading, style="bold"))
+        dropped = entry.get("logs_dropped")
+        if isinstance(dropped, int) and dropped > 0:
+            parts.append(Text(f"  ({dropped:,} earlier lines dropped: an attempt keeps its last 64 KiB)", style="dim"))
+        for line in lines:
+            moment = _moment(line.get("at"))
+            when = moment.astimezone().strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] if moment else "?"
+            level = str(line.get("level", ""))
+            parts.append(
+                Text.assemble(
+                    f"  {when} ",
+                    shown(f"{level:<8}", style=_LEVEL_STYLES.get(level, "")),
+                    " ",
+                    shown(str(line.get("message", "")).replace("\n", "\n    ")),
+                )
+            )
+    if not parts:
+        parts.append(Text("no attempt logged anything", style="dim"))
+    return Group(*parts)
+
+
+_LEVEL_STYLES = {"WARNING": "yellow", "ERROR": "red", "CRITICAL": "bold red"}
 
 
 def latest_traceback(job: Job) -> tuple[str, str] | None:

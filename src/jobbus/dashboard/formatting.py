@@ -95,6 +95,17 @@ def when(value: datetime | str | None) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
+def instant(value: str | None) -> str:
+    """A logged line's moment in UTC to the millisecond, 2026-12-02 02:00:00.250Z (lines come fast)."""
+    if value is None:
+        return "—"
+    try:
+        moment = datetime.fromisoformat(value)
+    except (TypeError, ValueError):
+        return str(value)
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+
+
 def bounded(value: int, bound: int) -> str:
     """A count read up to `bound`: exact below it, "> bound - 1" at it (a lower bound, said so)."""
     return str(Count(value, estimated=True, at_least=True) if value >= bound else Count(value))

@@ -19,6 +19,7 @@ from jobbus.dashboard.charts import RANGES
 from jobbus.dashboard.state import Dashboard
 from jobbus.dashboard.workflow import step_views, waiting_reason
 from jobbus.errors import InvalidJobError
+from jobbus.joblog import history_logs
 from jobbus.models import TRACE_KEY, JobStatus
 from jobbus.requests import validate_tags
 from jobbus.store.control import ControlStore
@@ -243,6 +244,7 @@ async def job_detail(dash: Dashboard, request: Request) -> Response:
             **entry,
             "error": dash.redact("last_error", entry.get("error")),
             "traceback": dash.redact("traceback", entry["traceback"]) if entry.get("traceback") else None,
+            "logs": dash.redact("logs", history_logs(entry)),
             "reason": waiting_reason(
                 entry, current=parked and n == len(job.history) - 1, job=job, steps=by_name, active=children.active
             ),

@@ -52,6 +52,7 @@ class Dashboard:
         self.templates.filters["count"] = formatting.count
         self.templates.filters["bounded"] = formatting.bounded
         self.templates.filters["when"] = formatting.when
+        self.templates.filters["instant"] = formatting.instant
         self.templates.filters["next_run"] = formatting.next_run
         self.templates.filters["pretty"] = formatting.pretty
         self.templates.filters["shortid"] = formatting.short_id

@@ -86,6 +86,9 @@ class Outcome:
     kind: str = ""
     #: The formatted traceback of an attempt that raised (bounded and redacted by the worker).
     traceback: str | None = None
+    #: What the handler logged, as JSON: `{"lines": [{"at", "level", "message"}, ...], "dropped": N}`
+    #: (bounded and redacted by the worker); None when it logged nothing.
+    logs: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,16 +311,19 @@ class JobStore:
 
     # -- durable waits (functions in sql/current.sql; each fenced by the lease, each parks the job itself) --
 
-    def sleep_job(self, job_id: uuid.UUID, token: uuid.UUID, step: str, seconds: float) -> Statement[str]:
-        """'ready' once the stored wake-up time has passed, 'parked' (lease given back) or 'lost'."""
-        params = {"id": job_id, "token": token, "step": step, "seconds": seconds}
+    def sleep_job(
+        self, job_id: uuid.UUID, token: uuid.UUID, step: str, seconds: float, logs: str | None = None
+    ) -> Statement[str]:
+        """'ready' once the stored wake-up time has passed, 'parked' (lease given back) or 'lost'. A
+        parked job's history entry keeps `logs` (as `Outcome.logs`), as do the other durable waits'."""
+        params = {"id": job_id, "token": token, "step": step, "seconds": seconds, "logs": logs}
         return Statement(self._q["sleep_job"], params, lambda rows, _: str(rows[0][0]))
 
     def wait_for_event(
-        self, job_id: uuid.UUID, token: uuid.UUID, key: str, step: str, timeout: float | None
+        self, job_id: uuid.UUID, token: uuid.UUID, key: str, step: str, timeout: float | None, logs: str | None = None
     ) -> Statement[tuple[str, Any]]:
         """('ready', {"payload": ...}), ('timeout', ...), ('parked', ...) or ('lost', None)."""
-        params = {"id": job_id, "token": token, "key": key, "step": step, "timeout": timeout}
+        params = {"id": job_id, "token": token, "key": key, "step": step, "timeout": timeout, "logs": logs}
         return Statement(self._q["wait_for_event"], params, lambda rows, _: (str(rows[0][0]), rows[0][1]))
 
     def emit_event(self, key: str, payload_json: str) -> Statement[bool]:
@@ -330,8 +336,8 @@ class JobStore:
         params = {"id": job_id, "token": token, "step": step, "spec": spec_json, "channel": self.channel}
         return Statement(self._q["spawn_child"], params, lambda rows, _: (str(rows[0][0]), rows[0][1]))
 
-    def wait_for_children(self, job_id: uuid.UUID, token: uuid.UUID) -> Statement[str]:
-        params = {"id": job_id, "token": token}
+    def wait_for_children(self, job_id: uuid.UUID, token: uuid.UUID, logs: str | None = None) -> Statement[str]:
+        params = {"id": job_id, "token": token, "logs": logs}
         return Statement(self._q["wait_for_children"], params, lambda rows, _: str(rows[0][0]))
 
     def groups_with_callbacks(self, group_ids: Sequence[uuid.UUID]) -> Statement[list[uuid.UUID]]:
@@ -365,7 +371,7 @@ class JobStore:
         lock their rows in the same order and cannot deadlock each other.
         """
         outcomes = sorted(outcomes, key=attrgetter("job_id"))
-        if all(o.status is JobStatus.COMPLETED for o in outcomes):
+        if all(o.status is JobStatus.COMPLETED and o.logs is None for o in outcomes):
             plain = {
                 "ids": [o.job_id for o in outcomes],
                 "tokens": [o.lease_token for o in outcomes],
@@ -382,6 +388,7 @@ class JobStore:
             "released": [o.released for o in outcomes],
             "kinds": [o.kind or o.status.value for o in outcomes],
             "tracebacks": [o.traceback for o in outcomes],
+            "logs": [o.logs for o in outcomes],
             "channel": self.channel,
         }
         return Statement(self._q["record_outcomes"], params, _statuses_written, prepare=False)

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from jobbus.execution import JobBatch, SyncJobExecution
+from jobbus.execution import JobBatch, SyncJobExecution, enter_batch, leave_batch
 from jobbus.registry import Handler
 from jobbus.worker.attempt import Answer, Attempt
 
@@ -213,14 +213,20 @@ class BatchCall:
         return await self._call_handler(attempts)
 
     async def _call_handler(self, attempts: list[Attempt]) -> Any:
+        """What the call logs, other than through one job's `logger`, is kept with each of its jobs."""
         func = self.handler.func
-        if self.handler.is_async:
-            return await func(JobBatch([attempt.execution for attempt in attempts]))
-        loop = asyncio.get_running_loop()
-        batch = JobBatch([SyncJobExecution(attempt.execution, loop) for attempt in attempts])
-        # In a copy of the task's context, as asyncio.to_thread does.
-        context = contextvars.copy_context()
-        outcome: _Returned = await loop.run_in_executor(self._threads, context.run, _in_thread, func, batch)
+        executions = [attempt.execution for attempt in attempts]
+        token = enter_batch(executions)
+        try:
+            if self.handler.is_async:
+                return await func(JobBatch(executions))
+            loop = asyncio.get_running_loop()
+            batch = JobBatch([SyncJobExecution(execution, loop) for execution in executions])
+            # In a copy of the task's context, as asyncio.to_thread does.
+            context = contextvars.copy_context()
+            outcome: _Returned = await loop.run_in_executor(self._threads, context.run, _in_thread, func, batch)
+        finally:
+            leave_batch(token)
         if outcome.raised is not None:
             raise outcome.raised
         return outcome.value

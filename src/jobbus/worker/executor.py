@@ -103,6 +103,8 @@ class Executor:
                 decision, error = await self._call_handler(attempt)
             elif attempt.batch is not None:
                 attempt.batch.withdraw(attempt)  # its batch's call goes on without it
+            if attempt.execution._log is not None:  # the handler logged: its lines go with the outcome
+                keep_logs(attempt, decision)
             attempt.phase = Phase.WRITING
             self._on_slot_free(attempt)  # the next claim may use the slot while the outcome is written
             if decision.outcome is not None and scope is None and span is None and not events.active:
@@ -349,8 +351,10 @@ class Executor:
     def _hand_over(self, decided: list[tuple[Attempt, Decision]]) -> None:
         """Jobs of a batch whose outcome is decided free their part of its slot; their outcomes go to the
         completer in one go, and the jobs end once they are written."""
-        for attempt, _ in decided:
+        for attempt, decision in decided:
             attempt.phase = Phase.WRITING
+            if attempt.execution._log is not None:
+                keep_logs(attempt, decision)
         self._on_slots_free([attempt for attempt, _ in decided])
         writing = [(attempt, decision) for attempt, decision in decided if decision.outcome is not None]
         if len(writing) < len(decided):  # nothing to write (no batch handler's outcome is so today)
@@ -536,6 +540,17 @@ class Executor:
 
     def _extra(self, attempt: Attempt) -> dict[str, Any]:
         return attempt.log_extra(self.worker_id)
+
+
+def keep_logs(attempt: Attempt, decision: Decision) -> None:
+    """The attempt is decided: its log is closed (a line logged later is not kept) and its lines go
+    with the outcome, written in the outcome's own statement. An attempt whose outcome is not written
+    (its lease was lost) keeps none; one that parked in a durable wait wrote them when it parked."""
+    log = attempt.execution._log
+    assert log is not None
+    logs = log.stored(close=True)
+    if decision.outcome is not None:
+        decision.outcome.logs = logs
 
 
 def _kind(decision: Decision, status: JobStatus | None) -> str:

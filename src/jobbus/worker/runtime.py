@@ -43,6 +43,7 @@ from jobbus.worker.collector import worker_pace
 from jobbus.worker.completer import Completer
 from jobbus.worker.control import ControlReader
 from jobbus.worker.health import HealthReport, HealthServer
+from jobbus.worker.joblogs import capturing_job_logs
 from jobbus.worker.leader import Leadership
 from jobbus.worker.listener import Listener
 from jobbus.worker.memory import rss_bytes
@@ -316,7 +317,7 @@ class Worker:
                 await self.pools.open(self.app.dsn)
                 await self._starting(self.app.check_schema)
                 await self._register()
-                with worker_pace():
+                with worker_pace(), capturing_job_logs():
                     return await self._serve()
             finally:
                 self._threads.shutdown(wait=False, cancel_futures=True)

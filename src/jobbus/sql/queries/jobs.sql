@@ -377,7 +377,8 @@ RETURNING cancellation_requested_at IS NOT NULL;
 -- from the row being updated (`j`), never from the statement's snapshot: a `cancel()` that commits
 -- while this statement waits for the row is seen when the row is read again.
 -- Each outcome is appended to the job's history (the last 50 are kept), with the traceback of an
--- attempt that raised (NULL, and so no key, for every other outcome). A job that fails gets its
+-- attempt that raised and the lines its handler logged (`logs`, and `logs_dropped` when the oldest were
+-- dropped: NULL, and so no key, when there are none). A job that fails gets its
 -- failure group (fold_error in sql/current.sql, for the dashboard's failures page); the CASE spares every
 -- other outcome the fold, and clears a group an earlier failure left. Jobs queued again and
 -- available at once are announced like new ones, one notification per (queue, type).
@@ -411,6 +412,8 @@ SET status = CASE WHEN j.cancellation_requested_at IS NOT NULL THEN 'cancelled' 
                      'seconds', round(extract(epoch FROM now() - j.started_at), 3),
                      'error', o.error,
                      'traceback', o.traceback,
+                     'logs', o.logs::jsonb -> 'lines',
+                     'logs_dropped', nullif((o.logs::jsonb -> 'dropped')::int, 0),
                      'delay_seconds', CASE WHEN o.final_status = 'queued' AND j.cancellation_requested_at IS NULL
                                            THEN o.delay END)))
 FROM (
@@ -418,8 +421,8 @@ FROM (
                      THEN 'failed' ELSE i.status END AS final_status
     FROM unnest(%(ids)b::uuid[], %(tokens)b::uuid[], %(statuses)b::text[], %(results)b::text[],
                 %(errors)b::text[], %(delays)b::float8[], %(released)b::bool[], %(kinds)b::text[],
-                %(tracebacks)b::text[])
-         AS i(id, token, status, result, error, delay, released, kind, traceback)
+                %(tracebacks)b::text[], %(logs)b::text[])
+         AS i(id, token, status, result, error, delay, released, kind, traceback, logs)
     JOIN {schema}.job AS cur ON cur.id = i.id
 ) AS o
 WHERE j.id = o.id AND j.lease_token = o.token AND j.status = 'running' AND j.lease_expires_at > now()
@@ -431,8 +434,9 @@ SELECT NULL, NULL, pg_notify(%(channel)b, json_build_array(queue, type)::text)
 FROM (SELECT DISTINCT queue, type FROM written WHERE status = 'queued' AND available_at <= now()) AS requeued;
 
 -- name: complete_jobs
--- record_outcomes for a round of completions, the common case under load: three arrays instead of nine
--- (each element of a binary array is dumped by Python, so the other six cost the worker ~5 µs per job),
+-- record_outcomes for a round of completions whose handlers logged nothing, the common case under
+-- load: three arrays instead of ten
+-- (each element of a binary array is dumped by Python, so the other seven cost the worker ~5 µs per job),
 -- the same fenced write, history entry and statuses returned; a job whose cancellation was asked for
 -- meanwhile ends cancelled, as there. Nothing is queued again, so nothing is announced.
 UPDATE {schema}.job AS j
@@ -676,10 +680,13 @@ WITH holder AS (
 SELECT EXISTS (SELECT 1 FROM holder), EXISTS (SELECT 1 FROM stored);
 
 -- name: sleep_job
-SELECT {schema}.sleep_job(%(id)s, %(token)s, %(step)s, %(seconds)s::float8);
+-- The durable waits take the lines the attempt logged so far (NULL: none), kept in the `waiting` entry
+-- of the history when they park the job (park_job in sql/current.sql).
+SELECT {schema}.sleep_job(%(id)s, %(token)s, %(step)s, %(seconds)s::float8, %(logs)s::jsonb);
 
 -- name: wait_for_event
-SELECT state, step FROM {schema}.wait_for_event(%(id)s, %(token)s, %(key)s, %(step)s, %(timeout)s::float8);
+SELECT state, step FROM {schema}.wait_for_event(%(id)s, %(token)s, %(key)s, %(step)s, %(timeout)s::float8,
+                                               %(logs)s::jsonb);
 
 -- name: emit_event
 SELECT {schema}.emit_event(%(key)s, %(payload)s::jsonb, %(channel)s);
@@ -688,7 +695,7 @@ SELECT {schema}.emit_event(%(key)s, %(payload)s::jsonb, %(channel)s);
 SELECT state, child FROM {schema}.spawn_child(%(id)s, %(token)s, %(step)s, %(spec)s::jsonb, %(channel)s);
 
 -- name: wait_for_children
-SELECT {schema}.wait_for_children(%(id)s, %(token)s);
+SELECT {schema}.wait_for_children(%(id)s, %(token)s, %(logs)s::jsonb);
 
 -- name: groups_with_callbacks
 SELECT group_id FROM {schema}.job_group WHERE group_id = ANY (%(ids)s::uuid[]) ORDER BY group_id;
