@@ -253,6 +253,7 @@ class Producer:
         tracer = tracing.current_tracer()
         handlers = self.registry.handlers
         build_job_spec = self.registry.build_job_spec
+        keyring = self.registry.keyring if self.settings.encryption_keys else None
         batched: list[ClaimedJob] = []
         for claimed in jobs:
             handler = handlers[claimed.type]
@@ -271,6 +272,7 @@ class Producer:
                 self.settings.max_payload_bytes,
                 signals,
                 build_job_spec,
+                keyring,
             )
             attempt.timeout = claimed.timeout_seconds or handler.timeout
             self.in_flight[claimed.id] = attempt
@@ -340,6 +342,7 @@ class Producer:
                 self.settings.max_payload_bytes,
                 signals,
                 self.registry.build_job_spec,
+                self.registry.keyring if self.settings.encryption_keys else None,
             )
             attempt.timeout = claimed.timeout_seconds or handler.timeout
             batch.add(attempt)
