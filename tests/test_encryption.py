@@ -35,7 +35,7 @@ def tables_holding(dsn: str, text: str) -> list[str]:
             table
             for table in tables
             if conn.execute(
-                f"SELECT count(*) FROM jobbus.{table} AS t WHERE strpos(t::text, %s) > 0",  # noqa: S608
+                f"SELECT count(*) FROM jobbus.{table} AS t WHERE strpos(t::text, %s) > 0",
                 (text,),
             ).fetchone()[0]  # type: ignore[index]
         ]
@@ -43,7 +43,7 @@ def tables_holding(dsn: str, text: str) -> list[str]:
 
 def stored(dsn: str, job_id: uuid.UUID, column: str) -> Any:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute(f"SELECT {column} FROM jobbus.job WHERE id = %s", (job_id,)).fetchone()  # noqa: S608
+        row = conn.execute(f"SELECT {column} FROM jobbus.job WHERE id = %s", (job_id,)).fetchone()
         assert row is not None
         return row[0]
 
@@ -76,9 +76,7 @@ async def test_every_payload_written_is_sealed_and_handlers_see_the_clear_text(d
         parent_id = await app.schedule("enc.parent", {"word": word})
         bulk = await app.schedule_many("enc.leaf", [{"bulk": word, "n": n} for n in range(250)])  # COPY
         small = await app.schedule_many("enc.leaf", [{"small": word}, {"small": word}])  # arrays
-        chained = await app.schedule(
-            "enc.leaf", {"first": word}, then=jobbus.JobRequest("enc.leaf", {"then": word})
-        )
+        chained = await app.schedule("enc.leaf", {"first": word}, then=jobbus.JobRequest("enc.leaf", {"then": word}))
         group_id, _ = await app.schedule_group(
             [jobbus.JobRequest("enc.leaf", {"member": word})], then=jobbus.JobRequest("enc.leaf", {"callback": word})
         )

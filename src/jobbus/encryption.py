@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from jobbus.errors import JobbusError
-from jobbus.jsontext import loads
+from jobbus.jsontext import dumps, loads
 from jobbus.models import Job
 
 #: The one key of a sealed payload's JSON object. A clear payload of exactly this one key is read as sealed.
@@ -51,6 +51,10 @@ class MissingKeyError(JobbusError):
             "(JOBBUS_ENCRYPTION_KEYS): add that key (after the newest) to read it"
         )
         self.key_id = key_id
+
+
+class EncryptionUnavailableError(JobbusError, ImportError):
+    """Keys are configured and the `cryptography` package is not installed."""
 
 
 class UnreadablePayloadError(JobbusError):
@@ -144,6 +148,27 @@ class Keyring:
                 f"{what} (encrypted with key {kid}) does not open: it was altered or belongs to another job"
             ) from None
         return loads(clear)
+
+    def resealed(
+        self, text: str | None, field: str, job_id: uuid.UUID | str, job_type: str, *, clear_bind: str = BIND_ID
+    ) -> str | None:
+        """JSON text of `text` (a stored payload's JSON) sealed with the newest key, or None when there is
+        nothing to do: empty, or sealed with the newest key already. A payload sealed before keeps its
+        binding; one in clear takes `clear_bind`. Raises as `open` does."""
+        if text is None:
+            return None
+        value = loads(text)
+        if value is None or value == {}:
+            return None
+        kid = sealed_key_id(value)
+        if kid == self.ids[0]:
+            return None
+        if kid is None:
+            clear, bind = text, clear_bind
+        else:
+            bind = value[MARKER].split(".", 3)[2]
+            clear = dumps(self.open(value, field, job_id, job_type, f"the {field} of job {job_id}"))
+        return self.seal_text(clear, field, job_type if bind == BIND_TYPE else job_id, bind=bind)
 
 
 def _aad(field: str, bind: str, binding: str, version: str = VERSION) -> bytes:
