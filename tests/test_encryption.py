@@ -257,3 +257,71 @@ def test_the_envelope_is_one_marked_key() -> None:
     assert keyring.seal_text('{"a":1}', "configuration", job_id) != text  # a fresh nonce each time
     with pytest.raises(jobbus.JobbusError, match="does not open"):
         keyring.open(value, "result", job_id, "t", "x")  # another field
+
+
+async def test_the_cli_and_the_dashboard_show_payloads_only_with_the_key(dsn: str) -> None:
+    import httpx
+
+    from jobbus.dashboard import create_app
+    from tests.cli import jobbus as run_cli
+
+    word = secret()
+    app = encrypted_app(dsn)
+
+    @app.job("enc.leaf")
+    async def leaf(job: jobbus.JobExecution) -> Any:
+        await job.step("s", lambda: {"step": word})
+        return {"result": word}
+
+    async with app:
+        job_id = await app.schedule("enc.leaf", {"word": word})
+        await app.drain()
+    kid = key_id(parse_key(NEW_KEY, 0))
+    hidden = f"<encrypted with key {kid}, not held here>"
+
+    shown = run_cli(dsn, "jobs", "show", str(job_id), JOBBUS_ENCRYPTION_KEYS=NEW_KEY)
+    assert shown.returncode == 0, shown.stderr
+    assert word in shown.stdout and hidden not in shown.stdout
+    for args in (("jobs", "show", str(job_id)), ("jobs", "show", str(job_id), "--json"), ("jobs", "list", "--json")):
+        without = run_cli(dsn, *args)
+        assert without.returncode == 0, without.stderr
+        assert word not in without.stdout and hidden in without.stdout, args
+        assert "$jobbus.encrypted" not in without.stdout  # no ciphertext either
+    listed = run_cli(dsn, "jobs", "list", "--json", JOBBUS_ENCRYPTION_KEYS=NEW_KEY)
+    assert word in listed.stdout
+
+    for keys, visible in (([NEW_KEY], True), ([], False)):
+        asgi = create_app(jobbus.App(dsn=dsn, encryption_keys=keys))
+        try:
+            transport = httpx.ASGITransport(app=asgi)
+            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+                page = (await http.get(f"/jobs/{job_id}")).text
+                listing = (await http.get("/jobs?status=completed")).text
+        finally:
+            await asgi.state.dashboard.close()
+        assert (word in page) is visible and (word in listing) is visible
+        assert ("not held here" in page) is not visible and ("not held here" in listing) is not visible
+        assert "$jobbus.encrypted" not in page
+
+
+async def test_no_log_line_holds_a_payload(dsn: str, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    word = secret()
+    caplog.set_level(logging.DEBUG)
+    writer = encrypted_app(dsn, OLD_KEY)
+    async with writer:
+        failing = await writer.schedule("enc.leaf", {"word": word}, max_attempts=1)
+    app = encrypted_app(dsn)
+
+    @app.job("enc.leaf")
+    async def leaf(job: jobbus.JobExecution) -> Any:
+        return {"result": word}
+
+    async with app:
+        ok = await app.schedule("enc.leaf", {"word": word})
+        await app.drain()
+        assert (await app.find(ok)).status == "completed"  # type: ignore[union-attr]
+        assert (await app.find(failing)).status == "failed"  # type: ignore[union-attr]
+    assert caplog.records and not [r for r in caplog.records if word in r.getMessage()]
+    assert NEW_KEY not in caplog.text and OLD_KEY not in caplog.text
