@@ -9,10 +9,13 @@ from typing import Any
 
 import psycopg
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import jobbus
 from jobbus.encryption import MARKER, generate_key, key_id, keyring_of, parse_key, sealed_key_id
 from tests.conftest import FAST
+from tests.processes import eventually
 
 NEW_KEY = generate_key()
 OLD_KEY = generate_key()
@@ -325,3 +328,64 @@ async def test_no_log_line_holds_a_payload(dsn: str, caplog: pytest.LogCaptureFi
         assert (await app.find(failing)).status == "failed"  # type: ignore[union-attr]
     assert caplog.records and not [r for r in caplog.records if word in r.getMessage()]
     assert NEW_KEY not in caplog.text and OLD_KEY not in caplog.text
+
+
+async def test_a_spawn_is_the_same_child_in_every_run_of_the_handler(dsn: str) -> None:
+    app = encrypted_app(dsn)
+    spawned: list[uuid.UUID] = []
+
+    @app.job("enc.spawner")
+    async def spawner(job: jobbus.JobExecution) -> None:
+        spawned.append(await job.spawn("enc.child", {"same": 1}))
+        await job.sleep("again", 0.2)  # parks: the handler runs again from the top
+
+    @app.job("enc.child")
+    async def child(job: jobbus.JobExecution) -> None:
+        return None
+
+    async with app:
+        parent = await app.schedule("enc.spawner")
+
+        async def finished() -> bool:
+            await app.drain()
+            job = await app.find(parent)
+            return job is not None and job.status == "completed"
+
+        await eventually(finished, what="the spawner to finish")
+    assert len(spawned) == 2 and spawned[0] == spawned[1]
+
+
+@given(
+    value=st.recursive(
+        st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=20),
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+        max_leaves=20,
+    ),
+    flip=st.integers(min_value=0),
+)
+@settings(max_examples=200, deadline=None)
+def test_any_payload_opens_as_written_and_any_altered_bit_is_refused(value: Any, flip: int) -> None:
+    import base64
+    import json
+
+    from jobbus.jsontext import dumps
+
+    keyring = keyring_of([NEW_KEY, OLD_KEY])
+    assert keyring is not None
+    job_id = uuid.uuid4()
+    text = dumps(value)
+    sealed_text = keyring.seal_text(text, "result", job_id)
+    if text in ("{}", "null"):
+        assert sealed_text == text
+        return
+    sealed = json.loads(sealed_text)
+    assert keyring.open(sealed, "result", job_id, "t", "x") == json.loads(text)
+    body = sealed[MARKER]
+    prefix = body.rsplit(".", 1)[0] + "."
+    raw = bytearray(base64.urlsafe_b64decode(body[len(prefix) :]))
+    raw[flip % len(raw)] ^= 1 << (flip % 8)  # one bit of the nonce, the ciphertext or the tag
+    altered = base64.urlsafe_b64encode(bytes(raw)).decode()
+    with pytest.raises(jobbus.JobbusError):
+        keyring.open({MARKER: prefix + altered}, "result", job_id, "t", "x")
+    with pytest.raises(jobbus.JobbusError):
+        keyring.open(sealed, "result", uuid.uuid4(), "t", "x")  # another job

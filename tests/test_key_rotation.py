@@ -12,6 +12,7 @@ import uuid
 from typing import Any
 
 import psycopg
+import pytest
 
 import jobbus
 from jobbus.encryption import MARKER, generate_key, key_id, parse_key
@@ -175,3 +176,22 @@ def test_rotation_without_keys_is_refused_and_a_missing_key_is_reported(dsn: str
     with psycopg.connect(dsn) as conn:
         after = conn.execute("SELECT configuration_data::text FROM jobbus.job WHERE id = %s", (job_id,)).fetchone()
     assert after == before  # left as it was
+
+
+def test_the_configuration_stays_immutable_but_for_a_re_encryption(dsn: str) -> None:
+    with jobbus.App(dsn=dsn, encryption_keys=[OLD_KEY], **FAST).sync as app:
+        job_id = app.schedule("enc.echo", {"x": 1})
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        sealed = conn.execute("SELECT configuration_data FROM jobbus.job WHERE id = %s", (job_id,)).fetchone()
+        assert sealed is not None
+        for attempt in ("{}", '{"x": 2}', '{"$jobbus.encrypted": "1.a.i.b", "more": 1}'):
+            with pytest.raises(psycopg.errors.CheckViolation, match="immutable"), conn.transaction():
+                conn.execute("SELECT set_config('jobbus.rekey', 'on', true)")
+                conn.execute("UPDATE jobbus.job SET configuration_data = %s WHERE id = %s", (attempt, job_id))
+        with pytest.raises(psycopg.errors.CheckViolation, match="immutable"):  # not without the setting
+            conn.execute(
+                "UPDATE jobbus.job SET configuration_data = %s WHERE id = %s",
+                ('{"$jobbus.encrypted": "1.a.i.b"}', job_id),
+            )
+        after = conn.execute("SELECT configuration_data FROM jobbus.job WHERE id = %s", (job_id,)).fetchone()
+        assert after == sealed

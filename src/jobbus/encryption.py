@@ -35,6 +35,8 @@ from jobbus.models import Job
 #: The one key of a sealed payload's JSON object. A clear payload of exactly this one key is read as sealed.
 MARKER = "$jobbus.encrypted"
 VERSION = "1"
+#: How the JSON text of every sealed payload starts.
+SEALED_PREFIX = '{"' + MARKER + '":"'
 BIND_ID = "i"
 BIND_TYPE = "t"
 KEY_BYTES = 32

@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar, Unpack, overload
 
-from jobbus.encryption import Keyring, MissingKeyError, open_job, sealed_key_id
+from jobbus.encryption import SEALED_PREFIX, Keyring, MissingKeyError, open_job, sealed_key_id
 from jobbus.errors import LeaseLostError
 from jobbus.models import ClaimedJob, Job, JobSpec
 from jobbus.requests import (
@@ -397,7 +397,10 @@ class JobExecution:
             refuse_follow_up_groups(await self._run(self._store.groups_with_callbacks(then_groups)))
         # Keyed by what is spawned, not by position: a deploy that adds or removes other spawns does not
         # hand this call another call's child. The k-th identical spawn of a run is the k-th child.
-        clear = spec.configuration if self._keyring is None else configuration_json(configuration)
+        # The clear configuration: a sealed one differs in every run (a fresh nonce each time).
+        clear = (
+            configuration_json(configuration) if spec.configuration.startswith(SEALED_PREFIX) else spec.configuration
+        )
         what = hashlib.sha256(f"{spec.type}\x00{clear}".encode()).hexdigest()[:16]
         self._spawned[what] = count = self._spawned.get(what, 0) + 1
         step = f"spawn:{spec.type[:200]}:{what}:{count}"
