@@ -389,3 +389,13 @@ def test_any_payload_opens_as_written_and_any_altered_bit_is_refused(value: Any,
         keyring.open({MARKER: prefix + altered}, "result", job_id, "t", "x")
     with pytest.raises(jobbus.JobbusError):
         keyring.open(sealed, "result", uuid.uuid4(), "t", "x")  # another job
+
+
+def test_reconfigure_takes_keys_as_app_does() -> None:
+    app = jobbus.App(dsn="postgresql://x/y")
+    app.reconfigure(encryption_keys=[NEW_KEY])
+    assert app.settings.encryption_keys == (NEW_KEY,)
+    app.reconfigure(encryption_keys=f"{NEW_KEY},{OLD_KEY}")
+    assert app.settings.encryption_keys == (NEW_KEY, OLD_KEY)
+    with pytest.raises(ValueError, match="decodes to"):
+        app.reconfigure(encryption_keys=["c2hvcnQ="])

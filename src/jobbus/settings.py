@@ -188,6 +188,8 @@ class Settings:
 
     def __post_init__(self) -> None:
         validate_schema_name(self.schema)
+        if not isinstance(self.encryption_keys, tuple):  # dataclasses.replace (App.reconfigure) does not coerce
+            object.__setattr__(self, "encryption_keys", _keys("encryption_keys", self.encryption_keys))
         for name, bounds in BOUNDS.items():
             value = getattr(self, name)
             if value is not None or not _nullable(name):
