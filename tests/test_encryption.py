@@ -260,6 +260,9 @@ def test_the_envelope_is_one_marked_key() -> None:
     assert keyring.seal_text('{"a":1}', "configuration", job_id) != text  # a fresh nonce each time
     with pytest.raises(jobbus.JobbusError, match="does not open"):
         keyring.open(value, "result", job_id, "t", "x")  # another field
+    for malformed in ("", "1", "1.x", f"1.{keyring.newest_id}.i.!!"):
+        with pytest.raises(jobbus.JobbusError):
+            keyring.open({MARKER: malformed}, "configuration", job_id, "t", "x")
 
 
 async def test_the_cli_and_the_dashboard_show_payloads_only_with_the_key(dsn: str) -> None:

@@ -137,6 +137,8 @@ class Keyring:
         kid = sealed_key_id(value)
         if kid is None:
             return value
+        if not kid:
+            raise UnreadablePayloadError(f"{what} is marked as encrypted but is not an encrypted payload")
         version, _, bind, body = value[MARKER].split(".", 3)
         cipher = self._ciphers.get(kid)
         if cipher is None:
@@ -168,8 +170,8 @@ class Keyring:
         if kid is None:
             clear, bind = text, clear_bind
         else:
-            bind = value[MARKER].split(".", 3)[2]
             clear = dumps(self.open(value, field, job_id, job_type, f"the {field} of job {job_id}"))
+            bind = value[MARKER].split(".", 3)[2]
         return self.seal_text(clear, field, job_type if bind == BIND_TYPE else job_id, bind=bind)
 
 
