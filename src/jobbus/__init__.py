@@ -2,6 +2,7 @@
 
 from jobbus.app import App, SyncApp
 from jobbus.bus import Codec, DispatchResult, JsonCodec, MessageBus
+from jobbus.encryption import MissingKeyError
 from jobbus.errors import (
     DatabaseUnavailableError,
     InvalidJobError,
@@ -59,6 +60,7 @@ __all__ = [
     "JsonCodec",
     "LeaseLostError",
     "MessageBus",
+    "MissingKeyError",
     "NonRetryableError",
     "Periodic",
     "PeriodicOptions",

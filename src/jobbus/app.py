@@ -21,6 +21,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from jobbus import schema as schema_module
 from jobbus.batching import InsertBatcher
+from jobbus.encryption import keyring_of
 from jobbus.errors import JobbusError
 from jobbus.events import EventHub, JobEvent
 from jobbus.models import ClaimedJob, JobSpec
@@ -88,6 +89,7 @@ class App(AsyncProducer):
             raise ValueError(f"unknown setting(s): {', '.join(unknown)}")
         previous = self.settings
         settings = dataclasses.replace(previous, **changes)
+        keyring_of(settings.encryption_keys)  # bad keys or a missing cryptography package fail here
         self.sync.close()
         self.settings = settings
         self.store = JobStore(settings.schema)

@@ -23,15 +23,18 @@ from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar, Unpack, overload
 
+from jobbus.encryption import SEALED_PREFIX, Keyring, MissingKeyError, open_job, sealed_key_id
 from jobbus.errors import LeaseLostError
 from jobbus.joblog import JOB_LOGGER, AttemptLog
 from jobbus.models import ClaimedJob, Job, JobSpec
 from jobbus.requests import (
     JobOptions,
     JobRequest,
+    configuration_json,
     follow_up_groups,
     json_text,
     refuse_follow_up_groups,
+    sealed_within,
     spec_json,
 )
 from jobbus.store import JobStore, Statement
@@ -134,6 +137,7 @@ class JobExecution:
         "_claimed",
         "_configuration",
         "_execution_data",
+        "_keyring",
         "_lease_seconds",
         "_log",
         "_max_payload_bytes",
@@ -154,8 +158,10 @@ class JobExecution:
         max_payload_bytes: int,
         signals: AttemptSignals | None = None,
         build: Callable[[JobRequest], JobSpec] | None = None,
+        keyring: Keyring | None = None,
     ) -> None:
         self._claimed = claimed
+        self._keyring = keyring
         self._build = build
         self._max_payload_bytes = max_payload_bytes
         self._store = store
@@ -176,6 +182,27 @@ class JobExecution:
         #: What the handler logged, made at its first line (`_attempt_log`); the worker reads it once the
         #: attempt is decided, to store it with the outcome.
         self._log: AttemptLog | None = None
+
+    def open_payloads(self) -> None:
+        """Open the claimed configuration and checkpoint where they are sealed (`jobbus.encryption`), before
+        the handler runs: `MissingKeyError` names a key this worker does not hold, and nothing is written."""
+        claimed = self._claimed
+        configuration, data = claimed.configuration_data, claimed.execution_data
+        self._configuration = MappingProxyType(self._open(configuration, "configuration", "configuration") or {})
+        self._execution_data = self._open(data, "execution", "execution data")
+
+    def _open(self, value: Any, field: str, what: str) -> Any:
+        kid = sealed_key_id(value)
+        if kid is None:
+            return value
+        if self._keyring is None:
+            raise MissingKeyError(kid, f"the {what} of job {self.id}")
+        return self._keyring.open(value, field, self.id, self.type, f"the {what} of job {self.id}")
+
+    def _sealed(self, text: str, field: str, what: str) -> str:
+        """`text` sealed with the newest key (this worker has keys); bounded by max_payload_bytes as stored."""
+        assert self._keyring is not None
+        return sealed_within(what, self._keyring.seal_text(text, field, self.id), len(text), self._max_payload_bytes)
 
     # -- identity ----------------------------------------------------------------------------------
     @property
@@ -286,6 +313,8 @@ class JobExecution:
         if not isinstance(data, Mapping):
             raise TypeError(f"checkpoint data must be a JSON object (a dict), got {type(data).__name__}")
         text = json_text("checkpoint data", dict(data), self._max_payload_bytes)
+        if self._keyring is not None:
+            text = self._sealed(text, "execution", "checkpoint data")
         await self._fenced(self._store.checkpoint_job(self.id, self.lease_token, text), "checkpoint")
         self._execution_data = dict(data)
 
@@ -326,11 +355,17 @@ class JobExecution:
                 value = await value
         return await self.store_step(name, value)
 
+    def _opened_steps(self, steps: dict[str, Any]) -> dict[str, Any]:
+        for name, value in steps.items():
+            if sealed_key_id(value) is not None:
+                steps[name] = self._open(value, f"step:{name}", f"result of step {name!r}")
+        return steps
+
     async def stored_step(self, name: str) -> tuple[bool, Any]:
         """(True, result) if a step of this name is stored (by any attempt), else (False, None)."""
         check_step_name(name)
         if self._steps is None:
-            self._steps = await self._run(self._store.job_steps(self.id))
+            self._steps = self._opened_steps(await self._run(self._store.job_steps(self.id)))
         if name in self._steps:
             return True, self._steps[name]
         return False, None
@@ -393,7 +428,11 @@ class JobExecution:
             refuse_follow_up_groups(await self._run(self._store.groups_with_callbacks(then_groups)))
         # Keyed by what is spawned, not by position: a deploy that adds or removes other spawns does not
         # hand this call another call's child. The k-th identical spawn of a run is the k-th child.
-        what = hashlib.sha256(f"{spec.type}\x00{spec.configuration}".encode()).hexdigest()[:16]
+        # The clear configuration: a sealed one differs in every run (a fresh nonce each time).
+        clear = (
+            configuration_json(configuration) if spec.configuration.startswith(SEALED_PREFIX) else spec.configuration
+        )
+        what = hashlib.sha256(f"{spec.type}\x00{clear}".encode()).hexdigest()[:16]
         self._spawned[what] = count = self._spawned.get(what, 0) + 1
         step = f"spawn:{spec.type[:200]}:{what}:{count}"
         found, stored = await self.stored_step(step)
@@ -422,7 +461,7 @@ class JobExecution:
         await self._wait(statement, "its children", "children")
         taken: tuple[str, list[Job]] = await self._run(self._store.children_snapshot(self.id, self.lease_token, index))
         self._after_wait(taken[0], "its children")
-        return taken[1]
+        return [open_job(child, self._keyring, strict=True) for child in taken[1]]
 
     async def _wait(self, statement: Statement[Any], what: str, waiting_for: str) -> Any:
         """Run a durable wait's statement: its answer, once 'parked' is raised as `JobParked` and 'lost'
@@ -459,13 +498,14 @@ class JobExecution:
     async def store_step(self, name: str, value: Any) -> Any:
         """Store a step's result, fenced by the lease; returns the result as later attempts will see it."""
         text = json_text(f"the result of step {name!r}", value, self._max_payload_bytes)
+        sealed = text if self._keyring is None else self._sealed(text, f"step:{name}", f"the result of step {name!r}")
         self.check_open(f"step {name!r}")
-        held, stored = await self._run(self._store.record_step(self.id, self.lease_token, name, text))
+        held, stored = await self._run(self._store.record_step(self.id, self.lease_token, name, sealed))
         if not held:
             self._signals.request(StopReason.LEASE_LOST)
             raise self._refuse(f"step {name!r}")
         if not stored:  # stored meanwhile by this same attempt (two calls of one name at once): keep that
-            self._steps = await self._run(self._store.job_steps(self.id))
+            self._steps = self._opened_steps(await self._run(self._store.job_steps(self.id)))
             return self._steps.get(name)
         result = json.loads(text)
         assert self._steps is not None

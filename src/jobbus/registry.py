@@ -15,11 +15,12 @@ from datetime import timedelta
 from typing import Any, ParamSpec, TypedDict, TypeVar, Unpack
 
 from jobbus.durations import seconds_or_none
+from jobbus.encryption import Keyring, keyring_of
 from jobbus.errors import InvalidJobError
 from jobbus.events import EventHub
 from jobbus.models import JobSpec
 from jobbus.periodic import PeriodicOptions, PeriodicSpec
-from jobbus.requests import JobDefaults, JobRequest, build_spec, check_options, spec_json
+from jobbus.requests import JobDefaults, JobRequest, build_spec, check_options, seal_spec, spec_json
 from jobbus.settings import Settings
 from jobbus.tasks import Task, TaskProducer, default_type
 
@@ -101,6 +102,7 @@ class Registry:
     def __init__(self, settings: Settings, job_scope: JobScope | None = None) -> None:
         if job_scope is not None and not callable(job_scope):
             raise ValueError(f"job_scope must be a callable returning an async context manager, got {job_scope!r}")
+        keyring_of(settings.encryption_keys)  # bad keys or a missing cryptography package fail here
         self.settings = settings
         self.job_scope = job_scope
         self.handlers: dict[str, Handler] = {}
@@ -159,6 +161,16 @@ class Registry:
 
     # -- what follows from it ----------------------------------------------------------------------
 
+    @property
+    def keyring(self) -> Keyring | None:
+        """The keys payloads are sealed and opened with (`jobbus.encryption`), or None without keys."""
+        return keyring_of(self.settings.encryption_keys)
+
+    def keyring_or_fail(self) -> Keyring:
+        keyring = self.keyring
+        assert keyring is not None, "called with encryption_keys set"
+        return keyring
+
     def job_defaults(self, job_type: str) -> JobDefaults:
         handler = self.handlers.get(job_type)
         return handler.defaults if handler else JobDefaults()
@@ -172,6 +184,8 @@ class Registry:
         spec = build_spec(
             request, self.job_defaults(request.type), settings.default_max_attempts, settings.max_payload_bytes
         )
+        if settings.encryption_keys:
+            spec = seal_spec(spec, self.keyring_or_fail(), settings.max_payload_bytes)
         if request.then is None:
             return spec
         if not isinstance(request.then, JobRequest):

@@ -7,13 +7,14 @@ import math
 import re
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, TypedDict
 
 from uuid_utils import uuid7
 
 from jobbus.durations import resolve_available_at, resolve_expires, seconds_or_none
+from jobbus.encryption import BIND_TYPE, Keyring
 from jobbus.errors import InvalidJobError, InvalidStateError
 from jobbus.jsontext import dumps
 from jobbus.models import JobSpec, SharedSpecs, options_of
@@ -267,6 +268,35 @@ def specs_sharing(
     """
     texts = [configuration_json(configuration, limit) for configuration in configurations]
     return SharedSpecs(template, new_job_ids(len(texts)), texts)
+
+
+def seal_spec(spec: JobSpec, keyring: Keyring, limit: int | None) -> JobSpec:
+    """`spec` with its configuration sealed with the newest key (`jobbus.encryption`), bound to the job's
+    id (to its type for a debounced job, whose configuration may land on another job of its key)."""
+    if spec.debounce is not None:
+        text = keyring.seal_text(spec.configuration, "configuration", spec.type, bind=BIND_TYPE)
+    else:
+        text = keyring.seal_text(spec.configuration, "configuration", spec.id)
+    return replace(spec, configuration=sealed_within("configuration", text, len(spec.configuration), limit))
+
+
+def seal_configurations(shared: SharedSpecs, keyring: Keyring, limit: int | None) -> SharedSpecs:
+    """`seal_spec` for the jobs of a `SharedSpecs` (none is debounced: they have no unique key)."""
+    texts = [
+        sealed_within("configuration", keyring.seal_text(text, "configuration", job_id), len(text), limit)
+        for job_id, text in zip(shared.ids, shared.configurations, strict=True)
+    ]
+    return SharedSpecs(shared.template, shared.ids, texts)
+
+
+def sealed_within(what: str, sealed: str, clear_bytes: int, limit: int | None) -> str:
+    """`sealed`, or `InvalidJobError` when it is over `limit`: max_payload_bytes bounds what is stored."""
+    if limit is not None and len(sealed) > limit:
+        raise InvalidJobError(
+            f"{what} is {len(sealed)} bytes of JSON once encrypted ({clear_bytes} in clear), over the limit "
+            f"of {limit} (setting max_payload_bytes); store large data elsewhere and pass a reference"
+        )
+    return sealed
 
 
 def configuration_json(configuration: Mapping[str, Any] | None, limit: int | None = None) -> str:

@@ -182,9 +182,14 @@ class Settings:
     #: How long an async handler may run on after `cancel()` is seen (its `cancellation_requested` is
     #: true) before its task is cancelled; None never cancels it. Sync handlers are never interrupted.
     cancel_grace_seconds: float | None = 30.0
+    #: Keys that encrypt payloads at rest, newest first (`jobbus.encryption`; `JOBBUS_ENCRYPTION_KEYS`
+    #: comma-separated): the newest seals what is written, any of them opens what it sealed. Never shown.
+    encryption_keys: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         validate_schema_name(self.schema)
+        if not isinstance(self.encryption_keys, tuple):  # dataclasses.replace (App.reconfigure) does not coerce
+            object.__setattr__(self, "encryption_keys", _keys("encryption_keys", self.encryption_keys))
         for name, bounds in BOUNDS.items():
             value = getattr(self, name)
             if value is not None or not _nullable(name):
@@ -272,6 +277,8 @@ def _nullable(name: str) -> bool:
 def _shown(name: str, value: object) -> str:
     if name in ("dsn", "listen_dsn") and isinstance(value, str):
         return repr(redact(value))
+    if name == "encryption_keys" and isinstance(value, tuple):
+        return f"<{len(value)} key{'' if len(value) == 1 else 's'}>"
     return repr(value)
 
 
@@ -299,10 +306,21 @@ def _require(ok: bool, name: str, rule: str, value: object) -> None:
         raise ValueError(f"{name} {rule}, got {value!r}")
 
 
+def _keys(name: str, value: Any) -> tuple[str, ...]:
+    """A comma-separated string (newest first) or a list of strings; checked as keys by `jobbus.encryption`."""
+    if isinstance(value, str):
+        return tuple(part.strip() for part in value.split(",") if part.strip())
+    if isinstance(value, list | tuple) and all(isinstance(item, str) for item in value):
+        return tuple(value)
+    raise ValueError(f"{name} must be a list of keys (strings), newest first, got a {type(value).__name__}")
+
+
 def _coerce(name: str, type_name: str, value: Any, variable: str, *, from_environment: bool = False) -> Any:
     """Turn keyword or environment values into the field's type, refusing what does not fit."""
     kinds = [part.strip() for part in type_name.split("|")]
     kind = kinds[0]
+    if kind.startswith("tuple"):
+        return _keys(name, value)
     if value is None or (from_environment and "None" in kinds and value.strip().lower() in _NONE_WORDS):
         if "None" in kinds:
             return None

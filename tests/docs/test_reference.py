@@ -44,7 +44,8 @@ NOT_RENDERED = {
     },
     "jobbus.SyncApp": {"insert_specs"},
     # What the durable steps and waits are built of; SyncJobExecution calls them.
-    "jobbus.JobExecution": {"check_open", "stored_step", "store_step"},
+    # open_payloads: the worker decrypts the claimed payloads with it before the handler runs.
+    "jobbus.JobExecution": {"check_open", "stored_step", "store_step", "open_payloads"},
     # The worker's services and wiring.
     "jobbus.Worker": {
         "observers",

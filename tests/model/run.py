@@ -33,6 +33,7 @@ from psycopg.types.json import Jsonb
 
 import jobbus
 from jobbus import control
+from jobbus.encryption import keyring_of, sealed_key_id
 from tests.model.app import LOG_APPLICATION, LOG_DDL
 from tests.model.history import (
     Edit,
@@ -1350,7 +1351,9 @@ def _read(
         " configuration_data, attempts, last_error, extract(epoch FROM expires_at)::float8,"
         " extract(epoch FROM started_at)::float8, error_group, history, unique_key, weight FROM jobbus.job"
     ).fetchall():
-        h.jobs.append(JobRow(*row))
+        values = list(row)
+        values[10] = _opened(row[0], row[1], row[10])
+        h.jobs.append(JobRow(*values))
     for job_id, old, new, attempts, type_, unique_key, expires_at, at, weight in log.execute(
         "SELECT job_id::text, old_status, new_status, attempts, type, unique_key,"
         " extract(epoch FROM expires_at)::float8, extract(epoch FROM at)::float8, weight"
@@ -1467,6 +1470,16 @@ def _read(
     ).fetchall():
         h.stored_steps[(job_id, name)] = at
     return h
+
+
+def _opened(job_id: str, job_type: str, configuration: Any) -> Any:
+    """A configuration as the handler saw it: opened with JOBBUS_ENCRYPTION_KEYS when the run had keys."""
+    if sealed_key_id(configuration) is None:
+        return configuration
+    keyring = keyring_of([k for k in os.environ.get("JOBBUS_ENCRYPTION_KEYS", "").split(",") if k.strip()])
+    if keyring is None:
+        raise AssertionError(f"job {job_id} has an encrypted configuration and the run had no keys")
+    return keyring.open(configuration, "configuration", job_id, job_type, f"the configuration of job {job_id}")
 
 
 def check_seed(

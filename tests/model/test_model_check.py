@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import sys
 
+import psycopg
 import pytest
 
+from jobbus.encryption import generate_key
 from tests.model.history import Violation
 from tests.model.run import EXPIRY_VARIANTS, PART_THREE, SECRET_SHAPES, check_seed, explain, generate
 
@@ -56,6 +58,20 @@ def test_model_check(seed: int, single_queue_workers: bool, dsn: str) -> None:
     assert not unknown, explain(topology, report)
     if report.violations:
         pytest.xfail("; ".join(sorted({r for r in reasons if r})))
+
+
+@pytest.mark.timeout(420)
+def test_model_check_with_encryption_keys(dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SPEC 22: a full model whose producers and workers all have keys (every Python-scheduled payload is
+    encrypted, the SQL API's jobs are not) keeps every guarantee; the checker reads the configurations
+    with the same keys."""
+    monkeypatch.setenv("JOBBUS_ENCRYPTION_KEYS", f"{generate_key()},{generate_key()}")
+    topology, report = check_seed(4, dsn, DURATION)
+    print(explain(topology, report))
+    assert not [v for v in report.violations if known_hole(v) is None], explain(topology, report)
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT count(*) FROM jobbus.job WHERE configuration_data ? '$jobbus.encrypted'").fetchone()
+    assert row is not None and row[0] > 0  # encrypted payloads were stored
 
 
 @pytest.mark.parametrize("seed", range(40))

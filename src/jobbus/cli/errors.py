@@ -20,6 +20,7 @@ import psycopg_pool
 from jobbus.cli import exit_codes
 from jobbus.cli.loading import AppLoadError
 from jobbus.cli.text import visible
+from jobbus.encryption import EncryptionUnavailableError
 from jobbus.errors import (
     DatabaseUnavailableError,
     InvalidJobError,
@@ -93,6 +94,8 @@ def run(coroutine_factory: Callable[[], Coroutine[Any, Any, int]]) -> int:
         return fail(str(exc), exit_codes.FAILURE)
     except InvalidJobError as exc:
         return fail(str(exc), exit_codes.USAGE)
+    except EncryptionUnavailableError as exc:
+        return fail(str(exc), exit_codes.CONFIG)
     except ImportError:  # raised inside the --app module: the user's bug, so its traceback helps
         print_traceback()
         return fail("could not import the --app module (traceback above)", exit_codes.CONFIG)

@@ -34,6 +34,7 @@ from jobbus.cli.output import (
 )
 from jobbus.cli.schedule import parse_when
 from jobbus.cli.suggest import SuggestingGroup
+from jobbus.encryption import placeholder
 from jobbus.errors import InvalidJobError
 from jobbus.joblog import history_logs
 from jobbus.models import JOB_VIEWS, Job, JobStatus
@@ -305,7 +306,7 @@ def _job_detail(job: Job) -> Group:
     table.add_column("value")
 
     def dumped(value: object) -> str:
-        return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+        return placeholder(value) or json.dumps(value, indent=2, ensure_ascii=False, default=str)
 
     rows: list[tuple[str, str | Text]] = [
         ("id", str(job.id)),
@@ -344,7 +345,8 @@ def _job_detail(job: Job) -> Group:
         steps.add_column("step", no_wrap=True)
         steps.add_column("result")
         for name, result in job.steps.items():
-            steps.add_row(shown(name), shown(one_line(json.dumps(result, ensure_ascii=False, default=str), 100)))
+            text = placeholder(result) or json.dumps(result, ensure_ascii=False, default=str)
+            steps.add_row(shown(name), shown(one_line(text, 100)))
         parts.append(steps)
     if job.history:
         parts.append(Text("history:", style="bold"))

@@ -28,6 +28,7 @@ COMMANDS = {
     "stop": "jobbus.cli.control:stop_command",
     "restart": "jobbus.cli.control:restart_command",
     "jobs": "jobbus.cli.jobs:jobs_group",
+    "keys": "jobbus.cli.keys:keys_group",
     "periodic": "jobbus.cli.periodic:periodic_group",
     "queue": "jobbus.cli.queues:queue_group",
     "schedule": "jobbus.cli.schedule:schedule_command",

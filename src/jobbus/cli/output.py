@@ -30,6 +30,7 @@ from jobbus.app import App
 from jobbus.cli.errors import UsageProblem, probe_database
 from jobbus.cli.text import visible
 from jobbus.control import StatusReport, WorkerInfo
+from jobbus.encryption import placeholder
 from jobbus.models import Job, JobStatus
 from jobbus.redaction import redact_secrets
 
@@ -202,6 +203,9 @@ def job_dict(job: Job) -> dict[str, Any]:
     """Every column of the job, in table order, then its view (`retrying`, `waiting`, ...), when a queued
     one runs next and what a parked one waits for."""
     values: dict[str, Any] = to_jsonable(job)
+    for column in ("configuration_data", "execution_data", "result"):  # sealed with a key not held here
+        values[column] = placeholder(getattr(job, column)) or values[column]
+    values["steps"] = {name: placeholder(value) or values["steps"][name] for name, value in job.steps.items()}
     values["view"] = job.view
     values["next_run_at"] = iso(job.next_run_at)
     values["waiting_for"] = job.waiting_for

@@ -59,10 +59,13 @@ def range_totals(series: Series, range_: Range) -> dict[str, Any]:
     }
 
 
-def preview(redact: Redactor, configuration: dict[str, Any] | None, stored_bytes: int) -> str:
-    """A job's arguments on one line, redacted first, then cut (the template escapes it)."""
+def preview(redact: Redactor, configuration: dict[str, Any] | str | None, stored_bytes: int) -> str:
+    """A job's arguments on one line, redacted first, then cut (the template escapes it); a placeholder
+    (a payload sealed with a key not held) as it is."""
     if configuration is None:
         return f"({stored_bytes / 1024:.0f} KiB)"
+    if isinstance(configuration, str):
+        return configuration
     text = json.dumps(redact("configuration", configuration), sort_keys=True, default=str, ensure_ascii=False)
     return text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
 

@@ -140,7 +140,12 @@ async def jobs(dash: Dashboard, request: Request) -> Response:
         type_choices=sorted({t for q, t in pairs if not shown["queue"] or q == shown["queue"]}),
         name_choices=name_choices,
         previews={
-            job.id: formatting.preview(dash.redact, job.configuration, job.configuration_bytes) for job in job_page.jobs
+            job.id: formatting.preview(
+                dash.redact,
+                dash.payload(job.id, job.type, "configuration", job.configuration),
+                job.configuration_bytes,
+            )
+            for job in job_page.jobs
         },
         self_url=request.url.path[len(request.scope.get("root_path", "")) :]
         + (f"?{request.url.query}" if request.url.query else ""),
@@ -230,11 +235,15 @@ async def job_detail(dash: Dashboard, request: Request) -> Response:
     if found is None:
         raise HTTPException(404, f"no job has the id {job_id}: it may have been deleted, or pruned by retention")
     job = found.job
-    execution = {k: v for k, v in job.execution_data.items() if k != TRACE_KEY}
+    execution = dash.payload(job.id, job.type, "execution", job.execution_data)
+    if isinstance(execution, dict):
+        execution = {k: v for k, v in execution.items() if k != TRACE_KEY}
     fields = {
-        "configuration": dash.redact("configuration", job.configuration_data),
+        "configuration": dash.redact(
+            "configuration", dash.payload(job.id, job.type, "configuration", job.configuration_data)
+        ),
         "execution_data": dash.redact("execution_data", execution),
-        "result": dash.redact("result", job.result),
+        "result": dash.redact("result", dash.payload(job.id, job.type, "result", job.result)),
         "last_error": dash.redact("last_error", job.last_error),
     }
     by_name = {row.name: row for row in steps.rows}
@@ -252,7 +261,9 @@ async def job_detail(dash: Dashboard, request: Request) -> Response:
         for n, entry in enumerate(job.history)
         if isinstance(entry, dict)
     ]
-    results = dash.redact("steps", {row.name: row.result for row in steps.rows})
+    results = dash.redact(
+        "steps", {row.name: dash.payload(job.id, job.type, f"step:{row.name}", row.result) for row in steps.rows}
+    )
     return dash.render(
         request,
         "job.html",

@@ -5,6 +5,8 @@ function of it and the request."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import uuid
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -18,6 +20,7 @@ from jobbus.dashboard import formatting
 from jobbus.dashboard.live import LiveUpdates
 from jobbus.dashboard.security import CSRF_FIELD, Guard, Redactor, redact_secrets
 from jobbus.dashboard.workflow import parked_without_deadline
+from jobbus.encryption import MissingKeyError, UnreadablePayloadError, placeholder, sealed_key_id
 from jobbus.errors import SchemaError
 from jobbus.store.dashboard import DashboardStore
 from jobbus.store.statements import Statement, run_read_async
@@ -94,6 +97,17 @@ class Dashboard:
             return str(exc)
         self._schema_current = True
         return None
+
+    def payload(self, job_id: uuid.UUID, job_type: str, field: str, value: Any) -> Any:
+        """A stored payload as a page may show it: opened when it is sealed with a key the dashboard's App
+        holds, a placeholder naming the key when not (`jobbus.encryption`), else as stored."""
+        if sealed_key_id(value) is None:
+            return value
+        keyring = self.app.registry.keyring
+        if keyring is not None:
+            with contextlib.suppress(MissingKeyError, UnreadablePayloadError):
+                return keyring.open(value, field, job_id, job_type, field)
+        return placeholder(value)
 
     def schema_may_have_changed(self) -> None:
         """A statement met a table, column or function that is not there: check the schema again."""

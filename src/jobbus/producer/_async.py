@@ -21,6 +21,7 @@ import psycopg
 from jobbus import schema as schema_module
 from jobbus import tracing
 from jobbus.durations import resolve_available_at, seconds_or_none
+from jobbus.encryption import open_job
 from jobbus.errors import InvalidJobError, InvalidStateError, SchemaError
 from jobbus.events import JobCancelled
 from jobbus.execution import check_event_key
@@ -218,8 +219,12 @@ class AsyncProducer(ABC):
     # -- reads and admin ---------------------------------------------------------------------------
 
     async def find(self, job_id: uuid.UUID) -> Job | None:
-        """The job (with its result, error and steps), or None when no job has this id."""
-        return await self._run(self._app.store.find_job(plan.as_uuid(job_id)))
+        """The job (with its result, error and steps), or None when no job has this id. Payloads sealed with
+        a key this App holds are opened; others stay sealed (`jobbus.encryption`)."""
+        job = await self._run(self._app.store.find_job(plan.as_uuid(job_id)))
+        if job is not None and self._app.settings.encryption_keys:
+            return open_job(job, self._app.registry.keyring)
+        return job
 
     async def wait(self, job_id: uuid.UUID, timeout: float | timedelta | None = None) -> Job:
         """The job once it is terminal (with its result, error and steps); `TimeoutError` after `timeout`.
@@ -287,7 +292,11 @@ class AsyncProducer(ABC):
         their type, name, unique_key, last error or configuration; `tag` (one or several) those that
         have every tag named."""
         filters = plan.list_filters(status, queue, type, group_id, after, limit, newest_first, name, search, tag)
-        return await self._run(self._app.store.list_jobs(**filters))
+        jobs = await self._run(self._app.store.list_jobs(**filters))
+        if self._app.settings.encryption_keys:
+            keyring = self._app.registry.keyring
+            return [open_job(job, keyring) for job in jobs]
+        return jobs
 
     async def group_progress(self, group_id: uuid.UUID) -> GroupProgress:
         """How many members of a group are in each status (with their `total` and `completion_percentage`)."""

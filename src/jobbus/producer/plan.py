@@ -30,6 +30,7 @@ from jobbus.requests import (
     follow_up_groups,
     new_job_id,
     refuse_follow_up_groups,
+    seal_configurations,
     spec_json,
     specs_sharing,
     validate_tags,
@@ -126,6 +127,8 @@ def job_specs(
         # One type, shared options: validate the options once, then only each configuration.
         template = registry.build_job_spec(_request({**common, "type": jobs}))
         shared = specs_sharing(template, configurations, registry.settings.max_payload_bytes)
+        if registry.settings.encryption_keys:
+            shared = seal_configurations(shared, registry.keyring_or_fail(), registry.settings.max_payload_bytes)
         return shared, range(len(shared))
     specs: list[JobSpec] = []
     order: list[int] = []

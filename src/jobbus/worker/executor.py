@@ -22,6 +22,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from jobbus import tracing
+from jobbus.encryption import MARKER, MissingKeyError, UnreadablePayloadError
 from jobbus.events import JobEvent, JobFailed, JobStarted
 from jobbus.execution import StopReason, SyncJobExecution, enter_job, leave_job
 from jobbus.jsontext import UndecodableJson
@@ -154,7 +155,8 @@ class Executor:
     # -- steps --------------------------------------------------------------------------------------
 
     def _undecodable(self, attempt: Attempt) -> Decision | None:
-        """A job whose stored JSON is too large or cannot be decoded here (nested too deeply) fails at once."""
+        """A job whose stored JSON is too large or cannot be decoded here (nested too deeply, or sealed and
+        altered) fails at once; one sealed with a key this worker lacks fails its attempt."""
         oversized = attempt.claimed.oversized_bytes
         if oversized is not None:
             limit = self.policy.settings.max_payload_bytes
@@ -169,6 +171,16 @@ class Executor:
         ):
             if isinstance(value, UndecodableJson):
                 return self.policy.failed_for_good(attempt, f"the job's {what} cannot be decoded: {value.reason}")
+        configuration, data = attempt.claimed.configuration_data, attempt.claimed.execution_data
+        # Tested without a call: a job stored in clear pays nothing here (`make gate`).
+        if not ((configuration is not None and MARKER in configuration) or MARKER in data):
+            return None
+        try:
+            attempt.execution.open_payloads()
+        except MissingKeyError as exc:  # a later attempt, on a worker given the key, runs it: nothing is lost
+            return self.policy.failure(attempt, exc)
+        except UnreadablePayloadError as exc:
+            return self.policy.failed_for_good(attempt, str(exc))
         return None
 
     def _not_started(self, attempt: Attempt) -> Decision:

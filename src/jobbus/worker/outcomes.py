@@ -17,16 +17,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import traceback
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from jobbus.durations import seconds_or_none
+from jobbus.encryption import keyring_of
 from jobbus.errors import InvalidJobError, LeaseLostError, NonRetryableError, Snooze
 from jobbus.events import EventHub, JobCancelled, JobCompleted, JobEvent, JobFailed, JobRetried
 from jobbus.execution import JobParked, StopReason
 from jobbus.models import JobStatus
 from jobbus.redaction import SECRET_SPAN, redact_error
-from jobbus.requests import json_text
+from jobbus.requests import json_text, sealed_within
 from jobbus.retry import backoff_seconds
 from jobbus.settings import Settings
 from jobbus.store import Outcome
@@ -242,6 +244,8 @@ class OutcomePolicy:
         else:
             try:
                 result_json = json_text("the handler's return value", result, self.settings.max_payload_bytes)
+                if self.settings.encryption_keys:
+                    result_json = self._sealed_result(result_json, claimed.id)
             except InvalidJobError as exc:
                 return self.failed_for_good(attempt, str(exc))
             except Exception as exc:  # a hostile __str__, __len__ or encoder hook
@@ -254,6 +258,12 @@ class OutcomePolicy:
         return Decision(
             outcome, JobCompleted(claimed.id, claimed.type, claimed.queue, claimed.attempts, result), "completed"
         )
+
+    def _sealed_result(self, text: str, job_id: uuid.UUID) -> str:
+        keyring = keyring_of(self.settings.encryption_keys)
+        assert keyring is not None
+        limit = self.settings.max_payload_bytes
+        return sealed_within("the handler's return value", keyring.seal_text(text, "result", job_id), len(text), limit)
 
     def _retry_or_fail(
         self,

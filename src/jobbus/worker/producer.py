@@ -327,6 +327,7 @@ class Producer:
             self.settings.max_payload_bytes,
             signals,
             self.registry.build_job_spec,
+            self.registry.keyring if self.settings.encryption_keys else None,
         )
         attempt.timeout = claimed.timeout_seconds or handler.timeout
         return attempt

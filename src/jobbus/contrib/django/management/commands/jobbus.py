@@ -64,7 +64,7 @@ def project_environment() -> Iterator[None]:
     saved = dict(os.environ)
     for name, value in get_app().settings.as_dict().items():
         if value is not None:
-            os.environ[f"JOBBUS_{name.upper()}"] = str(value)
+            os.environ[f"JOBBUS_{name.upper()}"] = ",".join(value) if isinstance(value, tuple) else str(value)
     try:
         yield
     finally:
