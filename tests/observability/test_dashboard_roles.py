@@ -334,7 +334,7 @@ def test_the_actor_of_a_request_names_the_user_or_the_tokens_role() -> None:
             "user 'bob': 'root' is not a role",
         ),
         ({"role_map": {"a": "admin"}}, "go with trusted_user_header"),
-        ({"token": "t", "host_auth": True}, "exclude host_auth"),
+        ({"token": "t", "host_auth": True}, "exclude each other"),
     ],
 )
 def test_bad_settings_are_refused_naming_the_problem(dsn: str, options: dict[str, Any], message: str) -> None:

@@ -95,7 +95,10 @@ def create_app(
     elif trusted_proxies is not None or role_map is not None:
         raise ValueError("trusted_proxies and role_map go with trusted_user_header (the header naming the user)")
     if (tokens or proxy is not None) and host_auth:
-        raise ValueError("tokens and a trusted proxy exclude host_auth: either the dashboard or its host authenticates")
+        raise ValueError(
+            "tokens (or a trusted proxy) and host_auth exclude each other: either the dashboard or its host "
+            "authenticates"
+        )
     if isinstance(allowed_hosts, str | bytes):
         raise TypeError("allowed_hosts is a list of host names, not one string")
     hosts = None if allowed_hosts is None else [allowed_host(entry) for entry in allowed_hosts]
