@@ -270,6 +270,15 @@ async def test_a_user_the_map_does_not_name_is_refused(proxied: tuple[dict[str, 
         assert (await http.get("/jobs")).status_code == 403
 
 
+async def test_without_tokens_a_browser_outside_the_proxy_gets_401_not_the_login_form(dsn: str) -> None:
+    asgi = create_app(
+        jobbus.App(dsn=dsn), trusted_user_header=PROXY, trusted_proxies=["10.0.0.0/8"], role_map={"alice": "admin"}
+    )
+    async with client(asgi, peer="192.0.2.1", headers={PROXY: "alice", "accept": "text/html"}) as http:
+        assert (await http.get("/jobs")).status_code == 401
+    await asgi.state.dashboard.close()
+
+
 async def test_a_wildcard_gives_every_other_user_a_role(dsn: str) -> None:
     asgi = create_app(
         jobbus.App(dsn=dsn),

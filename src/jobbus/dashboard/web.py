@@ -132,7 +132,8 @@ def page(dash: Dashboard, handler: Page, *, needs: Role, unavailable: Unavailabl
     async def endpoint(request: Request) -> Response:
         actor = dash.guard.actor(request)
         if actor is None:
-            if request.method == "GET" and "text/html" in request.headers.get("accept", ""):
+            wants_page = request.method == "GET" and "text/html" in request.headers.get("accept", "")
+            if wants_page and dash.guard.token_required:  # without a token, the login form lets nobody in
                 base = request.scope.get("root_path", "")
                 target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
                 return RedirectResponse(f"{base}/login?{urlencode({'next': target})}", status_code=303)
