@@ -118,5 +118,8 @@ async def test_a_role_callable_may_be_async_and_refuse(dsn: str) -> None:
         assert 'action="/ops/queues/default/limits"' not in page.text
         limits = await http.post("/ops/queues/default/limits", data={"concurrency": "1"}, headers={"x-user": "op"})
         assert limits.status_code == 403
-        assert (await http.post("/ops/queues/default/limits", headers={"x-user": "admin"})).status_code == 303
+        form = {"csrf": http.cookies["jobbus_csrf"], "concurrency": "1"}
+        assert (
+            await http.post("/ops/queues/default/limits", data=form, headers={"x-user": "admin"})
+        ).status_code == 303
     await dashboard.state.dashboard.close()

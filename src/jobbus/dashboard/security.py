@@ -11,8 +11,8 @@ redaction.
   not sent by browsers on their own, so API clients using it need no CSRF token.
 - `read_only` caps every role at viewer: every action is refused with 403, whatever the credentials.
 - Requests are answered only when their `Host` is one of the dashboard's names (`HostGuard`): a
-  loopback name or address, one of `allowed_hosts`, or, with a token (or the host application's own
-  authentication, `host_auth`) and no `allowed_hosts`, any.
+  loopback name or address, one of `allowed_hosts`, or, with a token, a trusted proxy or the host
+  application's own authentication (`host_auth`), and no `allowed_hosts`, any.
   A page of another site whose name was made to resolve to 127.0.0.1 (DNS rebinding) sends its own
   name and is refused with 400.
 """
