@@ -77,3 +77,49 @@ def test_the_dashboard_needs_a_path_of_its_own_and_one_authentication() -> None:
         mount_dashboard(FastAPI(), "/", fastapi_dashboard.api.state.dashboard, dependencies=[])
     with pytest.raises(ValueError, match="exclude each other"):
         create_app(fastapi_dashboard.app, token="s3cret", host_auth=True)
+
+
+def test_the_role_callable_gives_each_user_a_role(base: str, dsn: str) -> None:
+    view = {"x-api-key": fastapi_dashboard.VIEW_KEY}
+    with httpx.Client(base_url=base) as http:
+        queues = http.get("/ops/jobs/queues", headers=view)
+        assert queues.status_code == 200 and 'auditor · <span class="badge role">viewer</span>' in queues.text
+        assert 'action="/ops/jobs/queues/mail/pause"' not in queues.text
+        csrf = http.cookies["jobbus_csrf"]  # a viewer's page has no form to take it from
+        refused = http.post("/ops/jobs/queues/mail/pause", data={"csrf": csrf}, headers=view)
+        assert refused.status_code == 403 and "needs the operator role" in refused.text
+        admin = http.get("/ops/jobs/queues", headers=KEY)
+        assert 'ops · <span class="badge role">admin</span>' in admin.text
+        assert 'action="/ops/jobs/queues/mail/limits"' in admin.text
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM jobbus.pause").fetchone() == (0,)
+
+
+async def test_a_role_callable_may_be_async_and_refuse(dsn: str) -> None:
+    from fastapi import FastAPI
+    from starlette.requests import Request
+
+    from jobbus.dashboard import Role
+
+    async def role_of(request: Request) -> Role | str | None:
+        roles: dict[str, Role | str] = {"op": "operator", "admin": Role.ADMIN}
+        return roles.get(request.headers.get("x-user", ""))
+
+    app = jobbus.App(dsn=dsn)
+    dashboard = create_app(app, host_auth=True)
+    api = FastAPI()
+    mount_dashboard(api, "/ops", dashboard, dependencies=[], role=role_of)
+    transport = httpx.ASGITransport(app=api)
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+        refused = await http.get("/ops/queues", headers={"x-user": "nobody"})
+        assert refused.status_code == 403 and "no role" in refused.text
+        page = await http.get("/ops/queues", headers={"x-user": "op"})
+        assert page.status_code == 200 and 'host-user · <span class="badge role">operator</span>' in page.text
+        assert 'action="/ops/queues/default/limits"' not in page.text
+        limits = await http.post("/ops/queues/default/limits", data={"concurrency": "1"}, headers={"x-user": "op"})
+        assert limits.status_code == 403
+        form = {"csrf": http.cookies["jobbus_csrf"], "concurrency": "1"}
+        assert (
+            await http.post("/ops/queues/default/limits", data=form, headers={"x-user": "admin"})
+        ).status_code == 303
+    await dashboard.state.dashboard.close()

@@ -127,15 +127,15 @@ async def _nothing(scope: Any, receive: Any, send: Any) -> None:
 @given(name=_hosts, port=st.none() | st.integers(0, 65535), upper=st.booleans())
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_any_name_but_a_loopback_one_is_refused_without_a_token(name: str, port: int | None, upper: bool) -> None:
-    guard = HostGuard(_nothing, allowed_hosts=None, token=None)
+    guard = HostGuard(_nothing, allowed_hosts=None, guarded=False)
     header = (name.upper() if upper else name) + (f":{port}" if port is not None else "")
     assert host_name(header) == name
     loopback = name == "localhost" or name.endswith(".localhost")
     with contextlib.suppress(ValueError):
         loopback = loopback or ipaddress.ip_address(name).is_loopback
     assert guard.allows(header) is loopback
-    assert HostGuard(_nothing, allowed_hosts=[name], token=None).allows(header)
-    assert HostGuard(_nothing, allowed_hosts=None, token="s3cret").allows(header)
+    assert HostGuard(_nothing, allowed_hosts=[name], guarded=False).allows(header)
+    assert HostGuard(_nothing, allowed_hosts=None, guarded=True).allows(header)
 
 
 @given(address=st.ip_addresses(), port=st.none() | st.integers(0, 65535))

@@ -13,18 +13,21 @@ from starlette.requests import Request
 
 import jobbus
 from jobbus.dashboard import MASK, actions, pages
+from jobbus.dashboard.roles import ACTOR_KEY, Actor, Role
+from jobbus.dashboard.security import Guard
 from jobbus.dashboard.state import Dashboard
 
 
 @pytest.fixture
 async def dash(app: jobbus.App) -> AsyncIterator[Dashboard]:
-    dashboard = Dashboard(app, read_only=False, token=None, redact=None)
+    dashboard = Dashboard(app, guard=Guard({}, read_only=False), redact=None)
     yield dashboard
     await dashboard.live.close()  # the App is the fixture's to close
 
 
 def get(path: str, query: Mapping[str, str] | None = None, **path_params: str) -> Request:
-    """The request a browser would send for `path`, with the parameters its route would have matched."""
+    """The request a browser would send for `path`, with the parameters its route would have matched, of
+    an admin."""
     return Request(
         {
             "type": "http",
@@ -37,6 +40,7 @@ def get(path: str, query: Mapping[str, str] | None = None, **path_params: str) -
             "query_string": urlencode(query or {}).encode(),
             "headers": [(b"host", b"127.0.0.1:8787"), (b"accept", b"text/html")],
             "path_params": path_params,
+            ACTOR_KEY: Actor("admin-token", Role.ADMIN),  # as the guard leaves it for the page
         }
     )
 

@@ -3,7 +3,8 @@
     uvicorn storefront_site.asgi:application --port 8000
 
 Staff log in at /admin/ (``python manage.py createsuperuser``); /ops/jobs/ then shows them the
-dashboard, and sends anyone else to the admin's login page.
+dashboard (superusers as admins, other staff as operators), and sends anyone else to the admin's
+login page.
 """
 
 import os

@@ -35,7 +35,38 @@ SHUTDOWN_SECONDS = 2
     "--token",
     envvar="JOBBUS_DASHBOARD_TOKEN",
     metavar="TOKEN",
-    help="Every request must carry it (login form or bearer header); or set JOBBUS_DASHBOARD_TOKEN.",
+    help="The admin token: every request must carry a token (login form or bearer header); "
+    "or set JOBBUS_DASHBOARD_TOKEN.",
+)
+@click.option(
+    "--operator-token",
+    envvar="JOBBUS_DASHBOARD_OPERATOR_TOKEN",
+    metavar="TOKEN",
+    help="A token for the operator role (job, worker and queue actions); or JOBBUS_DASHBOARD_OPERATOR_TOKEN.",
+)
+@click.option(
+    "--viewer-token",
+    envvar="JOBBUS_DASHBOARD_VIEWER_TOKEN",
+    metavar="TOKEN",
+    help="A token for the viewer role (reads only); or JOBBUS_DASHBOARD_VIEWER_TOKEN.",
+)
+@click.option(
+    "--trusted-user-header",
+    metavar="NAME",
+    help="Take the user's name from this header, sent by a proxy at a --trusted-proxy address.",
+)
+@click.option(
+    "--trusted-proxy",
+    "trusted_proxies",
+    multiple=True,
+    metavar="CIDR",
+    help="A network (or address) of the proxy that sets --trusted-user-header; repeatable.",
+)
+@click.option(
+    "--role-map",
+    type=click.Path(dir_okay=False),
+    metavar="FILE",
+    help='A TOML file giving the proxy\'s users their roles: [roles] alice = "admin", "*" = "viewer".',
 )
 @click.option(
     "--allowed-host",
@@ -53,6 +84,11 @@ def dashboard_command(
     port: int,
     read_only: bool,
     token: str | None,
+    operator_token: str | None,
+    viewer_token: str | None,
+    trusted_user_header: str | None,
+    trusted_proxies: tuple[str, ...],
+    role_map: str | None,
     allowed_hosts: tuple[str, ...],
     log_level: str,
 ) -> None:
@@ -64,24 +100,50 @@ def dashboard_command(
       JOBBUS_DASHBOARD_TOKEN=s3cret jobbus dashboard --host 0.0.0.0 --port 8080
       jobbus dashboard --read-only --dsn postgresql://app_ro@db/app
       JOBBUS_DASHBOARD_TOKEN=s3cret jobbus dashboard --host 0.0.0.0 --allowed-host jobs.example.com
+      jobbus dashboard --trusted-user-header X-Forwarded-User --trusted-proxy 127.0.0.1 --role-map roles.toml
 
     It binds 127.0.0.1 unless told otherwise; on any other address give it a token (and put TLS in
     front of it). Prefer JOBBUS_DASHBOARD_TOKEN to --token: the command line is visible to other users.
     It answers only to requests for a loopback name (localhost, 127.0.0.1, [::1]) and the
-    --allowed-host names; with a token and no --allowed-host, to any name.
+    --allowed-host names; with a token and no --allowed-host, to any name. --token gives the admin
+    role, --operator-token and --viewer-token the others; --read-only caps every role at viewer.
     """
     require_dashboard_extra("jobbus dashboard")
+    from jobbus.dashboard.roles import TrustedProxy
     from jobbus.dashboard.security import allowed_host
 
-    if token is not None and not token.strip():
-        raise UsageProblem("--token must not be empty")
+    tokens = {"--token": token, "--operator-token": operator_token, "--viewer-token": viewer_token}
+    given = {name: value for name, value in tokens.items() if value is not None}
+    for name, value in given.items():
+        if not value.strip():
+            raise UsageProblem(f"{name} must not be empty")
+    if len(set(given.values())) < len(given):
+        raise UsageProblem(f"{' and '.join(given)} must differ: each role has its own token")
+    proxy: dict[str, Any] = {}
+    if trusted_user_header is not None:
+        if not trusted_proxies:
+            raise UsageProblem("--trusted-user-header needs --trusted-proxy CIDR: the proxy whose header to believe")
+        if role_map is None:
+            raise UsageProblem("--trusted-user-header needs --role-map FILE: which role each user has")
+        try:
+            checked = TrustedProxy.of(trusted_user_header, trusted_proxies, role_map)
+        except ValueError as exc:
+            raise UsageProblem(str(exc)) from None
+        proxy = {
+            "trusted_user_header": checked.header,
+            "trusted_proxies": [str(network) for network in checked.networks],
+            "role_map": dict(checked.roles),
+        }
+    elif trusted_proxies or role_map is not None:
+        raise UsageProblem("--trusted-proxy and --role-map need --trusted-user-header NAME")
     try:
         hosts = [allowed_host(name) for name in allowed_hosts]
     except ValueError as exc:
         raise UsageProblem(f"--allowed-host: {exc}") from None
-    if token is None and not _loopback(host):
+    if not given and not proxy and not _loopback(host):
         raise UsageProblem(
             f"--host {host} is reachable from other machines: give a --token (or JOBBUS_DASHBOARD_TOKEN)"
+            " or a --trusted-user-header"
         )
     logging.basicConfig(
         level=getattr(logging, log_level), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -96,7 +158,7 @@ def dashboard_command(
                     "dashboard on %s%s%s%s",
                     url_of(sock),
                     " (read-only)" if read_only else "",
-                    " (token required)" if token else "",
+                    " (token required)" if given else "",
                     f" (also answers to {', '.join(hosts)})" if hosts else "",
                 )
                 await serve_dashboard(
@@ -104,9 +166,12 @@ def dashboard_command(
                     sock,
                     read_only=read_only,
                     token=token,
+                    operator_token=operator_token,
+                    viewer_token=viewer_token,
                     allowed_hosts=hosts or None,
                     log_level=log_level,
                     stopping=stopping,
+                    **proxy,
                 )
         return 0
 
@@ -142,13 +207,16 @@ async def serve_dashboard(
     *,
     read_only: bool = False,
     token: str | None = None,
+    operator_token: str | None = None,
+    viewer_token: str | None = None,
     allowed_hosts: list[str] | None = None,
     log_level: str = "INFO",
     stopping: StopSignals | None = None,
+    **proxy: Any,
 ) -> None:
     """Serve the dashboard of `app` on `sock` (from `bind_port`) until SIGINT or SIGTERM, then return,
-    so that the command exits 0; `stopping`: the caller's, entered before it said where it serves. The
-    socket is closed at the end."""
+    so that the command exits 0; `stopping`: the caller's, entered before it said where it serves;
+    `proxy`: `create_app`'s trusted proxy settings. The socket is closed at the end."""
     import uvicorn
 
     from jobbus.dashboard import create_app
@@ -156,10 +224,24 @@ async def serve_dashboard(
     with contextlib.ExitStack() as stack:
         stack.callback(sock.close)
         signals = stopping if stopping is not None else stack.enter_context(StopSignals())
-        asgi = create_app(app, read_only=read_only, token=token, allowed_hosts=allowed_hosts)
+        asgi = create_app(
+            app,
+            read_only=read_only,
+            token=token,
+            operator_token=operator_token,
+            viewer_token=viewer_token,
+            allowed_hosts=allowed_hosts,
+            **proxy,
+        )
         # Open event streams never end on their own: at shutdown they get SHUTDOWN_SECONDS, then close.
+        # Behind a trusted proxy, the peer address must be the connection's own: uvicorn would replace
+        # it with the X-Forwarded-For the proxy passes on, and the proxy check would judge the client.
         config = uvicorn.Config(
-            asgi, log_level=log_level.lower(), access_log=False, timeout_graceful_shutdown=SHUTDOWN_SECONDS
+            asgi,
+            log_level=log_level.lower(),
+            access_log=False,
+            timeout_graceful_shutdown=SHUTDOWN_SECONDS,
+            proxy_headers=not proxy,
         )
         live = asgi.state.dashboard.live
 

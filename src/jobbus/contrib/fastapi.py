@@ -8,21 +8,33 @@ redirect to a login page) and never reaches the dashboard; the others are handed
 unchanged, the live ``/events`` stream included. Make the dashboard with
 ``create_app(app, host_auth=True)``: it then asks for no token of its own. The dependencies must not
 read the request's body (form or JSON parameters): the dashboard's actions read it.
+
+``role=`` gives each request its dashboard role: a callable of the request (after the dependencies,
+so it can read what they left in ``request.state``) that returns a `Role` (or its name), an `Actor`
+to name the user too, or None to refuse the request (403); it may be async. Without it, everyone
+the dependencies let in is an admin.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import inspect
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeAlias
 
 from fastapi import FastAPI
 from fastapi.params import Depends
 from fastapi.routing import APIRouter
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-__all__ = ["mount_dashboard"]
+from jobbus.dashboard.roles import HOST_ACTOR_KEY, Actor, Role
+
+__all__ = ["RoleOf", "mount_dashboard"]
+
+Given: TypeAlias = Role | str | Actor | None
+#: What gives a request its dashboard role (see the module's docstring).
+RoleOf: TypeAlias = Callable[[Request], Given | Awaitable[Given]]
 
 _REST = "dashboard_path"
 
@@ -33,15 +45,25 @@ def mount_dashboard(
     dashboard: ASGIApp,
     *,
     dependencies: Sequence[Depends],
+    role: RoleOf | None = None,
 ) -> None:
     """Serve `dashboard` at `path` of `web` (``/ops/jobs``: ``/ops/jobs/``, ``/ops/jobs/jobs``, ...),
-    running `dependencies` on every request first, as for any route of `web`."""
+    running `dependencies` on every request first, as for any route of `web`; `role` gives each
+    request its role (None: refused)."""
     prefix = "/" + path.strip("/")
     if prefix == "/":
         raise ValueError("mount the dashboard under a path of its own, such as /ops/jobs")
 
     async def forward(request: Request) -> Response:
-        return _Handover(dashboard)
+        if role is None:
+            return _Handover(dashboard, None)
+        given = role(request)
+        if inspect.isawaitable(given):
+            given = await given
+        if given is None:
+            return PlainTextResponse("this user has no role in the jobs dashboard", status_code=403)
+        actor = given if isinstance(given, Actor) else Actor("host-user", Role.parse(given, what="dashboard role"))
+        return _Handover(dashboard, actor)
 
     for route in (prefix, prefix + "/{" + _REST + ":path}"):
         web.add_api_route(
@@ -57,8 +79,9 @@ class _Handover(Response):
     """Hands the request to the dashboard, mounted where the route matched (its links, redirects and
     cookies follow that path)."""
 
-    def __init__(self, dashboard: ASGIApp) -> None:
+    def __init__(self, dashboard: ASGIApp, actor: Actor | None) -> None:
         self.dashboard = dashboard
+        self.actor = actor
         self.background = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -68,4 +91,7 @@ class _Handover(Response):
         child: dict[str, Any] = {k: v for k, v in scope.items() if k not in ("route", "endpoint", "router")}
         child["root_path"] = mount
         child["path_params"] = {}
+        child.pop(HOST_ACTOR_KEY, None)
+        if self.actor is not None:
+            child[HOST_ACTOR_KEY] = self.actor
         await self.dashboard(child, receive, send)

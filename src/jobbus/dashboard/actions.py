@@ -1,6 +1,6 @@
 """The dashboard's actions: each a function of the dashboard, the request and its form that acts and
-returns the line the next page shows (`web.action` refuses it when read-only or without its CSRF token,
-and turns a refusal into that line)."""
+returns the line the next page shows (`web.action` refuses it to a role below the one its route needs
+or without its CSRF token, and turns a refusal into that line)."""
 
 from __future__ import annotations
 
@@ -227,26 +227,29 @@ async def queue_action(dash: Dashboard, request: Request, form: dict[str, Any]) 
     if verb in ("pause", "resume"):
         issued = await control.issue(dash.app, verb, control.Target.of(queue=queue))
         return f"queue {queue}: {verb} (command {issued.generation})"
-    if verb == "limits":
-        limits = await dash.app.set_queue(
-            queue,
-            concurrency=_limit(form, "concurrency", _optional_int),
-            concurrency_per_key=_limit(form, "concurrency_per_key", _optional_int),
-            rate_limit=_limit(form, "rate_limit", _optional_rate),
-            rate_limit_per_key=_limit(form, "rate_limit_per_key", _optional_rate),
-        )
-        shown = ", ".join(
-            f"{name} {value}"
-            for name, value in (
-                ("concurrency", limits.concurrency),
-                ("per key", limits.concurrency_per_key),
-                ("rate", limits.rate_limit),
-                ("rate per key", limits.rate_limit_per_key),
-            )
-            if value is not None
-        )
-        return f"queue {queue}: {shown or 'no limits'}"
     raise HTTPException(404)
+
+
+async def queue_limits(dash: Dashboard, request: Request, form: dict[str, Any]) -> str:
+    queue = request.path_params["queue"]
+    limits = await dash.app.set_queue(
+        queue,
+        concurrency=_limit(form, "concurrency", _optional_int),
+        concurrency_per_key=_limit(form, "concurrency_per_key", _optional_int),
+        rate_limit=_limit(form, "rate_limit", _optional_rate),
+        rate_limit_per_key=_limit(form, "rate_limit_per_key", _optional_rate),
+    )
+    shown = ", ".join(
+        f"{name} {value}"
+        for name, value in (
+            ("concurrency", limits.concurrency),
+            ("per key", limits.concurrency_per_key),
+            ("rate", limits.rate_limit),
+            ("rate per key", limits.rate_limit_per_key),
+        )
+        if value is not None
+    )
+    return f"queue {queue}: {shown or 'no limits'}"
 
 
 async def periodic_action(dash: Dashboard, request: Request, form: dict[str, Any]) -> str:

@@ -1,10 +1,12 @@
-"""Logging in to a dashboard with a token, and out: the form, the session cookie, the way back."""
+"""Logging in to a dashboard with a token (whose role the session keeps), and out: the form, the session
+cookie, the way back."""
 
 from __future__ import annotations
 
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
+from jobbus.dashboard.roles import Actor
 from jobbus.dashboard.security import (
     CSRF_FIELD,
     CSRF_REFUSED,
@@ -27,11 +29,12 @@ async def login(dash: Dashboard, request: Request) -> Response:
         token = form.get("token")
         target = safe_next(form.get("next")) or "/"
         response: Response
-        if dash.guard.login(token if isinstance(token, str) else ""):
+        role = dash.guard.token_role(token) if isinstance(token, str) and token else None
+        if role is not None:
             response = RedirectResponse(base + target, status_code=303)
             response.set_cookie(
                 SESSION_COOKIE,
-                dash.guard.session_value,
+                dash.guard.session_value(role),
                 httponly=True,
                 samesite="strict",
                 secure=request.url.scheme == "https",
@@ -42,7 +45,7 @@ async def login(dash: Dashboard, request: Request) -> Response:
         response.status_code = 401
         set_csrf_cookie(request, response)
         return response
-    if dash.guard.token is None or dash.guard.authenticated(request):
+    if not dash.guard.token_required or isinstance(dash.guard.actor(request), Actor):
         return RedirectResponse(base + target, status_code=303)
     response = dash.render(request, "login.html", next=target, error=None)
     set_csrf_cookie(request, response)

@@ -1,15 +1,18 @@
-"""Who may see the dashboard and what may act: the token, CSRF, read-only mode, redaction.
+"""Who may see the dashboard and what may act: the tokens, the trusted proxy, CSRF, read-only mode,
+redaction.
 
-- With a token, every request carries it: an `Authorization: Bearer <token>` header, or the session
-  cookie the login form sets (HttpOnly, SameSite=Strict; it holds an HMAC of the token, not the token).
-  Comparisons are constant-time.
+- With tokens (one per role), every request carries one: an `Authorization: Bearer <token>` header,
+  or the session cookie the login form sets (HttpOnly, SameSite=Strict; it holds an HMAC of the
+  token, not the token). Comparisons are constant-time.
+- Behind a trusted proxy, the user's name comes from the proxy's header, believed only when the
+  request's peer is one of the proxy's networks; from anywhere else the header is ignored.
 - Every action is a POST with a CSRF token (a random cookie echoed in a hidden form field, compared in
   constant time) and, when the browser sends one, an `Origin` of this very host. A bearer header is
   not sent by browsers on their own, so API clients using it need no CSRF token.
-- `read_only` refuses every action with 403, whatever the credentials.
+- `read_only` caps every role at viewer: every action is refused with 403, whatever the credentials.
 - Requests are answered only when their `Host` is one of the dashboard's names (`HostGuard`): a
-  loopback name or address, one of `allowed_hosts`, or, with a token (or the host application's own
-  authentication, `host_auth`) and no `allowed_hosts`, any.
+  loopback name or address, one of `allowed_hosts`, or, with a token, a trusted proxy or the host
+  application's own authentication (`host_auth`), and no `allowed_hosts`, any.
   A page of another site whose name was made to resolve to 127.0.0.1 (DNS rebinding) sends its own
   name and is refused with 400.
 """
@@ -21,14 +24,15 @@ import hmac
 import ipaddress
 import re
 import secrets
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from starlette.requests import Request
+from starlette.requests import HTTPConnection, Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from jobbus.dashboard.roles import ACTOR_KEY, HOST_ACTOR_KEY, Actor, Role, TrustedProxy
 from jobbus.redaction import MASK as MASK
 from jobbus.redaction import redact_secrets as redact_secrets
 
@@ -54,39 +58,89 @@ Redactor = Callable[[str, Any], Any]
 
 
 class Guard:
-    def __init__(self, token: str | None, *, read_only: bool) -> None:
-        self.token = token
+    """Who a request is (`actor`) and whether its form may act (`csrf_ok`).
+
+    `tokens` maps each token to the role it gives; `proxy` names users behind a trusted proxy;
+    `host_auth`: the host application authenticated the request and put its `Actor` in the scope.
+    With none of them, the dashboard is open and everyone is an ``anonymous`` admin (it answers on
+    loopback names only). `read_only` caps every role at viewer.
+    """
+
+    def __init__(
+        self,
+        tokens: Mapping[str, Role],
+        *,
+        read_only: bool,
+        proxy: TrustedProxy | None = None,
+        host_auth: bool = False,
+    ) -> None:
         self.read_only = read_only
-        self._session = (
-            hmac.new(token.encode(), b"jobbus dashboard session", hashlib.sha256).hexdigest() if token else None
-        )
+        self.proxy = proxy
+        self.host_auth = host_auth
+        self._tokens = [(token.encode(), role) for token, role in tokens.items()]
+        self._sessions = [(_session_of(token, role), role) for token, role in tokens.items()]
+
+    @property
+    def token_required(self) -> bool:
+        """Whether the login form can let anyone in (some token is set)."""
+        return bool(self._tokens)
+
+    @property
+    def open(self) -> bool:
+        """Nobody is asked who they are."""
+        return not self._tokens and self.proxy is None and not self.host_auth
 
     # -- authentication ------------------------------------------------------------------------------
 
-    @property
-    def session_value(self) -> str:
-        assert self._session is not None
-        return self._session
+    def token_role(self, submitted: str) -> Role | None:
+        """The role of the token `submitted`, compared in constant time with every token."""
+        found = None
+        for token, role in self._tokens:
+            if hmac.compare_digest(submitted.encode(), token):
+                found = role
+        return found
 
-    def bearer(self, request: Request) -> bool:
-        """The request carries the token in an Authorization header."""
-        if self.token is None:
-            return False
-        header = request.headers.get("authorization", "")
-        scheme, _, value = header.partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), self.token.encode())
+    def session_value(self, role: Role) -> str:
+        return next(value for value, given in self._sessions if given is role)
 
-    def authenticated(self, request: Request) -> bool:
-        if self.token is None:
-            return True
-        if self.bearer(request):
-            return True
-        cookie = request.cookies.get(SESSION_COOKIE, "")
-        assert self._session is not None
-        return hmac.compare_digest(cookie.encode(), self._session.encode())
+    def bearer(self, request: HTTPConnection) -> Role | None:
+        """The role of the token in the request's Authorization header, if it carries one."""
+        scheme, _, value = request.headers.get("authorization", "").partition(" ")
+        return self.token_role(value.strip()) if scheme.lower() == "bearer" and self._tokens else None
 
-    def login(self, submitted: str) -> bool:
-        return self.token is not None and hmac.compare_digest(submitted.encode(), self.token.encode())
+    def actor(self, request: HTTPConnection) -> Actor | str | None:
+        """Who made `request` (kept in its scope for `actor_of`), a refusal saying why (403), or None
+        when it must authenticate first (401 or the login form)."""
+        found = self._identify(request)
+        if isinstance(found, Actor):
+            if self.read_only:
+                found = found.capped(Role.VIEWER)
+            request.scope[ACTOR_KEY] = found
+        return found
+
+    def _identify(self, request: HTTPConnection) -> Actor | str | None:
+        if self.host_auth:
+            claimed = request.scope.get(HOST_ACTOR_KEY)
+            return claimed if isinstance(claimed, Actor) else Actor("host-user", Role.ADMIN)
+        if self.proxy is not None and self.proxy.trusts(request.scope):
+            names = request.headers.getlist(self.proxy.header)
+            if len(names) > 1:
+                return f"the proxy sent {len(names)} {self.proxy.header} headers: it must send exactly one"
+            if names and names[0].strip():
+                user = names[0].strip()
+                role = self.proxy.role_of(user)
+                if role is None:
+                    return f"user {user!r} has no role in this dashboard's role map"
+                return Actor(user, role)
+        role = self.bearer(request)
+        if role is None:
+            cookie = request.cookies.get(SESSION_COOKIE, "").encode()
+            for value, given in self._sessions:
+                if hmac.compare_digest(cookie, value.encode()):
+                    role = given
+        if role is not None:
+            return Actor(f"{role.value}-token", role)
+        return Actor("anonymous", Role.ADMIN) if self.open else None
 
     # -- CSRF ---------------------------------------------------------------------------------------
 
@@ -99,13 +153,18 @@ class Guard:
         return token
 
     def csrf_ok(self, request: Request, submitted: str | None) -> bool:
-        if self.bearer(request):
+        if self.bearer(request) is not None:
             return True
         origin = request.headers.get("origin")
         if origin is not None and urlsplit(origin).netloc != request.headers.get("host", ""):
             return False  # another site (or an opaque "null" origin) posting into this one
         cookie = request.cookies.get(CSRF_COOKIE, "")
         return bool(cookie) and bool(submitted) and hmac.compare_digest(cookie.encode(), (submitted or "").encode())
+
+
+def _session_of(token: str, role: Role) -> str:
+    """The session cookie of a login with `token`: an HMAC of it (the cookie never holds the token)."""
+    return hmac.new(token.encode(), f"jobbus dashboard session {role.value}".encode(), hashlib.sha256).hexdigest()
 
 
 def set_csrf_cookie(request: Request, response: Response) -> None:
@@ -185,16 +244,13 @@ class HostGuard:
     """ASGI middleware: answers a request only when its `Host` is one of the dashboard's names.
 
     Loopback names are always allowed; the names of `allowed_hosts` too; any other host only when
-    the dashboard has a token, or the host application authenticates its requests (`host_auth`), and
-    `allowed_hosts` is None. Others get 400 and nothing is read.
+    the dashboard is `guarded` (it has a token or a trusted proxy, or the host application
+    authenticates its requests) and `allowed_hosts` is None. Others get 400 and nothing is read.
     """
 
-    def __init__(
-        self, app: ASGIApp, *, allowed_hosts: Iterable[str] | None, token: str | None, host_auth: bool = False
-    ) -> None:
+    def __init__(self, app: ASGIApp, *, allowed_hosts: Iterable[str] | None, guarded: bool) -> None:
         self.app = app
         self.hosts = None if allowed_hosts is None else frozenset(allowed_host(entry) for entry in allowed_hosts)
-        guarded = token is not None or host_auth
         self.any_host = (guarded and self.hosts is None) or (self.hosts is not None and "*" in self.hosts)
 
     def allows(self, header: str | None) -> bool:

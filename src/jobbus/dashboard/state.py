@@ -1,5 +1,5 @@
 """The state one dashboard process shares between its requests: the App, its pool, the templates, the
-guard (token, read-only, CSRF), the redaction hook and the live updates; every page and action is a
+guard (tokens, roles, read-only, CSRF), the redaction hook and the live updates; every page and action is a
 function of it and the request."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from starlette.responses import HTMLResponse
 
 from jobbus.dashboard import formatting
 from jobbus.dashboard.live import LiveUpdates
+from jobbus.dashboard.roles import Role, actor_of
 from jobbus.dashboard.security import CSRF_FIELD, Guard, Redactor, redact_secrets
 from jobbus.dashboard.workflow import parked_without_deadline
 from jobbus.encryption import MissingKeyError, UnreadablePayloadError, placeholder, sealed_key_id
@@ -39,9 +40,9 @@ def package_dir(name: str) -> str:
 class Dashboard:
     """State shared by the requests of one dashboard process."""
 
-    def __init__(self, app: App, *, read_only: bool, token: str | None, redact: Redactor | None) -> None:
+    def __init__(self, app: App, *, guard: Guard, redact: Redactor | None) -> None:
         self.app = app
-        self.guard = Guard(token, read_only=read_only)
+        self.guard = guard
         self.redact = redact if redact is not None else redact_secrets
         self.store = DashboardStore(app.settings.schema)
         self.templates = Environment(
@@ -122,6 +123,8 @@ class Dashboard:
 
     def render(self, request: Request, template: str, **context: Any) -> HTMLResponse:
         base = request.scope.get("root_path", "")
+        actor = actor_of(request)
+        role = actor.role if actor is not None else Role.VIEWER
         flash = unquote(request.cookies.get(FLASH_COOKIE) or "") or None
         html = self.templates.get_template(template).render(
             request=request,
@@ -130,7 +133,10 @@ class Dashboard:
             csrf=self.guard.csrf_token(request),
             csrf_field=CSRF_FIELD,
             read_only=self.guard.read_only,
-            token_required=self.guard.token is not None,
+            token_required=self.guard.token_required,
+            actor=actor,
+            can_operate=role.allows(Role.OPERATOR),
+            can_administer=role.allows(Role.ADMIN),
             flash=flash,
             page=template.removesuffix(".html"),
             fragment=request.headers.get("x-jobbus-fragment") == "1",

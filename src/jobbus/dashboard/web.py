@@ -1,5 +1,6 @@
-"""The dashboard as a Starlette application: its routes, the guards around every page and action (token,
-read-only, CSRF, security headers, errors as pages), the live event stream and the lifespan.
+"""The dashboard as a Starlette application: its routes, each with the role it needs, the guards around
+every page and action (tokens, roles, read-only, CSRF, security headers, errors as pages), the live
+event stream and the lifespan.
 
 What each page shows is in `pages`, what each action does in `actions`, the login in `auth`; each is a
 function of the shared `Dashboard` and the request.
@@ -25,10 +26,12 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from jobbus.dashboard import actions, auth, pages
+from jobbus.dashboard.roles import PUBLIC, Actor, Role, requires
 from jobbus.dashboard.security import (
     CSRF_FIELD,
     CSRF_REFUSED,
     SECURITY_HEADERS,
+    Guard,
     HostGuard,
     Redactor,
     safe_next,
@@ -58,13 +61,11 @@ _FLASH_SAFE = "".join(c for c in string.printable if c not in "%\t\n\r\x0b\x0c")
 def create_starlette(
     app: App,
     *,
-    read_only: bool = False,
-    token: str | None = None,
+    guard: Guard,
     redact: Redactor | None = None,
     allowed_hosts: Sequence[str] | None = None,
-    host_auth: bool = False,
 ) -> Starlette:
-    dash = Dashboard(app, read_only=read_only, token=token, redact=redact)
+    dash = Dashboard(app, guard=guard, redact=redact)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
@@ -73,38 +74,47 @@ def create_starlette(
         finally:
             await dash.close()
 
+    def read(handler: Page, **options: Any) -> Endpoint:
+        return requires(Role.VIEWER, page(dash, handler, needs=Role.VIEWER, **options))
+
+    def act(needs: Role, handler: Action) -> Endpoint:
+        return requires(needs, action(dash, handler, needs=needs))
+
+    operator, admin = Role.OPERATOR, Role.ADMIN
+    # The role of each route: see the table in docs/dashboard.md#roles.
     routes = [
-        Route("/", page(dash, pages.overview)),
-        Route("/jobs", page(dash, pages.jobs)),
-        Route("/jobs/bulk", action(dash, actions.bulk_jobs), methods=["POST"]),
-        Route("/jobs/counts", page(dash, pages.job_counts)),
-        Route("/jobs/update", action(dash, actions.update_jobs), methods=["POST"]),
-        Route("/jobs/{job_id}", page(dash, pages.job_detail)),
-        Route("/jobs/{job_id}/retry", action(dash, actions.retry_job), methods=["POST"]),
-        Route("/jobs/{job_id}/cancel", action(dash, actions.cancel_job), methods=["POST"]),
-        Route("/jobs/{job_id}/delete", action(dash, actions.delete_job), methods=["POST"]),
-        Route("/jobs/{job_id}/run-now", action(dash, actions.run_job_now), methods=["POST"]),
-        Route("/failures", page(dash, pages.failures)),
-        Route("/failures/retry", action(dash, actions.retry_failures), methods=["POST"]),
-        Route("/workers", page(dash, pages.workers)),
-        Route("/workers/action", action(dash, actions.worker_action), methods=["POST"]),
-        Route("/queues", page(dash, pages.queues)),
-        Route("/queues/{queue:path}/{verb}", action(dash, actions.queue_action), methods=["POST"]),
-        Route("/periodic", page(dash, pages.periodic)),
-        Route("/periodic/{name:path}/{verb}", action(dash, actions.periodic_action), methods=["POST"]),
-        Route("/groups", page(dash, pages.groups)),
-        Route("/groups/{group_id}", page(dash, pages.group_detail)),
-        Route("/events", page(dash, events, unavailable=schema_missing_event)),
-        Route("/login", functools.partial(auth.login, dash), methods=["GET", "POST"]),
-        Route("/logout", functools.partial(auth.logout, dash), methods=["POST"]),
-        Route("/health", functools.partial(health, dash)),
-        Mount("/static", app=StaticFiles(directory=package_dir("static")), name="static"),
+        Route("/", read(pages.overview)),
+        Route("/jobs", read(pages.jobs)),
+        Route("/jobs/bulk", act(operator, actions.bulk_jobs), methods=["POST"]),
+        Route("/jobs/counts", read(pages.job_counts)),
+        Route("/jobs/update", act(operator, actions.update_jobs), methods=["POST"]),
+        Route("/jobs/{job_id}", read(pages.job_detail)),
+        Route("/jobs/{job_id}/retry", act(operator, actions.retry_job), methods=["POST"]),
+        Route("/jobs/{job_id}/cancel", act(operator, actions.cancel_job), methods=["POST"]),
+        Route("/jobs/{job_id}/delete", act(operator, actions.delete_job), methods=["POST"]),
+        Route("/jobs/{job_id}/run-now", act(operator, actions.run_job_now), methods=["POST"]),
+        Route("/failures", read(pages.failures)),
+        Route("/failures/retry", act(operator, actions.retry_failures), methods=["POST"]),
+        Route("/workers", read(pages.workers)),
+        Route("/workers/action", act(operator, actions.worker_action), methods=["POST"]),
+        Route("/queues", read(pages.queues)),
+        Route("/queues/{queue:path}/limits", act(admin, actions.queue_limits), methods=["POST"]),
+        Route("/queues/{queue:path}/{verb}", act(operator, actions.queue_action), methods=["POST"]),
+        Route("/periodic", read(pages.periodic)),
+        Route("/periodic/{name:path}/{verb}", act(admin, actions.periodic_action), methods=["POST"]),
+        Route("/groups", read(pages.groups)),
+        Route("/groups/{group_id}", read(pages.group_detail)),
+        Route("/events", read(events, unavailable=schema_missing_event)),
+        Route("/login", requires(PUBLIC, functools.partial(auth.login, dash)), methods=["GET", "POST"]),
+        Route("/logout", requires(PUBLIC, functools.partial(auth.logout, dash)), methods=["POST"]),
+        Route("/health", requires(PUBLIC, functools.partial(health, dash))),
+        Mount("/static", app=requires(PUBLIC, StaticFiles(directory=package_dir("static"))), name="static"),
     ]
     starlette = Starlette(
         routes=routes,
         lifespan=lifespan,
         exception_handlers={HTTPException: functools.partial(http_error, dash)},
-        middleware=[Middleware(HostGuard, allowed_hosts=allowed_hosts, token=token, host_auth=host_auth)],
+        middleware=[Middleware(HostGuard, allowed_hosts=allowed_hosts, guarded=not guard.open)],
     )
     starlette.state.dashboard = dash
     return starlette
@@ -113,18 +123,29 @@ def create_starlette(
 # -- guards -----------------------------------------------------------------------------------------
 
 
-def page(dash: Dashboard, handler: Page, *, unavailable: Unavailable | None = None) -> Endpoint:
-    """`handler` behind the token (a browser is sent to the login form), with the security headers; on a
-    database without the current schema, `unavailable` answers instead (default: `schema_missing`)."""
+def page(dash: Dashboard, handler: Page, *, needs: Role, unavailable: Unavailable | None = None) -> Endpoint:
+    """`handler` for requests whose actor has the role it `needs` (one without credentials is sent to
+    the login form, or gets 401; one whose role is not enough gets 403), with the security headers; on
+    a database without the current schema, `unavailable` answers instead (default: `schema_missing`)."""
     answer_unavailable = unavailable or schema_missing
 
     async def endpoint(request: Request) -> Response:
-        if not dash.guard.authenticated(request):
-            if request.method == "GET" and "text/html" in request.headers.get("accept", ""):
+        actor = dash.guard.actor(request)
+        if actor is None:
+            wants_page = request.method == "GET" and "text/html" in request.headers.get("accept", "")
+            if wants_page and dash.guard.token_required:  # without a token, the login form lets nobody in
                 base = request.scope.get("root_path", "")
                 target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
                 return RedirectResponse(f"{base}/login?{urlencode({'next': target})}", status_code=303)
             return PlainTextResponse("authentication required", status_code=401)
+        if isinstance(actor, str):
+            return PlainTextResponse(actor, status_code=403)
+        if not actor.role.allows(needs):
+            if dash.guard.read_only:
+                return PlainTextResponse("this dashboard is read-only", status_code=403)
+            return PlainTextResponse(
+                f"this needs the {needs.value} role; {actor.name} has the {actor.role.value} role", status_code=403
+            )
         await dash.ensure_open()
         problem = await dash.schema_problem()
         if problem is None:
@@ -145,13 +166,12 @@ def page(dash: Dashboard, handler: Page, *, unavailable: Unavailable | None = No
     return endpoint
 
 
-def action(dash: Dashboard, handler: Action) -> Endpoint:
-    """`handler` as a POST behind the token, refused when read-only or without the CSRF token; its line
-    (or the refusal) goes back to the page named by the form's `next` in the flash cookie."""
+def action(dash: Dashboard, handler: Action, *, needs: Role) -> Endpoint:
+    """`handler` as a POST for actors with the role it `needs` (`page` refuses the others before the
+    form is read), refused without the CSRF token; its line (or the refusal) goes back to the page
+    named by the form's `next` in the flash cookie."""
 
     async def endpoint(dash: Dashboard, request: Request) -> Response:
-        if dash.guard.read_only:
-            return PlainTextResponse("this dashboard is read-only", status_code=403)
         form = await request.form()
         fields: dict[str, Any] = {key: form.getlist(key) if key == "ids" else form.get(key) for key in form}
         submitted = fields.get(CSRF_FIELD)
@@ -172,14 +192,14 @@ def action(dash: Dashboard, handler: Action) -> Endpoint:
         response.set_cookie(FLASH_COOKIE, flash, httponly=True, samesite="strict", path=base or "/")
         return response
 
-    return page(dash, endpoint)
+    return page(dash, endpoint, needs=needs)
 
 
 async def http_error(dash: Dashboard, request: Request, exc: Exception) -> Response:
     """An error (unknown page or job, malformed id, bad filter) as a page of the dashboard, with its
     navigation, for whoever may see the dashboard; anyone else gets only the status line."""
     assert isinstance(exc, HTTPException)
-    if not dash.guard.authenticated(request):
+    if not isinstance(dash.guard.actor(request), Actor):
         return PlainTextResponse(exc.detail, status_code=exc.status_code, headers=exc.headers)
     title = HTTPStatus(exc.status_code).phrase
     message = "There is no page at this address." if exc.detail == title and exc.status_code == 404 else exc.detail
