@@ -1,6 +1,7 @@
 """jobbus: durable background jobs on PostgreSQL, with an asyncio worker and a small message bus."""
 
 from jobbus.app import App, SyncApp
+from jobbus.audit import AuditEntry, acting_as
 from jobbus.bus import Codec, DispatchResult, JsonCodec, MessageBus
 from jobbus.errors import (
     DatabaseUnavailableError,
@@ -34,6 +35,7 @@ from jobbus.worker import Worker, WorkerOptions
 
 __all__ = [
     "App",
+    "AuditEntry",
     "Codec",
     "DatabaseUnavailableError",
     "DispatchResult",
@@ -74,6 +76,7 @@ __all__ = [
     "TransactionPoolerError",
     "Worker",
     "WorkerOptions",
+    "acting_as",
     "current_job",
     "current_sync_job",
 ]

@@ -221,3 +221,9 @@ class HostGuard:
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+def actor(guard: Guard, request: Request) -> str:
+    """Whom the audit trail names for an action of this request: `token` when the dashboard has one
+    (whoever holds it), `anonymous` when it has none (whoever reaches its address)."""
+    return "token" if guard.token is not None else "anonymous"

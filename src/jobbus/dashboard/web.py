@@ -24,6 +24,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from jobbus.audit import acting_as
 from jobbus.dashboard import actions, auth, pages
 from jobbus.dashboard.security import (
     CSRF_FIELD,
@@ -31,6 +32,7 @@ from jobbus.dashboard.security import (
     SECURITY_HEADERS,
     HostGuard,
     Redactor,
+    actor,
     safe_next,
     set_csrf_cookie,
 )
@@ -93,6 +95,7 @@ def create_starlette(
         Route("/periodic", page(dash, pages.periodic)),
         Route("/periodic/{name:path}/{verb}", action(dash, actions.periodic_action), methods=["POST"]),
         Route("/groups", page(dash, pages.groups)),
+        Route("/audit", page(dash, pages.audit)),
         Route("/groups/{group_id}", page(dash, pages.group_detail)),
         Route("/events", page(dash, events, unavailable=schema_missing_event)),
         Route("/login", functools.partial(auth.login, dash), methods=["GET", "POST"]),
@@ -158,7 +161,8 @@ def action(dash: Dashboard, handler: Action) -> Endpoint:
         if not dash.guard.csrf_ok(request, submitted if isinstance(submitted, str) else None):
             return PlainTextResponse(CSRF_REFUSED, status_code=403)
         try:
-            answer = await handler(dash, request, fields)
+            with acting_as(actor(dash.guard, request), source="dashboard"):
+                answer = await handler(dash, request, fields)
         except (InvalidStateError, InvalidJobError, ValueError) as exc:
             answer = f"refused: {exc}"
         if isinstance(answer, Response):
