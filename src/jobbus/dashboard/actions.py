@@ -70,7 +70,7 @@ async def bulk_jobs(dash: Dashboard, request: Request, form: dict[str, Any]) -> 
         done = await BULK_ACTIONS[verb](dash.app, ids)
     # One audit entry for the click, once its actions are done (each in its own transaction): it names
     # the jobs acted on, so it never names one that was not.
-    details = {"count": done, "selected": len(ids), "jobs": [t.removeprefix("job:") for t in acted_on]}
+    details = {"count": len(acted_on), "selected": len(ids), "jobs": [t.removeprefix("job:") for t in acted_on]}
     await dash.act(dash.app.audit_store.record(verb, "jobs", details))
     return f"{verb}: {done} of {len(ids)} selected job(s)"
 
