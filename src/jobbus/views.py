@@ -380,7 +380,8 @@ async def retry_failure_group(app: App, pattern: str) -> tuple[int, int]:
             details = {"count": retried, "kept": kept, "filter": {"error_group": pattern}}
             return app.audit_store.record("retry", "jobs", details, who=who, entry_id=entry_id)
 
-        async with app.pool.connection() as conn:
+        async with app.pool.connection() as conn, conn.transaction():
+            await conn.execute(b"SET LOCAL jit = off")  # as run_read_async reads: see its docstring
             chosen, done, left = await run_async(conn, Chain(batch, then))
         retried += done
         kept += left
