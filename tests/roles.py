@@ -18,6 +18,10 @@ CLAIM_OF_MIGRATION_23 = "claim_jobs(text, integer, text[], text[], double precis
 WEIGHTS_OF_MIGRATION_28 = ("take_per_key", "fit_weights", "refuse_heavy_jobs", "spend_units", "refuse_limits_below")
 
 
+#: What the grants name of migration 36 (the audit trail): lines an earlier release did not grant.
+AUDIT_OF_MIGRATION_36 = "audit"
+
+
 #: The columns of migration 31 the dashboard role is granted, which the grants of an earlier release could
 #: not name.
 COLUMNS_OF_MIGRATION_31 = ",\n              priority, queue, tags, debounce_until)"

@@ -12,7 +12,14 @@ import pytest
 import jobbus
 from jobbus import control, schema
 from jobbus.store.jobs import COPY_MIN_ROWS
-from tests.roles import CLAIM_OF_MIGRATION_23, WEIGHTS_OF_MIGRATION_28, before_tags, granted_roles, without_lines
+from tests.roles import (
+    AUDIT_OF_MIGRATION_36,
+    CLAIM_OF_MIGRATION_23,
+    WEIGHTS_OF_MIGRATION_28,
+    before_tags,
+    granted_roles,
+    without_lines,
+)
 
 
 @pytest.fixture
@@ -168,6 +175,7 @@ def test_a_dashboard_role_granted_before_failure_groups_still_retries_after_thei
             CLAIM_OF_MIGRATION_23,
             *WEIGHTS_OF_MIGRATION_28,
             "schedule_keyed",
+            AUDIT_OF_MIGRATION_36,
         )
 
     with granted_roles(empty_dsn, earlier, edit=grants_before_failure_groups) as roles:
@@ -241,7 +249,11 @@ def test_roles_granted_before_migration_19_keep_what_they_used_and_an_observer_l
                 kept.append(line)
             skipping = skipping and not line.rstrip().endswith(";")
         return without_lines(
-            before_tags("\n".join(kept)), CLAIM_OF_MIGRATION_23, *WEIGHTS_OF_MIGRATION_28, "schedule_keyed"
+            before_tags("\n".join(kept)),
+            CLAIM_OF_MIGRATION_23,
+            *WEIGHTS_OF_MIGRATION_28,
+            "schedule_keyed",
+            AUDIT_OF_MIGRATION_36,
         )
 
     kinds = ("worker", "operator", "observer", "producer", "dashboard")

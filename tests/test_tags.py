@@ -22,7 +22,7 @@ from jobbus import schema
 from jobbus.models import JobStatus
 from jobbus.requests import validate_tags
 from tests.processes import finish, prepare, query, start_worker, status_of, wait_until
-from tests.roles import before_tags, granted_roles
+from tests.roles import AUDIT_OF_MIGRATION_36, before_tags, granted_roles, without_lines
 from tests.storehelpers import claim, write
 
 
@@ -311,7 +311,7 @@ def test_the_dashboard_role_edits_queued_jobs_also_when_granted_before_tags(empt
     def grants_before_tags(grants: str) -> str:
         earlier = before_tags(grants)
         assert earlier != grants
-        return earlier
+        return without_lines(earlier, AUDIT_OF_MIGRATION_36)
 
     with granted_roles(empty_dsn, ("worker", "operator", "observer", "dashboard"), edit=grants_before_tags) as roles:
         with psycopg.connect(empty_dsn, autocommit=True) as conn:

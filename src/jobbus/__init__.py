@@ -1,6 +1,7 @@
 """jobbus: durable background jobs on PostgreSQL, with an asyncio worker and a small message bus."""
 
 from jobbus.app import App, SyncApp
+from jobbus.audit import AuditEntry, acting_as
 from jobbus.bus import Codec, DispatchResult, JsonCodec, MessageBus
 from jobbus.encryption import MissingKeyError
 from jobbus.errors import (
@@ -35,6 +36,7 @@ from jobbus.worker import Worker, WorkerOptions
 
 __all__ = [
     "App",
+    "AuditEntry",
     "Codec",
     "DatabaseUnavailableError",
     "DispatchResult",
@@ -76,6 +78,7 @@ __all__ = [
     "TransactionPoolerError",
     "Worker",
     "WorkerOptions",
+    "acting_as",
     "current_job",
     "current_sync_job",
 ]

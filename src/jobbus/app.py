@@ -34,6 +34,7 @@ from jobbus.requests import JobDefaults, JobRequest, check_options
 from jobbus.resilience import open_pool, open_pool_sync
 from jobbus.settings import Settings
 from jobbus.store import JobStore
+from jobbus.store.audit import AuditStore
 from jobbus.store.periodic import PeriodicStore
 from jobbus.store.queues import QueueStore
 from jobbus.store.statements import channel_name, configure_async, configure_connection
@@ -67,6 +68,7 @@ class App(AsyncProducer):
         self.store = JobStore(self.settings.schema)
         self.periodic_store = PeriodicStore(self.settings.schema, self.store.channel)
         self.queue_store = QueueStore(self.settings.schema)
+        self.audit_store = AuditStore(self.settings.schema)
         self._pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] | None = None
         self._pool_users = 0
         self._batcher: InsertBatcher | None = None
@@ -95,6 +97,7 @@ class App(AsyncProducer):
         self.store = JobStore(settings.schema)
         self.periodic_store = PeriodicStore(settings.schema, self.store.channel)
         self.queue_store = QueueStore(settings.schema)
+        self.audit_store = AuditStore(settings.schema)
         return previous
 
     # -- registry ----------------------------------------------------------------------------------

@@ -100,6 +100,11 @@ class Target:
     def __str__(self) -> str:
         return "all workers" if self.kind == "all" else f"{self.kind} {self.name}"
 
+    @property
+    def audited(self) -> str:
+        """The target as the audit trail names it: `all`, `queue:NAME` or `worker:ID`."""
+        return "all" if self.kind == "all" else f"{self.kind}:{self.name}"
+
 
 @dataclass(frozen=True, slots=True)
 class CommandIssued:
@@ -199,11 +204,16 @@ async def restart(
 
 
 async def issue(app: App, action: Action, target: Target) -> CommandIssued:
-    """Record one command in one transaction and notify the workers (what the five verbs call)."""
+    """Record one command and its audit entry in one transaction and notify the workers (what the five
+    verbs call)."""
     store = _store(app)
     async with app.pool.connection() as conn, conn.transaction():
         await run_async(conn, store.lock_commands())
         row = await run_async(conn, store.issue_command(action=action, target_kind=target.kind, target=target.name))
+        details = {"generation": row.generation, "workers": len(row.worker_ids)}
+        if action in ("pause", "resume"):
+            details["changed"] = row.pause_changed
+        await run_async(conn, app.audit_store.record(action, target.audited, details))
     return CommandIssued(
         action, target, row.generation, row.worker_ids, row.instance_ids, row.issued_at, row.pause_changed
     )

@@ -124,6 +124,8 @@ BOUNDS: dict[str, Bounds] = {
     "retention_cancelled_seconds": Bounds(0, 100 * YEAR, "seconds"),
     "retention_failed_seconds": Bounds(0, 100 * YEAR, "seconds"),
     "retention_event_seconds": Bounds(0, 100 * YEAR, "seconds"),
+    # At least a day: `delete_old_audit` refuses less, so no role can erase the recent trail.
+    "retention_audit_seconds": Bounds(DAY, 100 * YEAR, "seconds"),
     "stats_interval_seconds": Bounds(0.1, DAY, "seconds"),
     "cancel_grace_seconds": Bounds(0, 7 * DAY, "seconds"),
 }
@@ -185,6 +187,9 @@ class Settings:
     #: Keys that encrypt payloads at rest, newest first (`jobbus.encryption`; `JOBBUS_ENCRYPTION_KEYS`
     #: comma-separated): the newest seals what is written, any of them opens what it sealed. Never shown.
     encryption_keys: tuple[str, ...] = ()
+    #: How long entries of the audit trail are kept before the leader deletes them (at least a day,
+    #: default 90 days); None keeps them forever.
+    retention_audit_seconds: float | None = 7776000.0
 
     def __post_init__(self) -> None:
         validate_schema_name(self.schema)

@@ -20,9 +20,11 @@ from typing import TYPE_CHECKING, TypeVar
 
 import psycopg
 
+from jobbus.audit import acting
 from jobbus.models import Job
+from jobbus.requests import new_job_id
 from jobbus.store.dashboard import DashboardStore, FailureGroup
-from jobbus.store.statements import Statement, run_read_async
+from jobbus.store.statements import Chain, Operation, Statement, run_async, run_read_async
 from jobbus.store.views import COUNT_CAP, FINISHED, VIEWS, Count, Cursor, Filters, JobSummary, Page, ViewStore
 
 if TYPE_CHECKING:
@@ -365,8 +367,22 @@ async def retry_failure_group(app: App, pattern: str) -> tuple[int, int]:
     were left failed because another active job holds their unique key."""
     kept: list[uuid.UUID] = []
     retried = 0
+    who, entry_id = acting(), new_job_id()
     while True:
-        chosen, done, left = await _run(app, app.store.retry_failure_group(pattern, skip=kept))
+        batch = app.store.retry_failure_group(pattern, skip=kept)
+
+        def then(
+            result: tuple[int, int, list[uuid.UUID]], retried: int = retried, kept: int = len(kept)
+        ) -> Operation[None] | None:
+            """The one audit entry of the group's retry, in the transaction of its last batch (none chosen)."""
+            if result[0]:
+                return None
+            details = {"count": retried, "kept": kept, "filter": {"error_group": pattern}}
+            return app.audit_store.record("retry", "jobs", details, who=who, entry_id=entry_id)
+
+        async with app.pool.connection() as conn, conn.transaction():
+            await conn.execute(b"SET LOCAL jit = off")  # as run_read_async reads: see its docstring
+            chosen, done, left = await run_async(conn, Chain(batch, then))
         retried += done
         kept += left
         if chosen == 0:

@@ -33,6 +33,7 @@ NOT_RENDERED = {
         "store",
         "periodic_store",
         "queue_store",
+        "audit_store",
         "handlers",
         "periodics",
         "events",

@@ -294,6 +294,8 @@ class History:
     batch_calls: dict[str, list[tuple[str, str, int]]] = field(default_factory=dict)
     #: job type -> the `batch_size` its batch handler was registered with.
     batch_sizes: dict[str, int] = field(default_factory=dict)
+    #: (action, target, details) of every audit entry at the end (None: not recorded).
+    audit: list[tuple[str, str, dict[str, Any]]] | None = None
 
 
 @dataclass(frozen=True)
@@ -349,6 +351,7 @@ def check(history: History) -> Report:
         *checker.cancels(),
         *checker.run_nows(),
         *checker.updates(),
+        *checker.audit_trail(),
         *checker.unique(),
         *checker.debounce(),
         *checker.windows(),
@@ -1139,6 +1142,46 @@ class _Checker:
             if late:
                 yield Violation(
                     "update_many", f"update_many (marker {marker}) changed job {late[0].job_id} outside its call"
+                )
+
+    def audit_trail(self) -> Iterator[Violation]:
+        """SPEC 22: each `cancel`, `delete`, `run_now` and `update` of the run that took effect wrote one
+        audit entry for its job, and one that was refused none; each `update_many` one entry with the
+        count it returned. A cancel that returned `cancelled` found the job queued (an entry) or already
+        cancelled (none): such calls bound the entries from above only."""
+        if self.h.audit is None:
+            return
+        written = Counter((action, target) for action, target, _ in self.h.audit)
+        calls: dict[tuple[str, str], list[Op]] = defaultdict(list)
+        for op in self.h.ops:
+            calls[(op.kind, f"job:{op.job_id}")].append(op)
+        for (kind, target), ops in calls.items():
+            if kind == "cancel":
+                low = sum(op.outcome == "running" for op in ops)
+                high = low + sum(op.outcome == "cancelled" for op in ops)
+            else:
+                low = high = sum(op.ok for op in ops)
+            if not low <= written[(kind, target)] <= high:
+                outcomes = ", ".join(op.outcome[:60] for op in ops)
+                yield Violation(
+                    "audit",
+                    f"{kind} of {target} ({outcomes}) wrote {written[(kind, target)]} audit entries, not "
+                    + (f"{low}" if low == high else f"{low} to {high}"),
+                )
+        for (action, target), count in written.items():
+            if action in ("cancel", "delete", "run_now", "update") and (action, target) not in calls:
+                yield Violation("audit", f"{count} audit entries of {action} of {target}, which no call made")
+        for marker, count, _, after in self.h.moves:
+            found = [
+                d.get("count")
+                for action, _, d in self.h.audit
+                if action == "update_many" and d.get("changes", {}).get("priority") == marker
+            ]
+            if found != [count]:
+                yield Violation(
+                    "audit",
+                    f"update_many (marker {marker}) at {_fmt(after, self.origin)} returned {count}; "
+                    f"its audit entries say {found}",
                 )
 
     def unique(self) -> Iterator[Violation]:

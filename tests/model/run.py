@@ -754,6 +754,12 @@ async def run(topology: Topology, dsn: str) -> History:
         history.ops, history.secrets, history.exercised = state.ops, state.secrets, state.exercised
         history.keyed_calls = state.keyed
         history.moves = state.moves
+        history.audit = [
+            (action, target, details)
+            for action, target, details in log.execute(
+                "SELECT action, target, details FROM jobbus.audit_log ORDER BY at, id"
+            ).fetchall()
+        ]
         return history
 
 

@@ -868,3 +868,41 @@ def test_a_log_line_kept_in_another_attempts_entry() -> None:
     assert "logs" in broken(h)
     h.jobs[-1] = replace(done, history=[{**first, "at": "1970-01-12T13:46:40+00:00", "logs": lines}, second])
     assert "logs" in broken(h)  # an entry written before its run started cannot hold its line
+
+
+def test_an_admin_call_with_a_missing_or_extra_audit_entry_is_a_violation() -> None:
+    h = with_job(clean(), job(20, queue="x", status="queued", delayed=True))
+    h.jobs[-1] = replace(h.jobs[-1], status="cancelled", finished_at=T0 + 8)
+    h.transitions += changes(20, (0.0, "queued"), (8.0, "cancelled"))
+    h.ops += [
+        Op("update", "j20", T0 + 1.0, T0 + 1.05, "ok"),
+        Op("run_now", "j20", T0 + 2.0, T0 + 2.05, "error: job j20 is running"),
+        Op("cancel", "j20", T0 + 8.0, T0 + 8.05, "cancelled"),
+        Op("cancel", "j20", T0 + 9.0, T0 + 9.05, "cancelled"),
+    ]
+    h.transitions[1] = Transition("j20", T0 + 1.9, "queued", "running", 1)
+    h.transitions.append(Transition("j20", T0 + 7.0, "running", "queued", 1))
+    h.moves = []
+    h.audit = [("update", "j20", {})]  # not the target the call names
+    assert "audit" in broken(h)
+    h.audit = [("update", "job:j20", {}), ("cancel", "job:j20", {})]
+    assert "audit" not in broken(h), check(h).text()
+    h.audit.append(("cancel", "job:j20", {}))  # the second cancel found it cancelled: it wrote nothing
+    h.audit.append(("cancel", "job:j20", {}))
+    assert "wrote 3 audit entries, not 0 to 2" in check(h).text()
+    h.audit = [("update", "job:j20", {}), ("run_now", "job:j20", {})]  # the refused run_now wrote one
+    assert "run_now of job:j20 (error: job j20 is running) wrote 1 audit entries, not 0" in check(h).text()
+    h.audit = [("update", "job:j20", {}), ("delete", "job:j99", {})]
+    assert "audit entries of delete of job:j99, which no call made" in check(h).text()
+
+
+def test_an_update_many_without_its_one_audit_entry_is_a_violation() -> None:
+    h = clean()
+    h.moves = [(71, 3, T0 + 1.0, T0 + 1.1)]
+    h.edits = [Edit(f"j{n}", T0 + 1.05, "queued", "queued", "a", "b", 71) for n in (1, 2, 3)]
+    h.audit = [("update_many", "jobs", {"count": 3, "changes": {"priority": 71}})]
+    assert "audit" not in broken(h), check(h).text()
+    h.audit.append(("update_many", "jobs", {"count": 0, "changes": {"priority": 71}}))
+    assert "returned 3; its audit entries say [3, 0]" in check(h).text()
+    h.audit = []
+    assert "returned 3; its audit entries say []" in check(h).text()

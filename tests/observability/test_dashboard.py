@@ -24,7 +24,7 @@ from jobbus.store.statements import run_async
 from tests.processes import ROOT
 
 BASE = "http://127.0.0.1:8787"
-PAGES = ["/", "/jobs", "/failures", "/workers", "/queues", "/periodic", "/groups"]
+PAGES = ["/", "/jobs", "/failures", "/workers", "/queues", "/periodic", "/groups", "/audit"]
 
 
 def seed(dsn: str) -> dict[str, Any]:

@@ -18,7 +18,13 @@ from jobbus import schema
 from jobbus.store import MaintenanceStore, QueueSample, run_sync
 from jobbus.worker.services.queue_stats import LATE_SECONDS, TALLY_SECONDS
 from tests.plans import NEEDS_AUTO_EXPLAIN, auto_explained
-from tests.roles import CLAIM_OF_MIGRATION_23, WEIGHTS_OF_MIGRATION_28, granted_roles, without_lines
+from tests.roles import (
+    AUDIT_OF_MIGRATION_36,
+    CLAIM_OF_MIGRATION_23,
+    WEIGHTS_OF_MIGRATION_28,
+    granted_roles,
+    without_lines,
+)
 from tests.storehelpers import behind_a_lock
 
 SAMPLE = MaintenanceStore("jobbus").sample_queues(1.0, late_seconds=LATE_SECONDS, keep_seconds=TALLY_SECONDS)
@@ -271,7 +277,14 @@ def test_a_worker_role_granted_before_this_release_samples_without_new_grants(em
         conn.execute(schema.script("jobbus").split("\n-- 0016_")[0].encode())
 
     def earlier(script: str) -> str:
-        return without_lines(script, "sample_queues", CLAIM_OF_MIGRATION_23, *WEIGHTS_OF_MIGRATION_28, "schedule_keyed")
+        return without_lines(
+            script,
+            "sample_queues",
+            CLAIM_OF_MIGRATION_23,
+            *WEIGHTS_OF_MIGRATION_28,
+            "schedule_keyed",
+            AUDIT_OF_MIGRATION_36,
+        )
 
     with granted_roles(empty_dsn, ("worker", "operator", "observer"), edit=earlier) as roles:
         with psycopg.connect(empty_dsn, autocommit=True) as conn:

@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from jobbus.audit import acting_as, operating_system_user
 from jobbus.cli import exit_codes
 from jobbus.cli.errors import fail, internal_error, usage_error
 from jobbus.cli.suggest import SuggestingGroup, closest
@@ -22,6 +23,7 @@ COMMANDS = {
     "status": "jobbus.cli.status:status_command",
     "workers": "jobbus.cli.workers:workers_command",
     "doctor": "jobbus.cli.doctor:doctor_command",
+    "audit": "jobbus.cli.audit:audit_command",
     "pause": "jobbus.cli.control:pause_command",
     "resume": "jobbus.cli.control:resume_command",
     "drain": "jobbus.cli.control:drain_command",
@@ -79,9 +81,11 @@ def cli() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: a usage error is one `error: ...` line and exit 64 (EX_USAGE), not click's
-    three lines and exit 2; `jobbus` alone prints the help."""
+    three lines and exit 2; `jobbus` alone prints the help. The audit trail names the operating-system
+    user as the actor of the command's actions."""
     try:
-        result = cli.main(args=argv, prog_name="jobbus", standalone_mode=False)
+        with acting_as(operating_system_user(), source="cli"):
+            result = cli.main(args=argv, prog_name="jobbus", standalone_mode=False)
     except click.exceptions.NoArgsIsHelpError as exc:
         exc.show()
         sys.exit(exit_codes.USAGE)

@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from jobbus import control, views
+from jobbus.audit import gathering
 from jobbus.dashboard.formatting import parse_uuid
 from jobbus.dashboard.state import Dashboard
 from jobbus.errors import InvalidStateError
@@ -65,7 +66,12 @@ async def bulk_jobs(dash: Dashboard, request: Request, form: dict[str, Any]) -> 
         raise ValueError("bulk action must be retry, cancel or delete")
     if not ids:
         return "no job selected"
-    done = await BULK_ACTIONS[verb](dash.app, ids)
+    with gathering() as acted_on:
+        done = await BULK_ACTIONS[verb](dash.app, ids)
+    # One audit entry for the click, once its actions are done (each in its own transaction): it names
+    # the jobs acted on, so it never names one that was not.
+    details = {"count": len(acted_on), "selected": len(ids), "jobs": [t.removeprefix("job:") for t in acted_on]}
+    await dash.act(dash.app.audit_store.record(verb, "jobs", details))
     return f"{verb}: {done} of {len(ids)} selected job(s)"
 
 
@@ -133,7 +139,21 @@ async def update_jobs(dash: Dashboard, request: Request, form: dict[str, Any]) -
             add_tags=checked["tags"],
             ids=ids,
         )
-        _last, _chosen, done = await dash.run(statement)
+        described = plan.described_changes(
+            changes["priority"], changes["queue"], changes["available_at"], changes["add_tags"], "add_tags"
+        )
+        audited = dash.app.audit_store.audited(
+            statement,
+            "update_many",
+            "jobs",
+            lambda result: {
+                "count": result[2],
+                "selected": len(ids),
+                "filter": {"ids": "selected"},
+                "changes": described,
+            },
+        )
+        _last, _chosen, done = await dash.act(audited)
         return f"changed {done} of {len(ids)} selected job(s)"
     done = await dash.app.update_many(
         queue=queue,

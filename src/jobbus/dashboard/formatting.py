@@ -146,6 +146,11 @@ def pretty(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True, default=str, ensure_ascii=False)
 
 
+def compact(value: Any) -> str:
+    """JSON on one line (an audit entry's details)."""
+    return json.dumps(value, sort_keys=True, default=str, ensure_ascii=False, separators=(", ", ": "))
+
+
 def parse_uuid(value: Any) -> uuid.UUID | None:
     """The id a URL or form field holds, or None when it holds none (or not a UUID)."""
     try:

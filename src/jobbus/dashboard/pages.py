@@ -4,6 +4,7 @@ renders its template (`web.page` puts the token check and the security headers a
 from __future__ import annotations
 
 import asyncio
+import uuid
 from datetime import UTC, datetime, timedelta
 from urllib.parse import urlencode
 
@@ -326,3 +327,33 @@ async def group_detail(dash: Dashboard, request: Request) -> Response:
         raise HTTPException(404, "no such group")
     progress = await dash.app.group_progress(group)
     return dash.render(request, "group.html", group=group, progress=progress)
+
+
+#: Entries of the audit trail per page.
+AUDIT_PAGE = 50
+
+
+async def audit(dash: Dashboard, request: Request) -> Response:
+    """The audit trail, newest first, a page after another (keyset on the last entry's time and id: one
+    index range scan whatever the trail's length)."""
+    after = _audit_cursor(request.query_params.get("after"))
+    found = await dash.run(dash.app.audit_store.entries(before=after, limit=AUDIT_PAGE + 1))
+    entries, more = found[:AUDIT_PAGE], len(found) > AUDIT_PAGE
+    last = entries[-1] if entries else None
+    next_url = "/audit?" + urlencode({"after": f"{last.at.isoformat()}|{last.id}"}) if more and last else None
+    return dash.render(request, "audit.html", entries=entries, next_url=next_url, first_url="/audit" if after else None)
+
+
+def _audit_cursor(text: str | None) -> tuple[datetime, uuid.UUID] | None:
+    """The `after` of an Audit page's link: the last entry's time and id; anything else is a 400."""
+    if not text:
+        return None
+    at, _, ident = text.partition("|")
+    entry_id = formatting.parse_uuid(ident)
+    try:
+        moment = datetime.fromisoformat(at)
+    except ValueError:
+        moment = None
+    if entry_id is None or moment is None or moment.tzinfo is None:
+        raise HTTPException(400, "not a page of the audit trail")
+    return moment, entry_id

@@ -24,7 +24,7 @@ from jobbus.dashboard.workflow import parked_without_deadline
 from jobbus.encryption import MissingKeyError, UnreadablePayloadError, placeholder, sealed_key_id
 from jobbus.errors import SchemaError
 from jobbus.store.dashboard import DashboardStore
-from jobbus.store.statements import Statement, run_read_async
+from jobbus.store.statements import Operation, Statement, run_async, run_read_async
 
 if TYPE_CHECKING:
     from jobbus.app import App
@@ -59,6 +59,7 @@ class Dashboard:
         self.templates.filters["instant"] = formatting.instant
         self.templates.filters["next_run"] = formatting.next_run
         self.templates.filters["pretty"] = formatting.pretty
+        self.templates.filters["compact"] = formatting.compact
         self.templates.filters["shortid"] = formatting.short_id
         self.templates.filters["parked_without_deadline"] = parked_without_deadline
         self._opened = False
@@ -118,6 +119,12 @@ class Dashboard:
         await self.ensure_open()
         async with self.app.pool.connection() as conn:
             return await run_read_async(conn, statement)
+
+    async def act(self, operation: Operation[T]) -> T:
+        """Run an action's operation (with its audit entry) in one transaction."""
+        await self.ensure_open()
+        async with self.app.pool.connection() as conn:
+            return await run_async(conn, operation)
 
     # -- rendering ----------------------------------------------------------------------------------
 

@@ -25,8 +25,9 @@ from starlette.responses import JSONResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from jobbus.audit import acting_as
 from jobbus.dashboard import actions, auth, pages
-from jobbus.dashboard.roles import PUBLIC, Actor, Role, requires
+from jobbus.dashboard.roles import PUBLIC, Actor, Role, actor_of, requires
 from jobbus.dashboard.security import (
     CSRF_FIELD,
     CSRF_REFUSED,
@@ -103,6 +104,7 @@ def create_starlette(
         Route("/periodic", read(pages.periodic)),
         Route("/periodic/{name:path}/{verb}", act(admin, actions.periodic_action), methods=["POST"]),
         Route("/groups", read(pages.groups)),
+        Route("/audit", read(pages.audit)),
         Route("/groups/{group_id}", read(pages.group_detail)),
         Route("/events", read(events, unavailable=schema_missing_event)),
         Route("/login", requires(PUBLIC, functools.partial(auth.login, dash)), methods=["GET", "POST"]),
@@ -178,7 +180,9 @@ def action(dash: Dashboard, handler: Action, *, needs: Role) -> Endpoint:
         if not dash.guard.csrf_ok(request, submitted if isinstance(submitted, str) else None):
             return PlainTextResponse(CSRF_REFUSED, status_code=403)
         try:
-            answer = await handler(dash, request, fields)
+            who = actor_of(request)  # the audit trail's actor: the proxy's user, the token's role, the host's user
+            with acting_as(who.name if who is not None else "anonymous", source="dashboard"):
+                answer = await handler(dash, request, fields)
         except (InvalidStateError, InvalidJobError, ValueError) as exc:
             answer = f"refused: {exc}"
         if isinstance(answer, Response):

@@ -15,6 +15,7 @@ import psycopg
 
 from jobbus import schema as schema_module
 from jobbus import tracing
+from jobbus.audit import AuditEntry
 from jobbus.durations import resolve_available_at, seconds_or_none
 from jobbus.encryption import open_job
 from jobbus.errors import InvalidJobError, InvalidStateError, SchemaError
@@ -295,7 +296,11 @@ class SyncProducer(ABC):
 
     def cancel(self, job_id: uuid.UUID) -> JobStatus:
         """Cancel a queued job at once, ask a running one to stop; returns the status after the call."""
-        result = self._run(self._app.store.cancel_job(plan.as_uuid(job_id)))
+        job_id = plan.as_uuid(job_id)
+        audited = self._app.audit_store.audited(
+            self._app.store.cancel_job(job_id), "cancel", plan.job_target(job_id), plan.cancel_effect
+        )
+        result = self._run(audited)
         status = plan.cancel_status(job_id, result)
         if result.before is JobStatus.QUEUED and result.type and result.queue:
             cancelled = JobCancelled(plan.as_uuid(job_id), result.type, result.queue, JobStatus.QUEUED)
@@ -305,7 +310,10 @@ class SyncProducer(ABC):
     def retry(self, job_id: uuid.UUID, available_at: datetime | timedelta | None = None) -> None:
         """Requeue a failed job with its attempts reset; anything else raises `InvalidStateError`."""
         at, delay = resolve_available_at(available_at)
-        statement = self._app.store.retry_job(plan.as_uuid(job_id), at, delay)
+        job_id = plan.as_uuid(job_id)
+        statement = self._app.audit_store.audited(
+            self._app.store.retry_job(job_id, at, delay), "retry", plan.job_target(job_id), plan.done_effect
+        )
         try:
             before, done = self._run(statement, repeatable=False)
         except psycopg.errors.UniqueViolation:
@@ -321,14 +329,22 @@ class SyncProducer(ABC):
         as done (the group's callback fires once the other members are terminal), a parent waiting for
         its children no longer waits for it, and its own `then=` follow-up is not scheduled.
         """
-        before = self._run(self._app.store.delete_job(plan.as_uuid(job_id)), repeatable=False)
+        job_id = plan.as_uuid(job_id)
+        statement = self._app.audit_store.audited(
+            self._app.store.delete_job(job_id), "delete", plan.job_target(job_id), plan.delete_effect
+        )
+        before = self._run(statement, repeatable=False)
         plan.check_delete(job_id, before)
 
     def run_now(self, job_id: uuid.UUID) -> None:
         """Make a queued job available at once (a delayed, retrying or parked one); anything else raises
         `InvalidStateError`. A job parked in a durable wait that is not over parks again when it runs; a
         debounced job waiting for the run of its key to end starts as soon as it ends."""
-        before, done = self._run(self._app.store.run_job_now(plan.as_uuid(job_id)))
+        job_id = plan.as_uuid(job_id)
+        statement = self._app.audit_store.audited(
+            self._app.store.run_job_now(job_id), "run_now", plan.job_target(job_id), plan.done_effect
+        )
+        before, done = self._run(statement)
         plan.check_run_now(job_id, before, done)
 
     def update(
@@ -347,7 +363,12 @@ class SyncProducer(ABC):
         wakes the workers that can take the job."""
         changes = plan.update_changes("update", priority, queue, available_at, tags, "tags")
         job_id = plan.as_uuid(job_id)
-        statement = self._app.store.update_job(job_id, set_tags=tags is not None, **changes)
+        statement = self._app.audit_store.audited(
+            self._app.store.update_job(job_id, set_tags=tags is not None, **changes),
+            "update",
+            plan.job_target(job_id),
+            plan.done_effect_with(plan.described_changes(priority, queue, available_at, tags, "tags")),
+        )
         before, done = self._run(statement)
         plan.check_update(job_id, before, done)
 
@@ -370,14 +391,19 @@ class SyncProducer(ABC):
         batches of `plan.UPDATE_BATCH`, each one statement and its own transaction, in id order: a job
         claimed meanwhile is left as it is and not counted, and a refused batch (a job that would
         hold more than 16 tags) leaves the batches before it written. `on_batch` is called with the
-        running count after each batch."""
+        running count after each batch.
+
+        The audit trail gets one entry for the call, written in the transaction of its last batch with
+        the total (0 when nothing matched); a refused batch records the count of the batches before it
+        and the refusal, in a transaction of its own."""
         filters = plan.update_filters(queue, type, tag)
         changes = plan.update_changes("update_many", set_priority, set_queue, set_available_at, add_tags, "add_tags")
         if add_tags is not None and not changes["tags"]:
             raise InvalidJobError("update_many: add_tags must name at least one tag")
         after, total = uuid.UUID(int=0), 0
+        entry = plan.update_many_entry(self._app, queue, type, tag, set_priority, set_queue, set_available_at, add_tags)
         while True:
-            statement = self._app.store.update_jobs(
+            batch = self._app.store.update_jobs(
                 after=after,
                 limit=plan.UPDATE_BATCH,
                 queue=filters["queue"],
@@ -390,9 +416,12 @@ class SyncProducer(ABC):
                 add_tags=changes["tags"],
             )
             try:
-                last, chosen, changed = self._run(statement)
+                last, chosen, changed = self._run(entry.last_batch(batch, total))
             except psycopg.errors.InvalidParameterValue as exc:
-                raise InvalidJobError(f"update_many: {exc.diag.message_primary or exc}") from None
+                refusal = f"update_many: {exc.diag.message_primary or exc}"
+                if total:
+                    self._run(entry.refused(total, refusal))
+                raise InvalidJobError(refusal) from None
             total += changed
             if on_batch is not None:
                 on_batch(total)
@@ -428,10 +457,10 @@ class SyncProducer(ABC):
         `rate_limit_per_key`: at most `count` jobs started in any rolling `per` window. Running workers
         apply changes within one poll interval.
         """
-        for statement in plan.set_queue_statements(
+        statement = plan.set_queue_statement(
             self._app, queue, concurrency, concurrency_per_key, rate_limit, rate_limit_per_key
-        ):
-            self._run(statement)
+        )
+        self._run(statement)
         return self.get_queue(queue)
 
     def consume(self, queue: str, units: int, *, key: str | None = None) -> bool:
@@ -469,7 +498,12 @@ class SyncProducer(ABC):
         app = self._app
         spec = app.registry.periodic_spec(name, type, **options)
         now = self._run(app.periodic_store.database_now())
-        statement = app.periodic_store.upsert(spec, source="runtime", next_run_at=spec.schedule.next_after(now))
+        statement = app.audit_store.audited(
+            app.periodic_store.upsert(spec, source="runtime", next_run_at=spec.schedule.next_after(now)),
+            "add_periodic",
+            plan.periodic_target(name),
+            plan.periodic_effect(spec),
+        )
         if not self._run(statement):
             raise InvalidStateError(f"periodic job {name!r} is declared in code: change it there, or pick another name")
         (found,) = self._run(app.periodic_store.list_periodic(name))
@@ -477,17 +511,32 @@ class SyncProducer(ABC):
 
     def remove_periodic(self, name: str) -> None:
         """Delete a periodic job (one declared in code comes back when a worker of that code starts)."""
-        if not self._run(self._app.periodic_store.remove(name)):
+        statement = self._app.audit_store.audited(
+            self._app.periodic_store.remove(name), "remove_periodic", plan.periodic_target(name), plan.true_effect
+        )
+        if not self._run(statement):
             raise InvalidStateError(f"no periodic job is named {name!r}")
 
     def pause_periodic(self, name: str) -> None:
         """Stop enqueuing its ticks until `resume_periodic`; durable, also across redefinitions."""
-        if not self._run(self._app.periodic_store.set_enabled(name, False)):
+        statement = self._app.audit_store.audited(
+            self._app.periodic_store.set_enabled(name, False),
+            "pause_periodic",
+            plan.periodic_target(name),
+            plan.true_effect,
+        )
+        if not self._run(statement):
             raise InvalidStateError(f"no periodic job is named {name!r}")
 
     def resume_periodic(self, name: str) -> None:
         """Enqueue its ticks again after `pause_periodic`."""
-        if not self._run(self._app.periodic_store.set_enabled(name, True)):
+        statement = self._app.audit_store.audited(
+            self._app.periodic_store.set_enabled(name, True),
+            "resume_periodic",
+            plan.periodic_target(name),
+            plan.true_effect,
+        )
+        if not self._run(statement):
             raise InvalidStateError(f"no periodic job is named {name!r}")
 
     def list_periodic(self) -> list[Periodic]:
@@ -501,10 +550,25 @@ class SyncProducer(ABC):
         if job_type is None:
             raise InvalidStateError(f"no periodic job is named {name!r}")
         job_id = new_job_id()
-        statement = app.periodic_store.run_now(name, job_id=job_id, max_attempts=app.registry.max_attempts_of(job_type))
+        statement = app.audit_store.audited(
+            app.periodic_store.run_now(name, job_id=job_id, max_attempts=app.registry.max_attempts_of(job_type)),
+            "run_periodic",
+            plan.periodic_target(name),
+            lambda done: {"job_id": str(job_id)} if done else None,
+        )
         if not self._run(statement, repeatable=False):
             raise InvalidStateError(f"no periodic job is named {name!r}")
         return job_id
+
+    # -- the audit trail ---------------------------------------------------------------------------
+
+    def list_audit(
+        self, *, since: datetime | timedelta | None = None, after: AuditEntry | None = None, limit: int = 100
+    ) -> list[AuditEntry]:
+        """Entries of the audit trail, newest first: those from `since` on (an aware datetime, or a
+        timedelta before now), after the entry `after` (the last of the page before), at most `limit`."""
+        start, before = plan.audit_window(since, after, limit)
+        return self._run(self._app.audit_store.entries(since=start, before=before, limit=limit))
 
     # -- schema ------------------------------------------------------------------------------------
 

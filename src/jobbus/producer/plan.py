@@ -7,18 +7,20 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
-from datetime import datetime, timedelta
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 import psycopg
 
+from jobbus.audit import Acting, AuditEntry, acting
 from jobbus.durations import resolve_available_at
 from jobbus.errors import DatabaseUnavailableError, InvalidJobError, InvalidStateError, JobbusError
 from jobbus.events import JobScheduled
-from jobbus.limits import Keep, RateLimit, check_count, check_rate
+from jobbus.limits import KEEP, Keep, RateLimit, check_count, check_rate
 from jobbus.models import JOB_VIEWS, JobSpec, JobStatus, SharedSpecs, options_of
+from jobbus.periodic import PeriodicSpec
 from jobbus.registry import Registry
 from jobbus.requests import (
     INT32_MAX,
@@ -39,9 +41,11 @@ from jobbus.requests import (
 from jobbus.resilience import Backoff, first_line, is_transient
 from jobbus.settings import Settings
 from jobbus.store import CancelResult, JobStore, Statement
+from jobbus.store.audit import AuditStore
 from jobbus.store.jobs import raise_group_refusal
 from jobbus.store.periodic import PeriodicStore
 from jobbus.store.queues import QueueStore
+from jobbus.store.statements import Chain, Operation
 
 #: One job for `schedule_many`: a JobRequest, a mapping of its fields, or a (type, configuration) pair.
 JobItem = JobRequest | Mapping[str, Any] | tuple[str, Mapping[str, Any] | None]
@@ -67,6 +71,7 @@ class ProducerApp(Protocol):
     store: JobStore
     periodic_store: PeriodicStore
     queue_store: QueueStore
+    audit_store: AuditStore
     registry: Registry
 
 
@@ -428,18 +433,154 @@ def consume_statement(app: ProducerApp, queue: str, units: int, key: str | None)
     return app.queue_store.spend_units(new_job_id(), queue, key, units)
 
 
-def set_queue_statements(
+def set_queue_statement(
     app: ProducerApp,
     queue: str,
     concurrency: int | Keep | None,
     concurrency_per_key: int | Keep | None,
     rate_limit: RateLimit | Keep | None,
     rate_limit_per_key: RateLimit | Keep | None,
-) -> list[Statement[None]]:
-    return app.queue_store.set_limits(
-        validate_text("queue", queue, MAX_TYPE_BYTES),
-        concurrency=check_count("concurrency", concurrency),
-        concurrency_per_key=check_count("concurrency_per_key", concurrency_per_key),
-        rate_limit=check_rate("rate_limit", rate_limit),
-        rate_limit_per_key=check_rate("rate_limit_per_key", rate_limit_per_key),
+) -> Chain[None]:
+    """The limits written and a row left empty dropped, with the audit entry, in one transaction."""
+    queue = validate_text("queue", queue, MAX_TYPE_BYTES)
+    counts = (check_count("concurrency", concurrency), check_count("concurrency_per_key", concurrency_per_key))
+    rates = (check_rate("rate_limit", rate_limit), check_rate("rate_limit_per_key", rate_limit_per_key))
+    write, drop_empty = app.queue_store.set_limits(
+        queue, concurrency=counts[0], concurrency_per_key=counts[1], rate_limit=rates[0], rate_limit_per_key=rates[1]
     )
+    names = ("concurrency", "concurrency_per_key", "rate_limit", "rate_limit_per_key")
+    details = {
+        name: str(value) if isinstance(value, RateLimit) else value
+        for name, value in zip(names, (*counts, *rates), strict=True)
+        if value is not KEEP
+    }
+    return app.audit_store.audited(Chain(write, lambda _: drop_empty), "set_queue", f"queue:{queue}", lambda _: details)
+
+
+# -- the audit trail: what each action records once it took effect (None: it changed nothing) --------
+
+
+def job_target(job_id: uuid.UUID) -> str:
+    return f"job:{job_id}"
+
+
+def periodic_target(name: str) -> str:
+    return f"periodic:{name}"
+
+
+def cancel_effect(result: CancelResult) -> dict[str, Any] | None:
+    """A queued job cancelled, or a running one asked to stop; a finished one is left as it is."""
+    if result.before in (JobStatus.QUEUED, JobStatus.RUNNING) and result.after is not None:
+        return {"before": result.before.value, "after": result.after.value}
+    return None
+
+
+def done_effect(result: tuple[JobStatus | None, bool]) -> dict[str, Any] | None:
+    before, done = result
+    return {"before": before.value} if done and before is not None else None
+
+
+def done_effect_with(changes: dict[str, Any]) -> Callable[[tuple[JobStatus | None, bool]], dict[str, Any] | None]:
+    def effect(result: tuple[JobStatus | None, bool]) -> dict[str, Any] | None:
+        found = done_effect(result)
+        return None if found is None else {**found, "changes": changes}
+
+    return effect
+
+
+def delete_effect(before: JobStatus | None) -> dict[str, Any] | None:
+    return None if before in (None, JobStatus.RUNNING) else {"before": before.value if before else None}
+
+
+def true_effect(done: bool) -> dict[str, Any] | None:
+    return {} if done else None
+
+
+def periodic_effect(spec: PeriodicSpec) -> Callable[[bool], dict[str, Any] | None]:
+    schedule = spec.schedule
+    details = {"type": spec.type, "queue": spec.queue, "cron": schedule.cron, "every_seconds": schedule.every_seconds}
+    return lambda done: details if done else None
+
+
+def described_changes(
+    priority: int | None,
+    queue: str | None,
+    available_at: datetime | timedelta | None,
+    tags: Sequence[str] | None,
+    tags_name: str,
+) -> dict[str, Any]:
+    """The changes an `update` or `update_many` asked for, as its audit entry shows them."""
+    described: dict[str, Any] = {}
+    if priority is not None:
+        described["priority"] = priority
+    if queue is not None:
+        described["queue"] = queue
+    if available_at is not None:
+        described["available_at"] = str(available_at)
+    if tags is not None:
+        described[tags_name] = list(tags)
+    return described
+
+
+@dataclass(frozen=True, slots=True)
+class BulkEntry:
+    """The one audit entry of a bulk action run in batches (each batch its own transaction): written
+    with the last batch, with the total, so it exists exactly when the whole action did."""
+
+    app: ProducerApp
+    action: str
+    details: dict[str, Any]
+    who: Acting
+    entry_id: uuid.UUID
+
+    def last_batch(
+        self, batch: Statement[tuple[uuid.UUID | None, int, int]], total: int
+    ) -> Chain[tuple[uuid.UUID | None, int, int]]:
+        """`batch`, and the entry in its transaction when it is the last one (fewer than a full batch)."""
+
+        def then(result: tuple[uuid.UUID | None, int, int]) -> Operation[None] | None:
+            last, chosen, changed = result
+            if last is not None and chosen >= UPDATE_BATCH:
+                return None
+            return self._record({"count": total + changed})
+
+        return Chain(batch, then)
+
+    def refused(self, total: int, refusal: str) -> Operation[None]:
+        """The entry of a bulk action a batch refused after `total` jobs were changed by those before."""
+        return self._record({"count": total, "refused": refusal})
+
+    def _record(self, more: dict[str, Any]) -> Operation[None]:
+        store = self.app.audit_store
+        return store.record(self.action, "jobs", {**self.details, **more}, who=self.who, entry_id=self.entry_id)
+
+
+def audit_window(
+    since: datetime | timedelta | None, after: AuditEntry | None, limit: int
+) -> tuple[datetime | None, tuple[datetime, uuid.UUID] | None]:
+    """`list_audit`'s arguments checked: where its window starts, and the keyset of the page before."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
+        raise ValueError(f"list_audit: limit must be an integer from 1 to 10000, got {limit!r}")
+    if isinstance(since, timedelta):
+        since = datetime.now(UTC) - since
+    elif since is not None and (not isinstance(since, datetime) or since.utcoffset() is None):
+        raise ValueError(f"list_audit: since must be an aware datetime or a timedelta, got {since!r}")
+    return since, None if after is None else (after.at, after.id)
+
+
+def update_many_entry(
+    app: ProducerApp,
+    queue: str | None,
+    type: str | None,
+    tag: Sequence[str] | str | None,
+    set_priority: int | None,
+    set_queue: str | None,
+    set_available_at: datetime | timedelta | None,
+    add_tags: Sequence[str] | None,
+) -> BulkEntry:
+    given = {"queue": queue, "type": type, "tag": [tag] if isinstance(tag, str) else tag}
+    details = {
+        "filter": {name: list(value) if name == "tag" else value for name, value in given.items() if value},
+        "changes": described_changes(set_priority, set_queue, set_available_at, add_tags, "add_tags"),
+    }
+    return BulkEntry(app, "update_many", details, acting(), new_job_id())

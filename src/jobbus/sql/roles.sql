@@ -68,3 +68,10 @@ GRANT USAGE ON SEQUENCE {schema}.command_generation_seq TO {operator};
 
 -- Observers (dashboards, `jobbus status` for on-call): read only.
 GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {observer};
+
+-- The audit trail: every role that acts records through record_audit (it runs as the schema's owner),
+-- the leader deletes old entries through delete_old_audit, and none may change or delete a row itself.
+GRANT EXECUTE ON FUNCTION {schema}.record_audit(uuid, text, text, text, text, jsonb) TO {worker}, {operator};
+GRANT EXECUTE ON FUNCTION {schema}.delete_old_audit(double precision, integer) TO {worker}, {operator};
+GRANT SELECT ON {schema}.audit_log TO {worker}, {operator}, {observer};
+REVOKE UPDATE, DELETE, TRUNCATE ON {schema}.audit_log FROM PUBLIC, {worker}, {operator}, {observer};

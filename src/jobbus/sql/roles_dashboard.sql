@@ -32,3 +32,7 @@ GRANT SELECT ON {schema}.job_follow_up, {schema}.job_child, {schema}.job_step, {
     {schema}.event_wait TO {dashboard};
 GRANT SELECT, INSERT, UPDATE ON {schema}.job_group, {schema}.job_parent TO {dashboard};
 GRANT INSERT ON {schema}.job_follow_up TO {dashboard};
+-- The audit trail: the dashboard's actions record through record_audit; its Audit page reads the trail.
+GRANT EXECUTE ON FUNCTION {schema}.record_audit(uuid, text, text, text, text, jsonb) TO {dashboard};
+GRANT SELECT ON {schema}.audit_log TO {dashboard};
+REVOKE UPDATE, DELETE, TRUNCATE ON {schema}.audit_log FROM {dashboard};

@@ -21,3 +21,5 @@ GRANT EXECUTE ON FUNCTION {schema}.spend_units(uuid, text, text, integer) TO {pr
 -- Uniqueness windows and debounce (`unique_for=`, `debounce=`) go through schedule_keyed, which runs as
 -- the schema's owner: a debounced call gives a queued job a later call's configuration.
 GRANT EXECUTE ON FUNCTION {schema}.schedule_keyed(jsonb, text) TO {producer};
+-- The audit trail is append-only (producers take no operator action, so they record nothing).
+REVOKE UPDATE, DELETE, TRUNCATE ON {schema}.audit_log FROM {producer};

@@ -52,6 +52,12 @@ class MaintenanceStore:
         params = {"older_than_seconds": older_than_seconds, "limit": limit}
         return Statement(self._q["delete_finished_groups"], params, lambda rows, _: int(rows[0][0]))
 
+    def delete_old_audit(self, older_than_seconds: float, limit: int) -> Statement[int]:
+        """Delete up to `limit` audit entries older than `older_than_seconds` (at least a day: the function
+        refuses less); returns how many."""
+        params = {"older_than_seconds": older_than_seconds, "limit": limit}
+        return Statement(self._q["delete_old_audit"], params, lambda rows, _: int(rows[0][0]))
+
     def queued_pairs(self) -> Statement[list[tuple[str, str]]]:
         """Every (queue, type) that has queued jobs: one index probe per pair."""
         return Statement(self._q["queued_pairs"], {}, lambda rows, _: [(r[0], r[1]) for r in rows])

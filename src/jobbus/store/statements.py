@@ -86,15 +86,28 @@ class Copy(Generic[T]):
 
 @dataclass(frozen=True, slots=True)
 class Chain(Generic[T]):
-    """Two statements in one transaction (the caller's, or the pool's): `first`, then `then(result)` when
-    it gives a statement. For an operation that needs a trigger of the first statement to have run
-    before the second (`App.delete`)."""
+    """Two operations in one transaction (the caller's, or the pool's): `first`, then `then(result)` when
+    it gives one. For an operation that needs a trigger of the first statement to have run before the
+    second (`App.delete`), and for an action and its audit entry."""
 
-    first: Statement[T]
-    then: Callable[[T], Statement[Any] | None]
+    first: Operation[T]
+    then: Callable[[T], Operation[Any] | None]
 
 
-Operation = Statement[T] | Copy[T] | Chain[T]
+@dataclass(frozen=True, slots=True)
+class UnlessMissing(Generic[T]):
+    """`statement` in a savepoint, or nothing (`default`) when the schema predates what it names: a
+    function or table that a later migration creates. For what new code adds beside an action that
+    must keep working on the previous schema during a rolling deploy (an audit entry)."""
+
+    statement: Statement[T]
+    default: T
+
+
+Operation = Statement[T] | Copy[T] | Chain[T] | UnlessMissing[T]
+
+#: What a statement meets on a schema older than the code: the function or table is not there yet.
+_MISSING = (psycopg.errors.UndefinedFunction, psycopg.errors.UndefinedTable)
 
 
 async def run_async(conn: psycopg.AsyncConnection[Any], statement: Operation[T]) -> T:
@@ -102,6 +115,12 @@ async def run_async(conn: psycopg.AsyncConnection[Any], statement: Operation[T])
         return await _copy_async(conn, statement)
     if isinstance(statement, Chain):
         return await _chain_async(conn, statement)
+    if isinstance(statement, UnlessMissing):
+        try:
+            async with conn.transaction():
+                return await run_async(conn, statement.statement)
+        except _MISSING:
+            return statement.default
     cursor = await conn.execute(statement.query.encode(), statement.params, prepare=statement.prepare)
     rows = await cursor.fetchall() if _has_rows(cursor) else []
     return statement.decode(rows, cursor.rowcount)
@@ -135,6 +154,12 @@ def run_sync(conn: psycopg.Connection[Any], statement: Operation[T]) -> T:
         return _copy_sync(conn, statement)
     if isinstance(statement, Chain):
         return _chain_sync(conn, statement)
+    if isinstance(statement, UnlessMissing):
+        try:
+            with conn.transaction():
+                return run_sync(conn, statement.statement)
+        except _MISSING:
+            return statement.default
     cursor = conn.execute(statement.query.encode(), statement.params, prepare=statement.prepare)
     rows = cursor.fetchall() if _has_rows(cursor) else []
     return statement.decode(rows, cursor.rowcount)

@@ -27,6 +27,9 @@ SELECT {schema}.delete_old_events(%(older_than_seconds)s, %(limit)s);
 -- name: delete_finished_groups
 SELECT {schema}.delete_finished_groups(%(older_than_seconds)s, %(limit)s);
 
+-- name: delete_old_audit
+SELECT {schema}.delete_old_audit(%(older_than_seconds)s, %(limit)s);
+
 -- name: queued_pairs
 SELECT queue, type FROM {schema}.queued_pairs();
 

@@ -1,13 +1,14 @@
 """The cleaner: deletes finished jobs once their retention has passed, and emitted events and finished
-groups' rows once `retention_event_seconds` has.
+groups' rows once `retention_event_seconds` has, and audit entries once `retention_audit_seconds` has.
 
 `retention_completed_seconds` (1 day), `retention_cancelled_seconds` (1 day) and
 `retention_failed_seconds` (7 days); None keeps those jobs. `retention_event_seconds` (7 days) for the
-`event` rows and the `job_group` rows whose callback is scheduled; None keeps them. Deletes go in
-batches of `BATCH` rows, each its own short transaction through `delete_finished_jobs`,
-`delete_old_events` and `delete_finished_groups` (SECURITY DEFINER: the worker role needs
-no DELETE right), oldest first, skipping rows someone holds. Claims never wait for them: they touch
-only queued rows. Each round stops after `ROUND_SECONDS` of work, so a backlog of expired rows is
+`event` rows and the `job_group` rows whose callback is scheduled; None keeps them.
+`retention_audit_seconds` (90 days, at least one) for `audit_log`. Deletes go in batches of `BATCH`
+rows, each its own short transaction through `delete_finished_jobs`, `delete_old_events`,
+`delete_finished_groups` and `delete_old_audit` (SECURITY DEFINER: the worker role needs no DELETE
+right, and has none on the audit trail), oldest first, skipping rows someone holds. Claims never wait
+for them: they touch only queued rows. Each round stops after `ROUND_SECONDS` of work, so a backlog of expired rows is
 worked off over several rounds instead of in one long burst.
 """
 
@@ -62,6 +63,9 @@ class Cleaner:
         if events is not None:
             kinds.append(functools.partial(maintenance.delete_old_events, events, BATCH))
             kinds.append(functools.partial(maintenance.delete_finished_groups, events, BATCH))
+        audit = self.settings.retention_audit_seconds
+        if audit is not None:
+            kinds.append(functools.partial(maintenance.delete_old_audit, audit, BATCH))
         return kinds
 
     async def run_once(self) -> None:
