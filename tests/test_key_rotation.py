@@ -117,6 +117,10 @@ def test_rotation_killed_halfway_resumes_and_leaves_every_payload_under_the_newe
         report = json.loads(out)
         assert report["complete"] and report["key_id"] == NEW_ID and report["missing_keys"] == {}
         assert "jobs:" not in out and "re-encrypted" not in out  # --json: progress is not on stdout
+        # The audit trail: the killed run wrote no entry, the resumed one its own, with what it rewrote.
+        assert query(dsn, "SELECT action, target, source, details FROM jobbus.audit_log") == [
+            ("rotate_keys", f"key:{NEW_ID}", "cli", {"count": sum(report["rewritten"].values())})
+        ]
         assert query(dsn, "SELECT count(*) FROM jobbus.job WHERE status = 'completed'")[0][0] > 300  # they ran
         for proc in fleet:  # stopped gently: their jobs end before they exit
             proc.send_signal(signal.SIGTERM)

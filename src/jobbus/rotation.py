@@ -79,6 +79,11 @@ async def rotate_keys(
             lost += await _rotate_table(app, store, keyring, table, done, batch_size, report, at_start, progress)
         if not lost:
             break
+    # One entry in the audit trail, once every page is written: what was rewritten had committed. A
+    # rotation killed before this point leaves its pages rewritten and no entry; the run that resumes
+    # it records what it rewrote.
+    async with app.pool.connection() as conn:
+        await run_async(conn, app.audit_store.key_rotation(keyring.newest_id, sum(report.rewritten.values())))
     return report
 
 

@@ -38,6 +38,6 @@ def test_an_unknown_command_exits_64_naming_the_command_meant(args: list[str], m
 
 
 def test_an_unknown_command_like_no_other_gets_no_guess() -> None:
-    result = jobbus(UNREACHABLE_DSN, "frobnicate")
+    result = jobbus(UNREACHABLE_DSN, "xyzzy")
     assert result.returncode == 64
-    assert result.stderr.splitlines() == ["error: No such command 'frobnicate'. (see jobbus --help)"]
+    assert result.stderr.splitlines() == ["error: No such command 'xyzzy'. (see jobbus --help)"]

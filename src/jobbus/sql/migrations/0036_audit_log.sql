@@ -17,17 +17,30 @@ CREATE TABLE IF NOT EXISTS {schema}.audit_log (
 -- `jobbus audit` and the dashboard's Audit page read newest first, a page after another (keyset on
 -- (at, id)); retention deletes from the oldest end.
 CREATE INDEX IF NOT EXISTS audit_log_at_idx ON {schema}.audit_log (at, id);
-REVOKE ALL ON {schema}.audit_log FROM PUBLIC;
+-- Nothing for PUBLIC, even from default privileges; revoked only when there is something to revoke (a
+-- REVOKE locks the table on some server versions, and the recorded locks of a migration are the same on all).
+DO $revoke$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_class AS c, aclexplode(c.relacl) AS acl
+               WHERE c.oid = '{schema}.audit_log'::regclass AND acl.grantee = 0) THEN
+        REVOKE ALL ON {schema}.audit_log FROM PUBLIC;
+    END IF;
+END
+$revoke$;
 
 CREATE OR REPLACE FUNCTION {schema}.record_audit(p_id uuid, p_actor text, p_source text, p_action text,
                                                  p_target text, p_details jsonb)
 RETURNS void
-LANGUAGE sql VOLATILE SECURITY DEFINER
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+BEGIN
+    -- PL/pgSQL, so that creating it reads nothing of the table (an SQL function's body is analysed at
+    -- creation, which locks differently from one server version to the next).
     INSERT INTO {schema}.audit_log (id, actor, source, action, target, details)
     VALUES (p_id, p_actor, p_source, p_action, p_target, coalesce(p_details, '{{}}'))
-    ON CONFLICT (id) DO NOTHING
+    ON CONFLICT (id) DO NOTHING;
+END
 $$;
 
 CREATE OR REPLACE FUNCTION {schema}.delete_old_audit(p_older_than_seconds double precision, p_limit integer)
