@@ -204,7 +204,7 @@ BREAKS: tuple[Break, ...] = (
     Break(
         name="configuration-data-mutable",
         promise="configuration_data never changes after scheduling (a trigger refuses it)",
-        file=f"{MIGRATIONS}/0030_unique_windows_and_debounce_functions.sql",
+        file=f"{MIGRATIONS}/0035_encrypted_payloads.sql",
         original="    IF NEW.configuration_data::text IS DISTINCT FROM OLD.configuration_data::text\n",
         replacement="    IF false\n",
         tests=("tests/test_schema.py::test_configuration_data_cannot_be_updated_but_execution_data_can",),

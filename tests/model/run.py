@@ -754,6 +754,7 @@ async def run(topology: Topology, dsn: str) -> History:
         history.ops, history.secrets, history.exercised = state.ops, state.secrets, state.exercised
         history.keyed_calls = state.keyed
         history.moves = state.moves
+        history.refused_moves = state.refused_moves
         history.audit = [
             (action, target, details)
             for action, target, details in log.execute(
@@ -844,6 +845,7 @@ class _State:
     keyed: list[KeyedCall] = field(default_factory=list)
     #: (marker priority, count returned, db clock before, after) of each `update_many`.
     moves: list[tuple[int, int, float, float]] = field(default_factory=list)
+    refused_moves: set[int] = field(default_factory=set)
 
     def did(self, what: str) -> None:
         self.exercised[what] = self.exercised.get(what, 0) + 1
@@ -990,6 +992,7 @@ async def _move(
         if "weight" not in str(exc) or a["jobs"] > 1000:
             raise
         changed = 0
+        state.refused_moves.add(a["marker"])
     state.moves.append((a["marker"], changed, before, _db_now(log)))
     state.did("update_many")
 

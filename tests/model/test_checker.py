@@ -906,3 +906,8 @@ def test_an_update_many_without_its_one_audit_entry_is_a_violation() -> None:
     assert "returned 3; its audit entries say [3, 0]" in check(h).text()
     h.audit = []
     assert "returned 3; its audit entries say []" in check(h).text()
+    # Refused in its first batch (a job too heavy for the target queue): nothing happened, no entry.
+    h.moves, h.edits, h.refused_moves = [(72, 0, T0 + 2.0, T0 + 2.1)], [], {72}
+    assert "audit" not in broken(h), check(h).text()
+    h.audit = [("update_many", "jobs", {"count": 0, "changes": {"priority": 72}})]
+    assert "returned 0; its audit entries say [0]" in check(h).text()

@@ -573,6 +573,8 @@ def hold_stop_signals() -> None:
             signal.signal(sig, signal.SIG_DFL)
             signal.raise_signal(sig)
         _held_signals.append(sig)
+        # Unbuffered (a handler may run while the process writes to stderr), and before logging is set up.
+        os.write(2, f"jobbus: {sig.name} while starting: the worker stops once it has started\n".encode())
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, held)
