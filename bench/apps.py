@@ -15,7 +15,7 @@ import time
 import uuid
 
 import jobbus
-from bench.harness import NOOP, dump_stamps
+from bench.harness import BENCH_ENCRYPTION_KEY, NOOP, dump_stamps
 
 #: time.time() at each handler start (drain runs).
 STARTS: list[float] = []
@@ -39,10 +39,13 @@ async def noop_batch(batch: jobbus.JobBatch[jobbus.JobExecution]) -> None:
     STARTS.extend([time.time()] * len(batch))
 
 
-def make_app(dsn: str | None = None, *, by_id: bool = False, batch_size: int | None = None) -> jobbus.App:
+def make_app(
+    dsn: str | None = None, *, by_id: bool = False, batch_size: int | None = None, encrypted: bool = False
+) -> jobbus.App:
     """The benchmark app; without `dsn`, JOBBUS_DSN (and the other JOBBUS_* settings) apply. With
-    `batch_size`, the no-op is a batch handler of that size."""
-    app = jobbus.App(dsn=dsn)
+    `batch_size`, the no-op is a batch handler of that size; `encrypted` seals payloads with
+    `BENCH_ENCRYPTION_KEY`."""
+    app = jobbus.App(dsn=dsn, encryption_keys=(BENCH_ENCRYPTION_KEY,)) if encrypted else jobbus.App(dsn=dsn)
     if batch_size:
         app.job(NOOP, batch_size=batch_size)(noop_batch)
         return app

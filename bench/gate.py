@@ -25,6 +25,11 @@ while `--jobs` jobs are scheduled by `schedule_many(type, configurations)` (5,00
 `--batch-size N` counts instead the calls per job of the same drain with the no-op handler a batch
 handler of `N` (`batched_calls_per_job`, printed only: no baseline, no gate).
 
+`--payload-bytes N` gives every job a configuration of `N` characters of text instead of `{}`, and
+`--encrypt` runs the producer and the worker with an encryption key (`bench.apps.BENCH_ENCRYPTION_KEY`),
+so that every payload is sealed when scheduled and opened before its handler: the same figures, printed
+only (no baseline, no gate); run the two with the same `--payload-bytes` to see what the key costs.
+
 The gate fails (exit status 1) when a count (`COUNTS`) is more than `--tolerance` (15 %) above
 bench/gate-baseline.json, with a message naming the figure; `--cpu` makes `cpu_us_per_job` fail
 the same way (for a quiet machine). Exit status 0 when within; the figures go to stdout as JSON.
@@ -45,6 +50,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +58,7 @@ import psycopg
 from psycopg import sql
 
 import jobbus
+from bench.harness import BENCH_ENCRYPTION_KEY
 from jobbus import schema as schema_module
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,8 +110,16 @@ def _drop(base: str, name: str) -> None:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
-def _app(dsn: str, batch_size: int | None = None) -> jobbus.App:
-    app = jobbus.App(dsn=dsn)
+@dataclass(frozen=True)
+class Payload:
+    """What each job carries (`configuration`) and the keys the App seals it with (none by default)."""
+
+    configuration: dict[str, Any] = field(default_factory=dict)
+    keys: tuple[str, ...] = ()
+
+
+def _app(dsn: str, batch_size: int | None = None, payload: Payload = Payload()) -> jobbus.App:
+    app = jobbus.App(dsn=dsn, encryption_keys=payload.keys)
     if batch_size is None:
         app.job(NOOP)(_noop)
     else:
@@ -112,22 +127,22 @@ def _app(dsn: str, batch_size: int | None = None) -> jobbus.App:
     return app
 
 
-async def _fill(dsn: str, jobs: int, profile: cProfile.Profile | None = None) -> None:
+async def _fill(dsn: str, jobs: int, profile: cProfile.Profile | None = None, payload: Payload = Payload()) -> None:
     """`jobs` no-op jobs, 5,000 a `schedule_many`; the profiler (if any) runs only while they are scheduled."""
-    async with _app(dsn) as app:
+    async with _app(dsn, payload=payload) as app:
         with profile or contextlib.nullcontext():
             for start in range(0, jobs, 5_000):
-                await app.schedule_many(NOOP, [{}] * min(5_000, jobs - start))
+                await app.schedule_many(NOOP, [payload.configuration] * min(5_000, jobs - start))
 
 
-async def _schedule_singly(dsn: str, profile: cProfile.Profile) -> None:
+async def _schedule_singly(dsn: str, profile: cProfile.Profile, payload: Payload) -> None:
     """`SINGLES` jobs of another type, one `schedule` each, profiled after `WARM_UP` calls; then deleted."""
-    async with _app(dsn) as app:
+    async with _app(dsn, payload=payload) as app:
         for _ in range(WARM_UP):
-            await app.schedule("gate.single", {})
+            await app.schedule("gate.single", payload.configuration)
         with profile:
             for _ in range(SINGLES):
-                await app.schedule("gate.single", {})
+                await app.schedule("gate.single", payload.configuration)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("DELETE FROM jobbus.job")
 
@@ -137,8 +152,8 @@ def _calls_per_job(profile: cProfile.Profile, jobs: int) -> float:
     return round(calls / jobs, 1)
 
 
-async def _drain(dsn: str, concurrency: int, batch_size: int | None = None) -> int:
-    app = _app(dsn, batch_size)
+async def _drain(dsn: str, concurrency: int, batch_size: int | None = None, payload: Payload = Payload()) -> int:
+    app = _app(dsn, batch_size, payload)
     return await app.run_worker(concurrency=concurrency, stop_when_empty=True, install_signal_handlers=False)
 
 
@@ -165,21 +180,23 @@ def _run(main: Callable[[], Coroutine[Any, Any, int]], profile: cProfile.Profile
             profile.disable()
 
 
-def measure(base: str, jobs: int, concurrency: int, show: int = 0, dump: str | None = None) -> dict[str, Any]:
+def measure(
+    base: str, jobs: int, concurrency: int, show: int = 0, dump: str | None = None, payload: Payload = Payload()
+) -> dict[str, Any]:
     name = f"jobbus_gate_{os.getpid()}"
     figures: dict[str, Any] = {}
     try:
         # The producer's counts: one job per `schedule`, then the fill by `schedule_many`.
         dsn = _recreate(base, name)
         profile = cProfile.Profile()
-        asyncio.run(_schedule_singly(dsn, profile))
+        asyncio.run(_schedule_singly(dsn, profile, payload))
         figures["enqueue_single_calls_per_job"] = _calls_per_job(profile, SINGLES)
         profile = cProfile.Profile()
-        asyncio.run(_fill(dsn, jobs, profile))
+        asyncio.run(_fill(dsn, jobs, profile, payload))
         figures["enqueue_bulk_calls_per_job"] = _calls_per_job(profile, jobs)
         # The count: a drain under cProfile, every Python-level call of the process.
         profile = cProfile.Profile()
-        code = _run(lambda: _drain(dsn, concurrency), profile)
+        code = _run(lambda: _drain(dsn, concurrency, payload=payload), profile)
         done = _completed(dsn)
         if code != 0 or done != jobs:
             raise SystemExit(f"gate: the profiled drain ended with code {code}, {done} of {jobs} jobs completed")
@@ -191,10 +208,10 @@ def measure(base: str, jobs: int, concurrency: int, show: int = 0, dump: str | N
             stats.dump_stats(dump)
         # The time: the same drain without a profiler, the process's own CPU.
         dsn = _recreate(base, name)
-        asyncio.run(_fill(dsn, jobs))
+        asyncio.run(_fill(dsn, jobs, payload=payload))
         with _collected() as collected:
             before = _cpu()
-            code = _run(lambda: _drain(dsn, concurrency), None)
+            code = _run(lambda: _drain(dsn, concurrency, payload=payload), None)
             cpu = _cpu() - before
         done = _completed(dsn)
         if code != 0 or done != jobs:
@@ -303,13 +320,21 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N",
         help="count calls per job of the drain with a batch handler of N instead (no baseline, no gate)",
     )
+    parser.add_argument(
+        "--payload-bytes", type=int, default=0, metavar="N", help="each job's configuration N characters of text"
+    )
+    parser.add_argument("--encrypt", action="store_true", help="seal every payload with an encryption key")
     args = parser.parse_args(argv)
+    payload = Payload(
+        {"data": "x" * args.payload_bytes} if args.payload_bytes else {},
+        (BENCH_ENCRYPTION_KEY,) if args.encrypt else (),
+    )
     if args.batch_size is not None:
         batched = measure_batched(args.dsn, args.jobs, args.concurrency, args.batch_size, args.show, args.dump)
         print(json.dumps({**batched, "jobs": args.jobs, "concurrency": args.concurrency, "commit": _commit()}))
         return 0
     started = time.monotonic()
-    figures = measure(args.dsn, args.jobs, args.concurrency, args.show, args.dump)
+    figures = measure(args.dsn, args.jobs, args.concurrency, args.show, args.dump, payload)
     load = os.getloadavg()[0]
     report = {
         **figures,
@@ -319,6 +344,10 @@ def main(argv: list[str] | None = None) -> int:
         "load_average": round(load, 2),
         "seconds": round(time.monotonic() - started, 1),
     }
+    if payload != Payload():  # another workload than the baseline's: figures only
+        report.update(payload_bytes=args.payload_bytes, encrypted=args.encrypt)
+        print(json.dumps(report))
+        return 0
     print(json.dumps(report))
     if args.update:
         BASELINE.write_text(

@@ -23,6 +23,8 @@ from typing import Any
 RESULT_PREFIX = "RESULT "
 #: Every driver registers its no-op handler under this job type / entrypoint / task name.
 NOOP = "bench.noop"
+#: The encryption key of the `--encrypt 1` runs (made by `jobbus keys generate`; a benchmark's only).
+BENCH_ENCRYPTION_KEY = "xJ0sQxv3yK8bQm1D9wF2ZtA7pLhR4nEoUcVgYiJk5Ws="
 #: Idle time after a worker starts and before the latency producer sends its first job.
 IDLE_SECONDS = 1.0
 
@@ -60,12 +62,29 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="flow control for fill and drain: queue=N (at most N running fleet-wide) or keys=N (N keys, one each)",
     )
     parser.add_argument(
+        "--payload-bytes",
+        type=int,
+        default=0,
+        help="enqueue, fill: each job's configuration holds a string of this many characters (0: `{}`)",
+    )
+    parser.add_argument(
+        "--encrypt",
+        type=int,
+        default=0,
+        help="jobbus: 1 to run with `BENCH_ENCRYPTION_KEY` as the App's encryption key (producer and worker)",
+    )
+    parser.add_argument(
         "--start-at",
         type=float,
         default=0.0,
         help="enqueue: time.time() at which the measured part begins (several producer processes start together)",
     )
     return parser.parse_args(argv)
+
+
+def payload(size: int) -> dict[str, Any]:
+    """A job's configuration of `size` characters of text (`--payload-bytes`); `{}` for 0."""
+    return {"data": "x" * size} if size else {}
 
 
 def parse_limit(text: str) -> tuple[str, int] | None:

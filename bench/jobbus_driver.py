@@ -25,8 +25,8 @@ FILL_CHUNK = 10_000
 WARM_UP = 20
 
 
-def _app(dsn: str) -> App:
-    return apps.make_app(dsn)
+def _app(args: Namespace) -> App:
+    return apps.make_app(args.dsn, encrypted=bool(args.encrypt))
 
 
 def setup(args: Namespace) -> dict[str, Any]:
@@ -36,31 +36,33 @@ def setup(args: Namespace) -> dict[str, Any]:
 
 
 async def enqueue_single(args: Namespace) -> dict[str, Any]:
-    app = _app(args.dsn)
+    app = _app(args)
+    configuration = harness.payload(args.payload_bytes)
     async with app:
         for _ in range(WARM_UP):  # the pool's connections and prepared plans are warm
-            await app.schedule(harness.NOOP, {})
+            await app.schedule(harness.NOOP, configuration)
         await asyncio.sleep(harness.wait_until(args.start_at))
         started = time.time()
         for _ in range(args.jobs):
-            await app.schedule(harness.NOOP, {})
+            await app.schedule(harness.NOOP, configuration)
         ended = time.time()
     return harness.enqueue_result(args.jobs, started, ended)
 
 
 async def enqueue_concurrent(args: Namespace) -> dict[str, Any]:
     """`--concurrency` coroutines share one App, each scheduling one job per call until `--jobs` are in."""
-    app = _app(args.dsn)
+    app = _app(args)
+    configuration = harness.payload(args.payload_bytes)
     left = args.jobs
 
     async def producer() -> None:
         nonlocal left
         while left > 0:
             left -= 1
-            await app.schedule(harness.NOOP, {})
+            await app.schedule(harness.NOOP, configuration)
 
     async with app:
-        await asyncio.gather(*(app.schedule(harness.NOOP, {}) for _ in range(args.concurrency)))
+        await asyncio.gather(*(app.schedule(harness.NOOP, configuration) for _ in range(args.concurrency)))
         await asyncio.sleep(harness.wait_until(args.start_at))
         started = time.time()
         await asyncio.gather(*(producer() for _ in range(args.concurrency)))
@@ -69,11 +71,12 @@ async def enqueue_concurrent(args: Namespace) -> dict[str, Any]:
 
 
 async def enqueue_bulk(args: Namespace) -> dict[str, Any]:
-    app = _app(args.dsn)
+    app = _app(args)
+    configuration = harness.payload(args.payload_bytes)
     async with app:
-        await app.schedule_many(harness.NOOP, [{}] * WARM_UP)
+        await app.schedule_many(harness.NOOP, [configuration] * WARM_UP)
         started = time.perf_counter()
-        ids = await app.schedule_many(harness.NOOP, [{}] * args.jobs)
+        ids = await app.schedule_many(harness.NOOP, [configuration] * args.jobs)
         elapsed = time.perf_counter() - started
     assert len(ids) == args.jobs
     return {"rate": args.jobs / elapsed, "seconds": elapsed}
@@ -83,7 +86,8 @@ async def fill(args: Namespace) -> dict[str, Any]:
     """`jobs` no-op jobs in queue `default`. Its limits are stored first, and cleared without `--limit`:
     the schema outlives a variant, and a limit left by the previous one would throttle this one."""
     limit = harness.parse_limit(args.limit)
-    app = _app(args.dsn)
+    app = _app(args)
+    configuration = harness.payload(args.payload_bytes)
     async with app:
         await app.set_queue(
             "default",
@@ -98,12 +102,12 @@ async def fill(args: Namespace) -> dict[str, Any]:
                     {"type": harness.NOOP, "concurrency_key": f"k{(start + i) % keys}"} for i in range(count)
                 )
             else:
-                await app.schedule_many(harness.NOOP, [{}] * count)
+                await app.schedule_many(harness.NOOP, [configuration] * count)
     return {"jobs": args.jobs}
 
 
 async def drain(args: Namespace) -> dict[str, Any]:
-    app = apps.make_app(args.dsn, batch_size=args.handler_batch or None)
+    app = apps.make_app(args.dsn, batch_size=args.handler_batch or None, encrypted=bool(args.encrypt))
     apps.STARTS.clear()
     started, cpu = time.time(), harness.cpu_seconds()
     await app.run_worker(concurrency=args.concurrency, stop_when_empty=True, install_signal_handlers=False)
@@ -114,6 +118,7 @@ async def drain(args: Namespace) -> dict[str, Any]:
 async def latency(args: Namespace) -> dict[str, Any]:
     """An idle worker; jobs scheduled one at a time, `interval` apart; schedule call → handler start."""
     app = apps.make_app(args.dsn, by_id=True)
+    configuration = harness.payload(args.payload_bytes)
     apps.STARTED_AT.clear()
     sent: dict[uuid.UUID, float] = {}
     async with app:
@@ -125,7 +130,7 @@ async def latency(args: Namespace) -> dict[str, Any]:
         for index in range(args.jobs):
             await asyncio.sleep(harness.paced(start, index, args.interval))
             before = time.perf_counter()
-            job_id = await app.schedule(harness.NOOP, {})
+            job_id = await app.schedule(harness.NOOP, configuration)
             sent[job_id] = before
         await asyncio.wait_for(worker, timeout=60)
     latencies = [apps.STARTED_AT[job_id] - at for job_id, at in sent.items() if job_id in apps.STARTED_AT]

@@ -93,6 +93,7 @@ SCENARIOS = [
     "finished_1m",
     "drain_limited",
     "drain_batched",
+    "encryption",
     "commits",
     "floor",
     "drain_procs",
@@ -824,6 +825,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             suite.limited()
         if "drain_batched" in scenarios:
             suite.batched()
+        if "encryption" in scenarios:
+            suite.encrypted()
         if "floor" in scenarios:
             suite.floor()
         if "drain_procs" in scenarios:

@@ -61,6 +61,9 @@ QUICK = Sizes(single=500, drain_large=30_000, latency=100, finished=200_000, flo
 #: it is measured at (its best is compared, as the unbatched drain's best setting is).
 BATCH_DRAIN_SIZE = 100
 BATCH_DRAIN_CONCURRENCIES = (10, 20, 50)
+#: The encryption scenario (`Suite.encrypted`): each job's payload, and the two variants (driver `--encrypt`).
+ENCRYPTED_PAYLOAD_BYTES = 256
+ENCRYPTION_VARIANTS = (("keys off", 0), ("keys on", 1))
 LIMITED_DRAINS = [("unlimited", ""), ("queue limit 100", "queue=100"), ("1,000 keys, 1 each", "keys=1000")]
 #: Which limits each system has: pgqueuer's entrypoint `concurrency_limit`, procrastinate's `lock`.
 #: graphile-worker has no limit per queue, and its named queues (one job at a time each) cannot be drained
@@ -439,10 +442,12 @@ class Suite:
         limit: str = "",
         around: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext,
         handler_batch: int = 0,
+        options: dict[str, Any] | None = None,
     ) -> dict[str, float]:
         """Fill `jobs`, drain them with `processes` workers; returns the figures of this run.
 
-        `limit` (`queue=N` or `keys=N`) is handed to the drivers' fill and drain: see bench/harness.py.
+        `limit` (`queue=N` or `keys=N`) and `options` (other driver options) are handed to the drivers' fill
+        and drain: see bench/harness.py.
         `around` encloses the drain alone (not the fill), for a meter of what it costs. `worker_cpu` is
         the driver's CPU seconds per job, NaN when it does not read it (and for several processes).
         """
@@ -450,6 +455,7 @@ class Suite:
             self.reset(system, dbname)
         dsn = self.dsn(dbname)
         limited = {"limit": limit} if limit else {}
+        limited.update(options or {})
         batching = {"handler-batch": handler_batch} if handler_batch else {}
         run_driver(system.argv("fill", dsn, jobs=jobs, **limited))
         self.server.checkpoint()
@@ -661,6 +667,34 @@ class Suite:
                                 "drain_batched", system, dbs[system.name], setting, n, handler_batch=handler_batch
                             )
                             self.record_drain("drain_batched", system, setting, n, figures, run)
+
+    def encrypted(self) -> None:
+        """jobbus with and without an encryption key, interleaved run by run on one database: one call per
+        job (`single`), a bulk call (`bulk`) and a drain (`drain_large`, best setting), every job's
+        configuration `ENCRYPTED_PAYLOAD_BYTES` characters of text, so that both variants carry the same
+        payload and the key's run seals and opens every one of them."""
+        with self.databases("encryption") as dbs:
+            for run in range(self.runs):
+                for system in self.systems:
+                    if system.name == "jobbus" and system.name in dbs:
+                        for label, encrypt in ENCRYPTION_VARIANTS:
+                            with self.guarded("encryption", system):
+                                self._encryption_run(system, dbs[system.name], label, encrypt, run)
+
+    def _encryption_run(self, system: System, dbname: str, label: str, encrypt: int, run: int) -> None:
+        options = {"payload-bytes": ENCRYPTED_PAYLOAD_BYTES, "encrypt": encrypt}
+        dsn = self.dsn(dbname)
+        for op, jobs in (("enqueue_single", self.sizes.single), ("enqueue_bulk", self.sizes.bulk)):
+            self.reset(system, dbname)
+            self.server.sample_noise()
+            rate = run_driver(system.argv(op, dsn, jobs=jobs, **options))["rate"]
+            m = self.record("encryption", system.name, f"{label}, {op}", jobs, "enqueue", "jobs/s", rate)
+            log(f"encryption {label} {op} run {run + 1}: {rate:,.0f} jobs/s (median {m.median:,.0f})")
+        best = system.best_setting
+        setting = Setting(f"{label}, drain ({best.label})", best.concurrency, best.batch)
+        n = system.drain_size(self.sizes.drain_large)
+        figures = self.drain_once("encryption", system, dbname, setting, n, options=options)
+        self.record_drain("encryption", system, setting, n, figures, run)
 
     def floor(self) -> None:
         """The SQL floor: claim 100 rows per statement, complete them with one UPDATE, one connection."""

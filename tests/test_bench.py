@@ -291,3 +291,21 @@ async def test_round_trips_measures_every_call_it_names(dsn: str) -> None:
     # warm-up 20 + 2 rounds of 5, for each of the two inserting calls; pgbench's inserts on top
     pgbench = "jobbus's insert, pgbench (libpq)" in figures
     assert jobs == 60 if not pgbench else jobs > 60
+
+
+def test_the_encryption_scenario_seals_every_payload_and_its_drain_opens_them(dsn: str) -> None:
+    options = ["--dsn", dsn, "--payload-bytes", "64", "--encrypt", "1"]
+
+    suite.run_driver([sys.executable, "-m", "bench.jobbus_driver", "fill", "--jobs", "40", *options])
+    with psycopg.connect(dsn) as conn:
+        stored = [text for (text,) in conn.execute("SELECT configuration_data::text FROM jobbus.job")]
+    drained = suite.run_driver(
+        [sys.executable, "-m", "bench.jobbus_driver", "drain", "--jobs", "40", "--concurrency", "10", *options]
+    )
+    with psycopg.connect(dsn) as conn:
+        statuses = conn.execute("SELECT status, count(*) FROM jobbus.job GROUP BY status").fetchall()
+
+    assert len(stored) == 40 and all(
+        text.startswith('{"$jobbus.encrypted"') and "x" * 64 not in text for text in stored
+    )
+    assert drained["count"] == 40 and statuses == [("completed", 40)]  # each opened before its handler
