@@ -190,6 +190,7 @@ class Settings:
     #: How long entries of the audit trail are kept before the leader deletes them (at least a day,
     #: default 90 days); None keeps them forever.
     retention_audit_seconds: float | None = 7776000.0
+    cells: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
         validate_schema_name(self.schema)
