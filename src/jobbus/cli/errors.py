@@ -119,13 +119,13 @@ async def probe_database(dsn: str, timeout: float = 10.0, attempts: int = 3) -> 
             if attempt < attempts:
                 await asyncio.sleep(0.2 * attempt)
                 continue
-            raise DatabaseUnavailable(f"cannot reach the database: {_first_line(exc)}") from None
+            raise DatabaseUnavailable(f"cannot reach the database: {first_line(exc)}") from None
         except psycopg.ProgrammingError as exc:  # libpq refused the connection string itself
-            raise BadDsn(f"the database DSN is not valid: {_first_line(exc)}") from None
+            raise BadDsn(f"the database DSN is not valid: {first_line(exc)}") from None
         await conn.close()
         return
 
 
-def _first_line(exc: Exception) -> str:
+def first_line(exc: Exception) -> str:
     text = str(exc).strip()
     return redact(text.splitlines()[0]) if text else type(exc).__name__

@@ -54,13 +54,14 @@ STATUS_STYLES = {
 
 
 @contextlib.asynccontextmanager
-async def admin_app(dsn: str | None, *, check_schema: bool = True) -> AsyncIterator[App]:
-    """An open App on the given database (--dsn, else JOBBUS_DSN; settings from JOBBUS_*), schema checked.
+async def admin_app(dsn: str | None, *, check_schema: bool = True, app: App | None = None) -> AsyncIterator[App]:
+    """An open App on the given database (--dsn, else JOBBUS_DSN; settings from JOBBUS_*), schema checked;
+    `app`, when given, is that App already made (its settings read once).
 
     No database given → `UsageProblem` (exit 64); unreachable server → `DatabaseUnavailable` (exit 69);
     schema missing or outdated → `SchemaError` (exit 78), before anything is written.
     """
-    app = App(dsn=dsn)
+    app = App(dsn=dsn) if app is None else app
     if not app.settings.dsn:
         raise UsageProblem("no database: pass --dsn or set JOBBUS_DSN")
     await probe_database(app.settings.dsn)
