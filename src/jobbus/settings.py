@@ -191,6 +191,7 @@ class Settings:
     #: default 90 days); None keeps them forever.
     retention_audit_seconds: float | None = 7776000.0
     cells: dict[str, str] | None = None
+    queue_cells: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
         validate_schema_name(self.schema)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -13,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import pytest
 
-from tests.cli import UNREACHABLE_DSN, jobbus, query_value, running_workers
+from tests.cli import ROOT, UNREACHABLE_DSN, cli_env, jobbus, query_value, running_workers
 from tests.dbserver import fresh_database
 
 NAMES = ("a", "b", "c")
@@ -175,3 +177,37 @@ def test_migrate_migrates_every_cell_and_names_one_that_is_down(admin_dsn: str) 
         code, out, err = _run(empty, "migrate", "--cell", "b")
         assert code == 0, err
         assert "cell b:" in out and "cell a:" not in out and "nothing to do" in out
+
+
+def test_queue_move_waits_until_no_job_of_the_queue_is_left_in_the_old_cell_and_loses_none(
+    cells: dict[str, str],
+) -> None:
+    two = {"a": cells["a"], "b": cells["b"]}
+    now = datetime.now(UTC)
+    _insert(two["a"], [(_uuid7(now), "reports", now) for _ in range(40)])
+    refused = _run(two, "queue", "move", "reports", "--to", "b")  # queue_cells still places it in a
+    assert refused[0] == 64 and "placed in cell a" in refused[2]
+
+    env = cli_env(None, JOBBUS_CELLS=f"a={two['a']};b={two['b']}", JOBBUS_QUEUE_CELLS="reports=b")
+    move = subprocess.Popen(
+        [sys.executable, "-m", "jobbus", "queue", "move", "reports", "--to", "b", "--interval", "0.2"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert move.stdout is not None
+    first = move.stdout.readline()  # the first look: the 40 jobs left in a
+    try:
+        assert move.poll() is None, first  # it waits
+        with running_workers(two["a"], ("w-old-cell", ["--queue", "reports"])):
+            rest, err = move.communicate(timeout=60)
+    finally:
+        if move.poll() is None:
+            move.kill()
+    assert move.returncode == 0, err
+    assert "cell a: 40 available, 0 scheduled for later, 0 running" in first
+    assert "no job left outside cell b" in rest.splitlines()[-1]
+    assert query_value(two["a"], "SELECT count(*) FROM jobbus.job WHERE status = 'completed'") == 40
+    assert query_value(two["a"], "SELECT count(*) FROM jobbus.job") == 40
