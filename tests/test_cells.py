@@ -7,6 +7,7 @@ import random
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack, asynccontextmanager
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -265,6 +266,11 @@ async def test_a_cell_that_is_down_stops_only_its_own_work(databases: list[str])
         with pytest.raises(DatabaseUnavailableError, match="cell 'down' did not"):
             await app.find(uuid.uuid4())  # not in the cell that answered: the other one may have it
         assert app.sync.schedule("t") in ids_in(a)
+        assert app.cells["down"].pool is not None  # opened with the App, connecting in the background
+        with pytest.raises(RuntimeError, match="needs a closed App"):
+            app.reconfigure(database_wait_seconds=1)
+    with pytest.raises(RuntimeError, match="not open"):
+        app.cells["a"].pool  # noqa: B018 - closed with the App
 
 
 async def test_follow_ups_children_and_groups_stay_in_their_parents_cell(databases: list[str]) -> None:
@@ -378,3 +384,41 @@ async def test_a_failed_job_is_retried_in_its_cell(databases: list[str]) -> None
         assert found is not None and found.status is jobbus.JobStatus.QUEUED and found.attempts == 0
         with pytest.raises(InvalidStateError, match="only failed jobs"):
             await app.retry(job_id)
+
+
+async def test_encrypted_jobs_are_sealed_under_their_tagged_ids(databases: list[str]) -> None:
+    """The tag is written before the configuration is sealed (a sealed payload is bound to its job's id)."""
+    pytest.importorskip("cryptography")
+    from jobbus.encryption import generate_key
+
+    a, b, _ = databases
+    async with opened({"a": a, "b": b}, encryption_keys=[generate_key()]) as app:
+        one = await app.schedule("t", {"secret": 1}, cell="b")
+        many = await app.schedule_many("t", [{"secret": n} for n in range(3)], cell="b")
+        for job_id, expected in [(one, {"secret": 1}), *((i, {"secret": n}) for n, i in enumerate(many))]:
+            found = await app.find(job_id)
+            assert found is not None and found.configuration_data == expected
+        with psycopg.connect(b, autocommit=True) as conn:
+            stored = conn.execute("SELECT configuration_data::text FROM jobbus.job").fetchall()
+        assert stored and all("secret" not in row[0] for row in stored)
+
+
+@dataclass
+class OrderPlaced:
+    order_id: int
+
+
+async def test_the_bus_places_its_jobs_by_queue(databases: list[str]) -> None:
+    a, b, _ = databases
+    app = jobbus.App(cells={"a": a, "b": b}, queue_cells={"orders": "b"}, **FAST)
+    bus = jobbus.MessageBus(app)
+    bus.message("order.placed")(OrderPlaced)
+
+    @bus.handler(OrderPlaced, queued=True, queue="orders", name="order.record")
+    async def record(message: OrderPlaced, job: jobbus.JobExecution) -> None: ...
+
+    async with app:
+        result = await bus.dispatch(OrderPlaced(7))
+        assert len(result.job_ids) == 1 and set(result.job_ids) == ids_in(b) and ids_in(a) == set()
+        assert tag_of(result.job_ids[0]) == cell_tag("b")
+        assert await app.drain() == {"completed": 1}
