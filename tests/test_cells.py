@@ -147,6 +147,27 @@ def test_tagging_keeps_the_order_ids_were_made_in() -> None:
     assert cell_tag(COLLIDING[0]) == cell_tag(COLLIDING[1])
 
 
+@given(
+    st.lists(st.sampled_from(["a", "b", "c", "d-1", "e_2", *COLLIDING]), min_size=1, max_size=5, unique=True),
+    st.dictionaries(st.sampled_from(["q1", "q2", "q3"]), st.integers(0, 4)),
+    st.sampled_from(["q1", "q2", "q3", "other", None]),
+    st.integers(0, 5),
+)
+def test_placement_follows_cell_then_queue_cells_then_the_first(
+    names: list[str], queue_at: dict[str, int], queue: str | None, pick: int
+) -> None:
+    queue_cells = {q: names[i % len(names)] for q, i in queue_at.items()}
+    placement = Placement.of(dict.fromkeys(names, "postgresql:///x"), queue_cells)
+    cell = names[pick] if pick < len(names) else None
+    expected = cell or queue_cells.get(queue or "", names[0])
+    assert placement.cell_for(cell, queue) == expected
+    job_id = tagged(new_job_id(), cell_tag(expected))
+    order = placement.search_order(job_id)
+    assert sorted(order) == sorted(names) and order[0] == min(
+        (n for n in names if cell_tag(n) == cell_tag(expected)), key=names.index
+    )
+
+
 def test_the_search_order_asks_the_tagged_cells_first() -> None:
     placement = Placement.of({"a": "x", COLLIDING[0]: "y", "b": "z", COLLIDING[1]: "w"}, None)
     job_id = tagged(new_job_id(), cell_tag(COLLIDING[1]))
@@ -173,6 +194,9 @@ async def test_jobs_go_to_their_cell_and_are_found_from_the_app(databases: list[
             assert found is not None and found.queue == queue
         listed = await app.list_jobs()
         assert [job.id for job in listed] == sorted([default, report, forced, *many])
+        first_page = await app.list_jobs(limit=2, newest_first=True)
+        second_page = await app.list_jobs(limit=2, newest_first=True, after=first_page[-1].id)
+        assert [job.id for job in first_page + second_page] == sorted([default, report, forced, *many])[::-1][:4]
         assert await app.cancel(report) is jobbus.JobStatus.CANCELLED
         assert (await app.wait(report, timeout=5)).status is jobbus.JobStatus.CANCELLED
         await app.update(forced, priority=7)
