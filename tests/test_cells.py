@@ -333,7 +333,7 @@ async def test_follow_ups_children_and_groups_stay_in_their_parents_cell(databas
         assert progress.completed == 2 and progress.total == 2
 
 
-async def test_the_job_scope_and_tasks_reach_every_cell(databases: list[str]) -> None:
+async def test_the_job_scope_tasks_and_listeners_reach_every_cell(databases: list[str]) -> None:
     a, b, _ = databases
     app = jobbus.App(cells={"a": a, "b": b}, **FAST)
 
@@ -348,9 +348,16 @@ async def test_the_job_scope_and_tasks_reach_every_cell(databases: list[str]) ->
     def add(x: int, y: int) -> int:
         return x + y
 
+    scheduled: list[uuid.UUID] = []
+
+    @app.on(jobbus.JobScheduled)
+    def seen(event: jobbus.JobScheduled) -> None:
+        scheduled.append(event.job_id)
+
     async with app:
         job_id = await add.options(cell="b").defer(1, 2)
         assert ids_in(b) == {job_id}
+        assert scheduled == [job_id]  # the parent's listeners hear what its cells do
         assert await app.drain() == {"completed": 1}
         done = await app.wait(job_id, timeout=10)
         assert done.result == 3
