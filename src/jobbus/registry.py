@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import uuid
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, ParamSpec, TypedDict, TypeVar, Unpack
 
+from jobbus.cells import Placement, cell_tag, tagged
 from jobbus.durations import seconds_or_none
 from jobbus.encryption import Keyring, keyring_of
 from jobbus.errors import InvalidJobError
@@ -109,6 +111,26 @@ class Registry:
         #: Periodic jobs declared in code (`periodic`); workers keep the stored ones in step with these.
         self.periodics: dict[str, PeriodicSpec] = {}
         self.events = EventHub()
+        #: With cells (SPEC 23): where jobs go, and the registry of each cell (sharing what is declared).
+        self.placement: Placement | None = None
+        self.cell_registries: dict[str, Registry] = {}
+        #: The cell this registry builds jobs for (a cell App's), and that cell's id tag.
+        self.cell: str | None = None
+        self.cell_tag = 0
+        if settings.cells:
+            self.placement = Placement.of(settings.cells, settings.queue_cells)
+
+    def for_cell(self, name: str, settings: Settings) -> Registry:
+        """The registry of one cell: the same handlers, periodic declarations, listeners and job scope
+        (the same dicts, so what is declared later is seen), its own settings, its jobs' ids tagged."""
+        registry = Registry(settings, self.job_scope)
+        registry.handlers = self.handlers
+        registry.periodics = self.periodics
+        registry.events = self.events
+        registry.cell = name
+        registry.cell_tag = cell_tag(name)
+        self.cell_registries[name] = registry
+        return registry
 
     # -- declaring ---------------------------------------------------------------------------------
 
@@ -179,11 +201,21 @@ class Registry:
         return self.job_defaults(job_type).max_attempts or self.settings.default_max_attempts
 
     def build_job_spec(self, request: JobRequest, depth: int = 0) -> JobSpec:
-        """Validate a request and its chain of follow-ups (each gets its id now, so it is written once)."""
+        """Validate a request and its chain of follow-ups (each gets its id now, so it is written once).
+
+        With cells, the request is placed (`Placement.cell_for`) and built by its cell's registry; a cell's
+        registry tags the ids it makes with the cell and refuses a `cell=` naming another cell: follow-ups,
+        children and group members stay in their parent's cell."""
+        if self.placement is not None:
+            return self.cell_registries[self.cell_for(request.cell, request.queue, request.type)].build_job_spec(
+                request, depth
+            )
         settings = self.settings
         spec = build_spec(
             request, self.job_defaults(request.type), settings.default_max_attempts, settings.max_payload_bytes
         )
+        if request.cell is not None or self.cell is not None:
+            spec = dataclasses.replace(spec, id=self.cell_job_id(spec.id, request.cell))
         if settings.encryption_keys:
             spec = seal_spec(spec, self.keyring_or_fail(), settings.max_payload_bytes)
         if request.then is None:
@@ -193,6 +225,25 @@ class Registry:
         if depth >= MAX_CHAIN:
             raise InvalidJobError(f"a chain of then= may hold at most {MAX_CHAIN} follow-ups")
         return dataclasses.replace(spec, then=spec_json(self.build_job_spec(request.then, depth + 1)))
+
+    def cell_for(self, cell: object, queue: object, job_type: object) -> str:
+        """The cell a job goes to (an App with cells): its `cell`, else its queue's (the handler's queue
+        when none is given), else the first."""
+        assert self.placement is not None, "called with cells"
+        if queue is None and isinstance(job_type, str):
+            queue = self.job_defaults(job_type).queue
+        return self.placement.cell_for(cell, queue)
+
+    def cell_job_id(self, job_id: uuid.UUID, cell: object = None) -> uuid.UUID:
+        """`job_id` tagged with this registry's cell; `cell=` must name that cell (or be None)."""
+        if self.cell is None:
+            raise InvalidJobError(f"cell={cell!r}: this App has no cells (configure App(cells=...) to place jobs)")
+        if cell is not None and cell != self.cell:
+            raise InvalidJobError(
+                f"cell={cell!r}: this job goes to cell {self.cell!r} (a follow-up, child or group member stays in "
+                "its parent's cell, and a cell's App writes in its own database only)"
+            )
+        return tagged(job_id, self.cell_tag)
 
     def periodic_spec(self, name: str, job_type: str, **options: Unpack[PeriodicOptions]) -> PeriodicSpec:
         """A periodic job, validated; its queue and priority default to its handler's."""
