@@ -117,6 +117,8 @@ class Registry:
         #: The cell this registry builds jobs for (a cell App's), and that cell's id tag.
         self.cell: str | None = None
         self.cell_tag = 0
+        #: A cell's registry: the placement of the App it belongs to (where its periodic jobs live).
+        self.home: Placement | None = None
         if settings.cells:
             self.placement = Placement.of(settings.cells, settings.queue_cells)
 
@@ -129,8 +131,18 @@ class Registry:
         registry.events = self.events
         registry.cell = name
         registry.cell_tag = cell_tag(name)
+        registry.home = self.placement
         self.cell_registries[name] = registry
         return registry
+
+    def periodics_here(self) -> dict[str, PeriodicSpec]:
+        """The periodic jobs declared in code that live in this registry's database: all of them without
+        cells; in a cell, those whose queue the App's `queue_cells` places there (SPEC 23: a periodic job
+        lives in its queue's cell and ticks there alone)."""
+        if self.cell is None or self.home is None:
+            return self.periodics
+        home = self.home
+        return {name: spec for name, spec in self.periodics.items() if home.cell_for(None, spec.queue) == self.cell}
 
     # -- declaring ---------------------------------------------------------------------------------
 
