@@ -24,7 +24,7 @@ from jobbus import schema as schema_module
 from jobbus.batching import InsertBatcher
 from jobbus.cells import Placement
 from jobbus.encryption import keyring_of
-from jobbus.errors import JobbusError
+from jobbus.errors import CellRequiredError, JobbusError
 from jobbus.events import EventHub, JobEvent
 from jobbus.models import ClaimedJob, JobSpec
 from jobbus.periodic import PeriodicOptions, PeriodicSpec
@@ -227,7 +227,7 @@ class App(AsyncProducer):
     @property
     def dsn(self) -> str:
         if self._cells:
-            raise JobbusError(self._no_database_of_its_own())
+            raise CellRequiredError(self._no_database_of_its_own())
         if not self.settings.dsn:
             raise ValueError("dsn: no database given; pass App(dsn=...) or set JOBBUS_DSN")
         return self.settings.dsn
@@ -299,7 +299,7 @@ class App(AsyncProducer):
     def pool(self) -> AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
         if self._pool is None:
             if self._cells:
-                raise JobbusError(self._no_database_of_its_own())
+                raise CellRequiredError(self._no_database_of_its_own())
             raise RuntimeError("the App is not open: use `async with app:` (or app.sync for blocking code)")
         return self._pool
 

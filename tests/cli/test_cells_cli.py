@@ -211,3 +211,28 @@ def test_queue_move_waits_until_no_job_of_the_queue_is_left_in_the_old_cell_and_
     assert "no job left outside cell b" in rest.splitlines()[-1]
     assert query_value(two["a"], "SELECT count(*) FROM jobbus.job WHERE status = 'completed'") == 40
     assert query_value(two["a"], "SELECT count(*) FROM jobbus.job") == 40
+
+
+def test_one_job_commands_find_the_job_in_its_cell_and_one_database_commands_ask_for_one(
+    cells: dict[str, str],
+) -> None:
+    listed = ";".join(f"{n}={d}" for n, d in cells.items())
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return jobbus(None, *args, JOBBUS_CELLS=listed, JOBBUS_QUEUE_CELLS="reports=c")
+
+    scheduled = run("schedule", "noop", "--queue", "reports")
+    assert scheduled.returncode == 0, scheduled.stderr
+    job_id = scheduled.stdout.strip().split()[-1]
+    assert [query_value(dsn, "SELECT count(*) FROM jobbus.job") for dsn in cells.values()] == [0, 0, 1]
+
+    shown = run("jobs", "show", job_id, "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["queue"] == "reports"
+    cancelled = run("jobs", "cancel", job_id)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert query_value(cells["c"], "SELECT status FROM jobbus.job WHERE id = %s", job_id) == "cancelled"
+
+    limits = run("queue", "set", "reports", "--concurrency", "3")
+    assert limits.returncode == 64 and "give the database of one cell with --dsn" in limits.stderr
+    assert [query_value(dsn, "SELECT count(*) FROM jobbus.queue_setting") for dsn in cells.values()] == [0, 0, 0]

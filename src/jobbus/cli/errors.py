@@ -22,6 +22,7 @@ from jobbus.cli.loading import AppLoadError
 from jobbus.cli.text import visible
 from jobbus.encryption import EncryptionUnavailableError
 from jobbus.errors import (
+    CellRequiredError,
     DatabaseUnavailableError,
     InvalidJobError,
     InvalidStateError,
@@ -94,6 +95,12 @@ def run(coroutine_factory: Callable[[], Coroutine[Any, Any, int]]) -> int:
         return fail(str(exc), exit_codes.FAILURE)
     except InvalidJobError as exc:
         return fail(str(exc), exit_codes.USAGE)
+    except CellRequiredError:
+        return fail(
+            "this command acts on one database and JOBBUS_CELLS names several: give the database of one cell "
+            "with --dsn (or JOBBUS_DSN without JOBBUS_CELLS)",
+            exit_codes.USAGE,
+        )
     except EncryptionUnavailableError as exc:
         return fail(str(exc), exit_codes.CONFIG)
     except ImportError:  # raised inside the --app module: the user's bug, so its traceback helps
