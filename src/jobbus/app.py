@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, Unpack, overload
@@ -197,6 +197,12 @@ class App(AsyncProducer):
         return self.registry.build_job_spec(request, depth)
 
     # -- connections -------------------------------------------------------------------------------
+
+    @property
+    def cells(self) -> Mapping[str, App]:
+        """The App of each cell by name (SPEC 23), which `jobbus worker` serves; empty for an App of one
+        database."""
+        return {}
 
     @property
     def dsn(self) -> str:
