@@ -73,6 +73,14 @@ def cell_app(cell: str, dsn: str, recorder: Recorder) -> jobbus.App:
         finally:
             recorder.end(cell, job.id)
 
+    @app.job("batched", batch_size=5, batch_wait=0.05)
+    async def batched(batch: jobbus.JobBatch[jobbus.JobExecution]) -> None:
+        recorder.start(cell, batch[0].id)  # a batch holds one slot
+        try:
+            await asyncio.sleep(0.01)
+        finally:
+            recorder.end(cell, batch[0].id)
+
     @app.job("blocking")
     def blocking(job: jobbus.SyncJobExecution) -> None:
         import time
@@ -266,6 +274,18 @@ async def test_slots_a_busy_cell_frees_go_to_a_waiting_cell_until_it_has_its_gua
 # -- a cell that is down ----------------------------------------------------------------------------
 
 
+def get_json(url: str) -> tuple[int, Any]:
+    import json
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return int(response.status), json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), json.loads(exc.read())
+
+
 def closed_port() -> int:
     """A local port nothing listens on."""
     with socket.socket() as sock:
@@ -289,10 +309,11 @@ async def test_a_cell_unreachable_at_start_does_not_stop_the_others_and_starts_o
         "nowhere": cell_app("nowhere", nowhere, recorder),
     }
     serving = {"up": apps["up"], "later": cell_app("later", later, recorder)}  # the tests' own, direct
+    port = closed_port()
     try:
         async with opened(serving):
             await serving["later"].schedule_many("work", [{} for _ in range(5)])
-            workers = CellWorkers(apps, options(concurrency=4))
+            workers = CellWorkers(apps, options(concurrency=4, health_port=port))
             task = asyncio.create_task(workers.run())
             try:
                 first = await serving["up"].schedule_many("work", [{} for _ in range(10)])
@@ -303,8 +324,10 @@ async def test_a_cell_unreachable_at_start_does_not_stop_the_others_and_starts_o
                     "later",
                     "nowhere",
                 }
-                health = workers._health_report()
-                assert health.cells is not None and health.cells["nowhere"] == "unreachable"
+                # The process is ready: one cell's worker is; the answer names each cell's state.
+                code, body = await asyncio.to_thread(get_json, f"http://127.0.0.1:{port}/readyz")
+                assert code == 200, body
+                assert body["cells"] == {"up": "running", "later": "unreachable", "nowhere": "unreachable"}
 
                 proxy.black_out(False)  # the cell comes back: its worker starts, its jobs run
                 await all_completed(serving["later"], 5, "the later cell's jobs")
@@ -422,6 +445,23 @@ async def test_limit_counts_the_jobs_of_every_cell(databases: Callable[[int], li
         completed = [(await statuses(app)).get("completed", 0) for app in apps.values()]
         assert sum(completed) == 8
     assert len(recorder.started) == 8
+
+
+async def test_batch_handlers_take_one_slot_per_batch_and_the_limit_counts_their_jobs(
+    databases: Callable[[int], list[str]],
+) -> None:
+    recorder = Recorder()
+    apps = {name: cell_app(name, dsn, recorder) for name, dsn in zip("ab", databases(2), strict=True)}
+    async with opened(apps):
+        for app in apps.values():
+            await app.schedule_many("batched", [{} for _ in range(40)])
+        assert await run_cell_workers(apps, options(concurrency=3, stop_when_empty=True)) == 0
+        assert [await statuses(app) for app in apps.values()] == [{"completed": 40}] * 2
+        assert recorder.peak <= 3
+        for app in apps.values():
+            await app.schedule_many("batched", [{} for _ in range(40)])
+        assert await run_cell_workers(apps, options(concurrency=3, limit=13)) == 0
+        assert sum([(await statuses(app))["completed"] for app in apps.values()]) == 80 + 13
 
 
 async def test_stop_when_empty_ends_when_every_cell_is_empty(databases: Callable[[int], list[str]]) -> None:
