@@ -352,8 +352,7 @@ class App(AsyncProducer):
         With cells, one worker serves every cell (`jobbus.worker.cells`).
         """
         if self._cells:
-            # The cells' runtime, imported only with cells.
-            from jobbus.worker.cells import run_cell_workers  # type: ignore[import-not-found, unused-ignore]
+            from jobbus.worker.cells import run_cell_workers  # the cells' runtime, imported only with cells
 
             if options is not None and kwargs:
                 raise TypeError("pass either WorkerOptions or keyword options, not both")

@@ -101,6 +101,8 @@ class Worker:
         self.app = app
         self.registry = app.registry
         self.options = options if options is not None else WorkerOptions(**kwargs)
+        if self.options.cells is not None:
+            raise ValueError("cells: a Worker serves one database; a process serves cells with run_cell_workers")
         self.settings = app.settings
         self.store = app.store
         self.worker_id = self.options.worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -122,7 +124,7 @@ class Worker:
         self.maintenance = MaintenanceStore(self.settings.schema)
         self.policy = OutcomePolicy(self.settings, self.worker_id, self.registry.events)
         self.completer = Completer(self.store, self.pools.run, write_lock=self._write_lock, on_fatal=self._fatal)
-        self.claimer = Claimer(
+        self.claimer = self._new_claimer(
             store=self.store,
             maintenance=self.maintenance,
             queue_settings=app.queue_store,
@@ -185,7 +187,7 @@ class Worker:
             on_registration_lost=self._registration_lost,
         )
         self.watchdog = LoopWatchdog(in_flight.values, self.worker_id, on_freeze=self.monitor.after_freeze)
-        self.producer = Producer(
+        self.producer = self._new_producer(
             app,
             self.options,
             in_flight=in_flight,
@@ -247,6 +249,14 @@ class Worker:
             if listen_dsn
             else None
         )
+
+    def _new_claimer(self, **parts: Any) -> Claimer:
+        """The claimer; a worker serving one cell of several shares a budget through its own (worker/cells.py)."""
+        return Claimer(**parts)
+
+    def _new_producer(self, app: AppView, options: WorkerOptions, **parts: Any) -> Producer:
+        """The claim loop; a worker serving one cell of several shares a budget through its own."""
+        return Producer(app, options, **parts)
 
     # -- the public handle --------------------------------------------------------------------------
 
