@@ -580,3 +580,50 @@ def test_cell_narrows_the_cells_served_and_unknown_cells_are_usage_errors(
     assert proc.returncode == 64, out
     assert "--cell a: the App has no cells" in out
     assert query(a, "SELECT count(*) FROM public.executions") == [(0,)]
+
+
+def test_a_cells_app_serves_each_job_in_its_cell_and_ticks_a_periodic_job_in_its_queues_cell_alone(
+    databases: Callable[[int], list[str]],
+) -> None:
+    """The real `App(cells=...)` through `jobbus worker`: jobs placed by queue run where they were written,
+    and the periodic job declared on the App (queue `reports`, placed in b) is stored and ticks in b only."""
+    import os
+
+    a, b = databases(2)
+    env = {name: value for name, value in os.environ.items() if name != "JOBBUS_DSN"}
+    env |= {"JOBBUS_CELLS": f"a={a};b={b}", "JOBBUS_QUEUE_CELLS": "reports=b", "PYTHONUNBUFFERED": "1"}
+    producer = jobbus.App(cells={"a": a, "b": b}, queue_cells={"reports": "b"})
+    ids = [producer.sync.schedule("noop") for _ in range(3)] + [
+        producer.sync.schedule("report", queue="reports") for _ in range(3)
+    ]
+    producer.sync.close()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobbus", "worker", "--app", "tests.placed_cells_app:app", "--concurrency", "4"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_until(
+            lambda: (
+                len(query(b, "SELECT 1 FROM jobbus.job WHERE name = 'reports.every-second' AND status = 'completed'"))
+                >= 2
+                and len(query(a, "SELECT 1 FROM jobbus.job WHERE status = 'completed'")) == 3
+            ),
+            what="the placed jobs done and two ticks of the periodic job",
+            timeout=60,
+        )
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, out
+    assert query(a, "SELECT id FROM jobbus.job ORDER BY id") == [(job_id,) for job_id in sorted(ids[:3])]
+    assert {row[0] for row in query(b, "SELECT id FROM jobbus.job WHERE name IS NULL")} == set(ids[3:])
+    assert query(a, "SELECT name FROM jobbus.periodic") == []
+    assert query(b, "SELECT name FROM jobbus.periodic") == [("reports.every-second",)]
+    assert query(a, "SELECT count(*) FROM jobbus.job WHERE name IS NOT NULL") == [(0,)]
