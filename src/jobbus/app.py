@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, Unpack, overload
@@ -75,6 +75,11 @@ class App(AsyncProducer):
         self._finished: FinishedJobs | None = None
         self._app = self  # the verbs read the settings and the registry of the App that runs them
         self.sync = SyncApp(self)
+
+    @property
+    def cells(self) -> Mapping[str, App]:
+        """One single-database App per cell, in cell order (SPEC 23); empty for an App without cells."""
+        return {}
 
     def reconfigure(self, **changes: Any) -> Settings:
         """Change some settings of this App while it is closed; returns the settings it had before.
