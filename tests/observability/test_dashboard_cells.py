@@ -341,3 +341,56 @@ async def test_the_overviews_stream_tells_of_a_change_in_any_cell() -> None:
         for source in sources:
             await source.close()
     assert all(source.subscribers == 0 for source in sources)
+
+
+async def test_mounted_under_a_path_every_cell_keeps_the_mount_and_one_login(cells: dict[str, str]) -> None:
+    from starlette.applications import Starlette
+
+    seed(cells)
+    asgi = create_app(cells_app(cells), token=TOKENS["admin"])
+    host = Starlette(routes=[Mount("/ops", app=asgi)])
+    try:
+        async with client(host) as browser:
+            sent = await browser.get("/ops/cells/b/jobs", headers={"accept": "text/html"})
+            assert sent.headers["location"] == "/ops/login?next=%2Fcells%2Fb%2Fjobs"
+            login_page = await browser.get(sent.headers["location"])
+            assert 'action="/ops/login"' in login_page.text
+            csrf = csrf_of(login_page.text)
+            login = await browser.post(
+                "/ops/login", data={"csrf": csrf, "token": TOKENS["admin"], "next": "/cells/b/jobs"}
+            )
+            assert login.headers["location"] == "/ops/cells/b/jobs"
+            assert "Path=/ops" in login.headers["set-cookie"]
+            page = (await browser.get("/ops/cells/b/jobs")).text
+            assert 'href="/ops/cells/b/failures"' in page and 'href="/ops/cells/a/jobs" data-cell="a"' in page
+            assert 'href="/ops/static/dashboard.css"' in page and 'data-events="/ops/cells/b/events"' in page
+            paused = await browser.post("/ops/cells/b/queues/mail/pause", data={"csrf": csrf, "next": "/queues"})
+            assert paused.headers["location"] == "/ops/cells/b/queues"
+            assert "Path=/ops" in paused.headers["set-cookie"]  # the flash, read on any cell's page
+            assert (await browser.get("/ops/")).status_code == 200
+            assert (await browser.get("/ops/jobs")).headers["location"] == "/ops/cells/a/jobs"
+        assert sql(cells["b"], "SELECT count(*) FROM jobbus.command") == [(1,)]
+        assert sql(cells["a"], "SELECT count(*) FROM jobbus.command") == [(0,)]
+    finally:
+        await asgi.state.dashboard.close()
+
+
+async def test_a_dashboard_of_one_database_mounted_under_a_path_logs_in_back_to_the_page(dsn: str) -> None:
+    """The login's way back is relative to the mount (it once named the mount twice: /ops/ops/jobs)."""
+    from starlette.applications import Starlette
+
+    asgi = create_app(jobbus.App(dsn=dsn), token=TOKENS["admin"])
+    try:
+        async with client(Starlette(routes=[Mount("/ops", app=asgi)])) as browser:
+            sent = await browser.get("/ops/jobs?status=failed", headers={"accept": "text/html"})
+            assert sent.headers["location"] == "/ops/login?next=%2Fjobs%3Fstatus%3Dfailed"
+            csrf = csrf_of((await browser.get(sent.headers["location"])).text)
+            login = await browser.post(
+                "/ops/login", data={"csrf": csrf, "token": TOKENS["admin"], "next": "/jobs?status=failed"}
+            )
+            assert login.headers["location"] == "/ops/jobs?status=failed"
+            assert (await browser.get(login.headers["location"])).status_code == 200
+            page = (await browser.get("/ops/jobs")).text
+            assert 'nav class="cells"' not in page and 'href="/ops/static/dashboard.css"' in page
+    finally:
+        await asgi.state.dashboard.close()
