@@ -20,6 +20,7 @@ import jobbus
 from jobbus.dashboard import Role, create_app
 from jobbus.dashboard.live import LiveUpdates, merged_events
 from jobbus.dashboard.roles import PUBLIC, required_role
+from tests.dbserver import fresh_database
 from tests.observability.cells import cell_databases, cells_app, unreachable_dsn
 from tests.observability.test_dashboard import BASE, csrf_of
 
@@ -285,12 +286,12 @@ async def test_a_job_page_is_found_in_the_cell_that_holds_it(cells: dict[str, st
 
 
 async def test_a_cell_that_is_down_is_named_while_the_others_serve(admin_dsn: str, template_db: str) -> None:
-    with cell_databases(admin_dsn, template_db, ["a", "b"]) as dsns:
+    with cell_databases(admin_dsn, template_db, ["a", "b"]) as dsns, fresh_database(admin_dsn, None) as bare:
         for name in dsns:
             app = jobbus.App(dsn=dsns[name])
             with app.sync:
                 app.sync.schedule(f"job.{name}", {})
-        asgi = create_app(cells_app({"a": dsns["a"], "down": unreachable_dsn(), "b": dsns["b"]}))
+        asgi = create_app(cells_app({"a": dsns["a"], "down": unreachable_dsn(), "b": dsns["b"], "bare": bare}))
         try:
             async with client(asgi) as http:
                 overview = await http.get("/")
@@ -298,9 +299,11 @@ async def test_a_cell_that_is_down_is_named_while_the_others_serve(admin_dsn: st
                 parts = dict(
                     re.findall(r'<section class="cell[^"]*" data-cell="(\w+)">(.*?)</section>', overview.text, re.S)
                 )
-                assert set(parts) == {"a", "down", "b"}
+                assert set(parts) == {"a", "down", "b", "bare"}
                 assert "cannot be reached" in parts["down"] and "Connection refused" in parts["down"]
-                assert "cannot be reached" not in parts["a"] + parts["b"]
+                assert "cannot be reached" not in parts["a"] + parts["b"] + parts["bare"]
+                assert "schema not ready" in parts["bare"] and "jobbus migrate --cell bare" in parts["bare"]
+                assert "Schema not ready" in (await http.get("/cells/bare/jobs")).text
                 assert "Traceback" not in overview.text and 'data-queue="default"' in parts["b"]
                 started = time.monotonic()
                 down = await http.get("/cells/down/jobs")
@@ -316,6 +319,11 @@ async def test_a_cell_that_is_down_is_named_while_the_others_serve(admin_dsn: st
                 assert health.status_code == 200 and "down: " in health.text and "a: ok" in health.text
                 found = await http.get(f"/jobs/{uuid.uuid4()}")  # asking every cell, the one down included
                 assert found.status_code == 404
+                unknown = await http.get("/cells/nowhere/jobs")
+                assert (
+                    unknown.status_code == 404
+                    and "no cell named &#39;nowhere&#39;: the cells are a, down" in unknown.text
+                )
         finally:
             await asgi.state.dashboard.close()
 

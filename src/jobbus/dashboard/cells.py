@@ -30,17 +30,14 @@ from jobbus.dashboard.formatting import parse_uuid
 from jobbus.dashboard.live import merged_events
 from jobbus.dashboard.roles import Role, requires
 from jobbus.dashboard.security import SECURITY_HEADERS, Guard, HostGuard, Redactor, RootPath, set_csrf_cookie
-from jobbus.dashboard.state import CELL_DOWN, Dashboard, Site, down_reason
-from jobbus.dashboard.web import Endpoint, database_routes, http_error, public_routes, refusal
+from jobbus.dashboard.state import CELL_DOWN, CELL_READ_SECONDS, CELLS_PATH, Dashboard, Site, down_reason
+from jobbus.dashboard.web import SCHEMA_GONE, Endpoint, database_routes, http_error, public_routes, refusal
 from jobbus.store.views import Count
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from jobbus.app import App
-
-#: The overview waits this long for a cell's part; a cell slower than that is shown as not answering.
-CELL_PART_SECONDS = 5.0
 
 
 def create_cells_starlette(
@@ -108,11 +105,13 @@ class CellPart:
     totals: dict[str, Count]
     workers: control.WorkersSummary | None
     unhandled: int
+    #: Why the cell cannot be read: it cannot be reached (`down`), or its schema is not current.
     problem: str | None
+    down: bool = False
 
 
 async def overview(site: Site, request: Request) -> Response:
-    """Every cell side by side, each read on its own connection and given `CELL_PART_SECONDS`: a cell
+    """Every cell side by side, each read on its own connections and given `CELL_READ_SECONDS`: a cell
     that is down (or slow) is named with its error while the others render."""
     parts = await asyncio.gather(*(_part(dash, request) for dash in site.cells.values()))
     return site.render(request, "cells.html", parts=parts)
@@ -121,7 +120,7 @@ async def overview(site: Site, request: Request) -> Response:
 async def _part(dash: Dashboard, request: Request) -> CellPart:
     base = request.scope.get("root_path", "") + dash.prefix
     try:
-        async with asyncio.timeout(CELL_PART_SECONDS):
+        async with asyncio.timeout(CELL_READ_SECONDS):
             await dash.ensure_open()
             problem = await dash.schema_problem()
             if problem is None:
@@ -136,11 +135,15 @@ async def _part(dash: Dashboard, request: Request) -> CellPart:
                 }
                 workers = control.summarize_workers(registry)
                 return CellPart(dash.cell or "", base, queues, totals, workers, len(unhandled), None)
+            return CellPart(dash.cell or "", base, [], {}, None, 0, problem)
+    except SCHEMA_GONE as exc:  # the schema went away since it was checked
+        dash.schema_may_have_changed()
+        return CellPart(dash.cell or "", base, [], {}, None, 0, str(exc))
     except TimeoutError:
-        problem = f"no answer within {CELL_PART_SECONDS:g} s"
+        problem = f"no answer within {CELL_READ_SECONDS:g} s"
     except CELL_DOWN as exc:
         problem = down_reason(exc)
-    return CellPart(dash.cell or "", base, [], {}, None, 0, problem)
+    return CellPart(dash.cell or "", base, [], {}, None, 0, problem, down=True)
 
 
 async def events(site: Site, request: Request) -> Response:
@@ -174,9 +177,10 @@ async def first_cell(site: Site, request: Request) -> Response:
     path = "/" + request.path_params["path"]
     query = f"?{request.url.query}" if request.url.query else ""
     root = request.scope.get("root_path", "")
-    if request.method not in ("GET", "HEAD"):
-        raise HTTPException(404)
     parts = path.strip("/").split("/")
+    if parts[0] == CELLS_PATH.strip("/"):
+        named = f"no cell named {parts[1]!r}" if len(parts) > 1 and parts[1] else "no cell named"
+        raise HTTPException(404, f"{named}: the cells are {', '.join(site.cells)}")
     if len(parts) == 2 and parts[0] == "jobs" and (job_id := parse_uuid(parts[1])) is not None:
         for dash in site.cells.values():
             if await dash.holds(job_id):

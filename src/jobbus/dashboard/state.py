@@ -47,8 +47,13 @@ def package_dir(name: str) -> str:
 CELL_OPEN_SECONDS = 2.0
 #: After a cell could not be reached, its pages say so at once for this long; then it is tried again.
 CELL_RETRY_SECONDS = 5.0
+#: The overview of every cell, and the search of a job's cell, wait this long for one cell's answer; a
+#: cell slower than that is shown as not answering (its pool may wait `database_wait_seconds`).
+CELL_READ_SECONDS = 5.0
 #: What a cell that cannot be reached raises: it is shown as down, its error named, never as a 500.
-CELL_DOWN: tuple[type[BaseException], ...] = (DatabaseUnavailableError, psycopg.OperationalError, PoolTimeout)
+CELL_DOWN: tuple[type[Exception], ...] = (DatabaseUnavailableError, psycopg.OperationalError, PoolTimeout)
+#: What keeps a cell's jobs from being read: down, too slow, or without the current schema.
+CELL_UNREADABLE: tuple[type[Exception], ...] = (*CELL_DOWN, TimeoutError, SchemaError)
 
 
 class Site:
@@ -208,11 +213,12 @@ class Dashboard:
         self._down = None
 
     async def holds(self, job_id: uuid.UUID) -> bool:
-        """Whether this cell holds the job (False when the cell cannot be reached)."""
+        """Whether this cell holds the job (False when the cell cannot be read, given `CELL_READ_SECONDS`)."""
         try:
-            await self.ensure_open()
-            return await self.app.find(job_id) is not None
-        except CELL_DOWN:
+            async with asyncio.timeout(CELL_READ_SECONDS):
+                await self.ensure_open()
+                return await self.app.find(job_id) is not None
+        except CELL_UNREADABLE:
             return False
 
     async def close(self) -> None:
