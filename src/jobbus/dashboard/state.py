@@ -58,7 +58,8 @@ CELL_UNREADABLE: tuple[type[Exception], ...] = (*CELL_DOWN, TimeoutError, Schema
 
 class Site:
     """What the pages of every cell share: the guard, the templates, the redaction hook, the rendering,
-    and the dashboard of each cell in cell order (none without cells: one `Dashboard` is the site)."""
+    and the dashboard of each cell in cell order (empty without cells: the App's one `Dashboard` then
+    has a `Site` of its own)."""
 
     def __init__(self, *, guard: Guard, redact: Redactor | None) -> None:
         self.guard = guard
