@@ -54,6 +54,10 @@ def test_switching_cells_from_the_navigation_shows_each_cells_jobs(cells: dict[s
         assert "Connection refused" in page.locator('section[data-cell="apac"] .flash').inner_text()
         assert page.locator('section[data-cell="us"] tr[data-queue]').count() == 2
         screenshot(page, "cells-overview")
+        page.set_viewport_size({"width": 390, "height": 844})  # a phone: the switcher and the cells inside
+        assert page.evaluate("document.documentElement.scrollWidth") <= 390
+        screenshot(page, "cells-overview-390px")
+        page.set_viewport_size({"width": 1280, "height": 860})
 
         page.click('section[data-cell="eu"] .card a[href$="/jobs?status=failed"]')  # eu's failed jobs
         page.wait_for_url(re.compile(r"/cells/eu/jobs\?status=failed$"))
