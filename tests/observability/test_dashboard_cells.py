@@ -315,6 +315,9 @@ async def test_a_cell_that_is_down_is_named_while_the_others_serve(admin_dsn: st
                     "cell"
                 ] == "down"
                 assert (await http.get("/cells/b/jobs")).status_code == 200
+                csrf = csrf_of((await http.get("/cells/b/jobs")).text)
+                posted = await http.post("/cells/down/queues/default/pause", data={"csrf": csrf, "next": "/queues"})
+                assert posted.status_code == 503 and "Cell down cannot be reached" in posted.text
                 health = await http.get("/health")
                 assert health.status_code == 200 and "down: " in health.text and "a: ok" in health.text
                 found = await http.get(f"/jobs/{uuid.uuid4()}")  # asking every cell, the one down included
@@ -402,3 +405,39 @@ async def test_a_dashboard_of_one_database_mounted_under_a_path_logs_in_back_to_
             assert 'nav class="cells"' not in page and 'href="/ops/static/dashboard.css"' in page
     finally:
         await asgi.state.dashboard.close()
+
+
+async def test_with_two_cells_each_cells_failures_queues_and_workers_are_its_own(
+    admin_dsn: str, template_db: str
+) -> None:
+    with cell_databases(admin_dsn, template_db, ["left", "right"]) as dsns:
+        for name, queue in (("left", "billing"), ("right", "reports")):
+            app = jobbus.App(dsn=dsns[name])
+            with app.sync:
+                app.sync.schedule_many(f"{queue}.run", [{"n": n} for n in range(4)], queue=queue)
+        sql(
+            dsns["right"],
+            "UPDATE jobbus.job SET status = 'failed', attempts = 3, finished_at = now(), "
+            "last_error = 'ReportMissingError: report ' || (configuration_data->>'n') || ' is missing'",
+        )
+        sql(
+            dsns["left"],
+            "INSERT INTO jobbus.worker (id, host, pid, queues, concurrency, state, last_seen_at) "
+            "VALUES ('worker-left', 'h', 1, '{billing}', 4, 'running', now())",
+        )
+        asgi = create_app(cells_app(dsns))
+        try:
+            async with client(asgi) as http:
+                left_failures = (await http.get("/cells/left/failures")).text
+                right_failures = (await http.get("/cells/right/failures")).text
+                left_queues = (await http.get("/cells/left/queues")).text
+                right_queues = (await http.get("/cells/right/queues")).text
+                left_workers = (await http.get("/cells/left/workers")).text
+                right_workers = (await http.get("/cells/right/workers")).text
+            assert "ReportMissingError" not in left_failures
+            assert "ReportMissingError" in right_failures and 'href="/cells/right/jobs?status=failed' in right_failures
+            assert 'data-queue="billing"' in left_queues and 'data-queue="reports"' not in left_queues
+            assert 'data-queue="reports"' in right_queues and 'data-queue="billing"' not in right_queues
+            assert "worker-left" in left_workers and "worker-left" not in right_workers
+        finally:
+            await asgi.state.dashboard.close()
