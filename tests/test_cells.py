@@ -3,9 +3,10 @@ verbs that find a job wherever it lives, and what stays in a parent's cell (foll
 
 from __future__ import annotations
 
+import asyncio
 import random
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import ExitStack, asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -453,3 +454,67 @@ async def test_the_bus_places_its_jobs_by_queue(databases: list[str]) -> None:
         assert len(result.job_ids) == 1 and set(result.job_ids) == ids_in(b) and ids_in(a) == set()
         assert tag_of(result.job_ids[0]) == cell_tag("b")
         assert await app.drain() == {"completed": 1}
+
+
+# -- the routing function (a database per tenant) -------------------------------------------------
+
+
+async def test_a_cell_router_places_each_tenants_jobs_in_its_cell_and_its_children_follow(
+    databases: list[str],
+) -> None:
+    a, b, c = databases
+    cells = {"acme": a, "globex": b, "shared": c}
+
+    def by_tenant(job_type: str, configuration: Mapping[str, Any]) -> str | None:
+        tenant = configuration.get("tenant")
+        return None if tenant is None else str(tenant)
+
+    app = jobbus.App(cells=cells, queue_cells={"ops": "shared"}, cell_router=by_tenant, **FAST)
+    children: list[uuid.UUID] = []
+
+    @app.job("invoice")
+    async def invoice(job: jobbus.JobExecution) -> None:
+        children.append(await job.spawn("receipt", {"for": str(job.id)}))  # no tenant: stays with its parent
+
+    @app.job("receipt")
+    async def receipt(job: jobbus.JobExecution) -> None: ...
+
+    async with app:
+        acme = [await app.schedule("invoice", {"tenant": "acme", "n": n}) for n in range(3)]
+        globex = await app.schedule_many("invoice", [{"tenant": "globex", "n": n} for n in range(4)])
+        synced = await asyncio.to_thread(app.sync.schedule, "invoice", {"tenant": "globex"})
+        unrouted = await app.schedule("invoice", {"n": 9}, queue="ops")  # None: queue_cells decides
+        overridden = await app.schedule("invoice", {"tenant": "acme"}, cell="shared")  # cell= wins
+        assert await app.drain() == {"completed": 20}
+    app.sync.close()
+    assert ids_in(a) >= set(acme) and len(ids_in(a)) == 6
+    assert ids_in(b) >= {*globex, synced} and len(ids_in(b)) == 10
+    assert ids_in(c) >= {unrouted, overridden} and len(ids_in(c)) == 4
+    assert all(tag_of(job_id) == cell_tag("acme") for job_id in ids_in(a))
+
+
+async def test_a_router_answer_that_is_no_cell_or_a_router_that_raises_writes_nothing(databases: list[str]) -> None:
+    a, b, _ = databases
+
+    def route(job_type: str, configuration: Mapping[str, Any]) -> str | None:
+        if configuration.get("boom"):
+            raise LookupError("no such tenant")
+        return str(configuration.get("tenant")) if "tenant" in configuration else None
+
+    async with opened({"a": a, "b": b}, cell_router=route) as app:
+        with pytest.raises(ValueError, match=r"cell_router placed a job of type 'invoice' in 'initech'.*\(a, b\)"):
+            await app.schedule("invoice", {"tenant": "initech"})
+        with pytest.raises(LookupError, match="no such tenant"):
+            await app.schedule("invoice", {"boom": True})
+        with pytest.raises(ValueError, match="would go to cells 'a', 'b'"):
+            await app.schedule_many("invoice", [{"tenant": "a"}, {"tenant": "b"}])
+        with pytest.raises(ValueError, match="would go to cells 'a', 'b'"):
+            await app.schedule_many([jobbus.JobRequest("invoice", {"tenant": "a"}), ("invoice", {"tenant": "b"})])
+    assert ids_in(a) == set() and ids_in(b) == set()
+
+
+def test_a_cell_router_needs_cells_and_a_callable(dsn: str, databases: list[str]) -> None:
+    with pytest.raises(ValueError, match="it needs cells"):
+        jobbus.App(dsn=dsn, cell_router=lambda job_type, configuration: None)
+    with pytest.raises(ValueError, match="must be a callable"):
+        jobbus.App(cells={"a": databases[0]}, cell_router="tenant")  # type: ignore[arg-type]

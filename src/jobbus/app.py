@@ -31,7 +31,7 @@ from jobbus.periodic import PeriodicOptions, PeriodicSpec
 from jobbus.producer._async import AsyncProducer
 from jobbus.producer._sync import SyncProducer
 from jobbus.producer.plan import Found
-from jobbus.registry import Handler, HandlerOptions, JobScope, Registry
+from jobbus.registry import CellRouter, Handler, HandlerOptions, JobScope, Registry
 from jobbus.requests import JobDefaults, JobRequest, check_options
 from jobbus.resilience import open_pool, open_pool_sync
 from jobbus.settings import Settings
@@ -64,7 +64,9 @@ class App(AsyncProducer):
     blocking calls for Django, Flask and scripts.
     """
 
-    def __init__(self, *, job_scope: JobScope | None = None, **settings: Any) -> None:
+    def __init__(
+        self, *, job_scope: JobScope | None = None, cell_router: CellRouter | None = None, **settings: Any
+    ) -> None:
         #: Handlers, periodic jobs, listeners and the job scope: what this App's workers run.
         self.registry = Registry(Settings.load(settings), job_scope)
         self.store = JobStore(self.settings.schema)
@@ -79,6 +81,8 @@ class App(AsyncProducer):
         self._cells: dict[str, App] = {}
         self.sync = SyncApp(self)
         self._build_cells()
+        if cell_router is not None:
+            self.cell_router = cell_router
 
     def _build_cells(self) -> None:
         """With cells (SPEC 23): one ordinary App per cell, in cell order, over this App's registry."""
@@ -91,6 +95,21 @@ class App(AsyncProducer):
             cell = App(**dataclasses.replace(settings, dsn=dsn, cells=None, queue_cells=None).as_dict())
             cell.registry = self.registry.for_cell(name, cell.settings)
             self._cells[name] = cell
+
+    @property
+    def cell_router(self) -> CellRouter | None:
+        """With cells: `router(job_type, configuration)` names the cell of each job given no `cell=` (a
+        database per tenant), or returns None to leave it to `queue_cells` and the first cell. Not asked
+        for follow-ups, children and group callbacks: they stay in their parent's cell."""
+        return self.registry.cell_router
+
+    @cell_router.setter
+    def cell_router(self, router: CellRouter | None) -> None:
+        if router is not None and not callable(router):
+            raise ValueError(f"cell_router must be a callable (job_type, configuration) -> cell name, got {router!r}")
+        if router is not None and not self._cells:
+            raise ValueError("cell_router places jobs among cells: it needs cells (App(cells=...) or JOBBUS_CELLS)")
+        self.registry.cell_router = router
 
     @property
     def cells(self) -> Mapping[str, App]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -27,6 +27,9 @@ from jobbus.settings import Settings
 from jobbus.tasks import Task, TaskProducer, default_type
 
 F = TypeVar("F", bound=Callable[..., Any])
+#: `App(cell_router=...)`: the cell of a job from its type and configuration (SPEC 23: a database per
+#: tenant), or None to leave it to `queue_cells` and the first cell.
+CellRouter = Callable[[str, Mapping[str, Any]], "str | None"]
 P = ParamSpec("P")
 R = TypeVar("R")
 #: `App(job_scope=...)`: the running job → the async context manager whose value is its `job.scope`.
@@ -119,6 +122,8 @@ class Registry:
         self.cell_tag = 0
         #: A cell's registry: the placement of the App it belongs to (where its periodic jobs live).
         self.home: Placement | None = None
+        #: The App's routing function (an App with cells): consulted for a job given no `cell=`.
+        self.cell_router: CellRouter | None = None
         if settings.cells:
             self.placement = Placement.of(settings.cells, settings.queue_cells)
 
@@ -219,9 +224,8 @@ class Registry:
         registry tags the ids it makes with the cell and refuses a `cell=` naming another cell: follow-ups,
         children and group members stay in their parent's cell."""
         if self.placement is not None:
-            return self.cell_registries[self.cell_for(request.cell, request.queue, request.type)].build_job_spec(
-                request, depth
-            )
+            cell = self.cell_for(request.cell, request.queue, request.type, request.configuration)
+            return self.cell_registries[cell].build_job_spec(request, depth)
         settings = self.settings
         spec = build_spec(
             request, self.job_defaults(request.type), settings.default_max_attempts, settings.max_payload_bytes
@@ -238,10 +242,22 @@ class Registry:
             raise InvalidJobError(f"a chain of then= may hold at most {MAX_CHAIN} follow-ups")
         return dataclasses.replace(spec, then=spec_json(self.build_job_spec(request.then, depth + 1)))
 
-    def cell_for(self, cell: object, queue: object, job_type: object) -> str:
-        """The cell a job goes to (an App with cells): its `cell`, else its queue's (the handler's queue
-        when none is given), else the first."""
+    def cell_for(
+        self, cell: object, queue: object, job_type: object, configuration: Mapping[str, Any] | None = None
+    ) -> str:
+        """The cell a job goes to (an App with cells): its `cell`, else the routing function's answer, else
+        its queue's (the handler's queue when none is given), else the first. An answer of the router
+        that is no cell raises `InvalidJobError` naming it, before anything is written."""
         assert self.placement is not None, "called with cells"
+        if cell is None and self.cell_router is not None and isinstance(job_type, str):
+            routed = self.cell_router(job_type, configuration if configuration is not None else {})
+            if routed is not None:
+                if not isinstance(routed, str) or routed not in self.placement.names:
+                    raise InvalidJobError(
+                        f"cell_router placed a job of type {job_type!r} in {routed!r}, which is not one of this "
+                        f"App's cells ({', '.join(self.placement.names)})"
+                    )
+                return routed
         if queue is None and isinstance(job_type, str):
             queue = self.job_defaults(job_type).queue
         return self.placement.cell_for(cell, queue)

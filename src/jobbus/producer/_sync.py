@@ -175,7 +175,7 @@ class SyncProducer(ABC):
         """
         registry = self._app.registry
         if registry.placement is not None:
-            cell = registry.cell_for(options.get("cell"), options.get("queue"), type)
+            cell = registry.cell_for(options.get("cell"), options.get("queue"), type, configuration)
             return self._cell(cell, connection).schedule(type, configuration, connection=connection, **options)
         spec = registry.build_job_spec(JobRequest(type, configuration, **options))
         (job_id,) = self.insert_specs([spec], connection=connection)
@@ -197,7 +197,7 @@ class SyncProducer(ABC):
         goes to one cell (one call is one transaction): jobs that would go to several raise `ValueError`.
         """
         if self._app.registry.placement is not None:
-            jobs, cell = plan.cell_of_many(self._app.registry, jobs, configurations, common)
+            jobs, configurations, cell = plan.cell_of_many(self._app.registry, jobs, configurations, common)
             return self._cell(cell, connection).schedule_many(jobs, configurations, connection=connection, **common)
         specs, order = plan.job_specs(self._app, jobs, configurations, common)
         ids = self.insert_specs(specs, connection=connection)

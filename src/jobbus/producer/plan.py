@@ -193,16 +193,21 @@ def cell_of_many(
     jobs: Iterable[JobItem] | str,
     configurations: Iterable[Mapping[str, Any] | None] | None,
     common: Mapping[str, Any],
-) -> tuple[Iterable[JobItem] | str, str]:
-    """The jobs of `schedule_many` (an iterable read once, kept as a list) and the one cell they all go
-    to; `InvalidJobError` when they would go to several (nothing is written)."""
+) -> tuple[Iterable[JobItem] | str, Iterable[Mapping[str, Any] | None] | None, str]:
+    """The jobs and configurations of `schedule_many` (iterables read once, kept as lists) and the one
+    cell they all go to; `InvalidJobError` when they would go to several (nothing is written)."""
     placement = registry.placement
     assert placement is not None, "called with cells"
     if isinstance(jobs, str):
-        return jobs, registry.cell_for(common.get("cell"), common.get("queue"), jobs)
+        if registry.cell_router is None or common.get("cell") is not None or configurations is None:
+            return jobs, configurations, registry.cell_for(common.get("cell"), common.get("queue"), jobs)
+        listed = list(configurations)
+        cells = [registry.cell_for(None, common.get("queue"), jobs, c) for c in listed]
+        return jobs, listed, placement.one_cell("schedule_many", cells)
     items = list(jobs)
-    cells = [registry.cell_for(r.cell, r.queue, r.type) for r in _requests(items, configurations, common)]
-    return items, placement.one_cell("schedule_many", cells)
+    requests = _requests(items, configurations, common)
+    cells = [registry.cell_for(r.cell, r.queue, r.type, r.configuration) for r in requests]
+    return items, configurations, placement.one_cell("schedule_many", cells)
 
 
 def cell_of_group(registry: Registry, requests: Iterable[JobItem]) -> tuple[list[JobItem], str]:
@@ -210,7 +215,7 @@ def cell_of_group(registry: Registry, requests: Iterable[JobItem]) -> tuple[list
     placement = registry.placement
     assert placement is not None, "called with cells"
     items = list(requests)
-    cells = [registry.cell_for(r.cell, r.queue, r.type) for r in _requests(items, None, {})]
+    cells = [registry.cell_for(r.cell, r.queue, r.type, r.configuration) for r in _requests(items, None, {})]
     return items, placement.one_cell("schedule_group", cells)
 
 
