@@ -51,8 +51,8 @@ from jobbus.worker.runtime import (
     EXIT_RESTART,
     EXIT_SOFTWARE,
     Worker,
-    _dump_tasks,
-    _held_signals,
+    install_stop_signals,
+    remove_signals,
 )
 
 logger = logging.getLogger("jobbus.worker")
@@ -147,7 +147,7 @@ class CellWorkers:
         if self._stopping:
             self._stop.set()
         self._tick()
-        installed = self._install_signals()
+        installed = install_stop_signals(self.options.install_signal_handlers, self._on_signal)
         if health is not None:
             health.start()
         try:
@@ -173,9 +173,7 @@ class CellWorkers:
             self._finished = True
             if self._tick_handle is not None:
                 self._tick_handle.cancel()
-            loop = asyncio.get_running_loop()
-            for sig in installed:
-                loop.remove_signal_handler(sig)
+            remove_signals(installed)
             if health is not None:
                 health.close()
 
@@ -284,21 +282,6 @@ class CellWorkers:
             await asyncio.wait_for(self._stop.wait(), seconds)
 
     # -- the process's signals and health -----------------------------------------------------------
-
-    def _install_signals(self) -> list[signal.Signals]:
-        if not self.options.install_signal_handlers or threading.current_thread() is not threading.main_thread():
-            return []
-        loop = asyncio.get_running_loop()
-        installed = []
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._on_signal, sig)
-            installed.append(sig)
-        loop.add_signal_handler(signal.SIGUSR1, _dump_tasks)
-        installed.append(signal.SIGUSR1)
-        for sig in _held_signals:  # received while the process was starting: acted on now
-            loop.call_soon(self._on_signal, sig)
-        _held_signals.clear()
-        return installed
 
     def _on_signal(self, sig: signal.Signals) -> None:
         """The first signal stops every cell's worker gracefully; the second skips every remaining wait."""

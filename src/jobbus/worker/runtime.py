@@ -413,7 +413,7 @@ class Worker:
         self.completer.start()
         self.monitor.start()
         self.leadership.start()
-        installed = self._install_signals()
+        installed = install_stop_signals(self.options.install_signal_handlers, self._on_signal)
         self._ready.set()
         try:
             await self.producer.run()
@@ -426,7 +426,7 @@ class Worker:
             await self.monitor.close(self._housekeeping_left())
             if self._listener is not None:
                 await self._listener.close(self._housekeeping_left())
-            self._remove_signals(installed)
+            remove_signals(installed)
             await self.completer.close(self._housekeeping_left())
             self.abandoned = len(self.producer.in_flight)
             # Jobs still running in threads keep their leases until this process exits: the row is not
@@ -489,26 +489,6 @@ class Worker:
 
     # -- signals ------------------------------------------------------------------------------------
 
-    def _install_signals(self) -> list[signal.Signals]:
-        if not self.options.install_signal_handlers or threading.current_thread() is not threading.main_thread():
-            return []
-        loop = asyncio.get_running_loop()
-        installed = []
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._on_signal, sig)
-            installed.append(sig)
-        loop.add_signal_handler(signal.SIGUSR1, _dump_tasks)
-        installed.append(signal.SIGUSR1)
-        for sig in _held_signals:  # received while the process was starting: acted on now
-            loop.call_soon(self._on_signal, sig)
-        _held_signals.clear()
-        return installed
-
-    def _remove_signals(self, installed: list[signal.Signals]) -> None:
-        loop = asyncio.get_running_loop()
-        for sig in installed:
-            loop.remove_signal_handler(sig)
-
     def _on_signal(self, sig: signal.Signals) -> None:
         """The first signal stops the worker gracefully; the second skips every remaining wait."""
         self._signals_received += 1
@@ -546,6 +526,31 @@ class Worker:
                 acked_generation=self.control.acked_generation,
             )
         )
+
+
+def install_stop_signals(enabled: bool, on_signal: Callable[[signal.Signals], None]) -> list[signal.Signals]:
+    """SIGTERM and SIGINT call `on_signal`, SIGUSR1 prints where the tasks wait; a stop signal held while the
+    process started (`hold_stop_signals`) is acted on now. Nothing unless `enabled` and in the main thread
+    (a host process that embeds a worker keeps its own handlers). Returns what to `remove_signals`."""
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        return []
+    loop = asyncio.get_running_loop()
+    installed = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+        installed.append(sig)
+    loop.add_signal_handler(signal.SIGUSR1, _dump_tasks)
+    installed.append(signal.SIGUSR1)
+    for sig in _held_signals:
+        loop.call_soon(on_signal, sig)
+    _held_signals.clear()
+    return installed
+
+
+def remove_signals(installed: list[signal.Signals]) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in installed:
+        loop.remove_signal_handler(sig)
 
 
 def _dump_tasks() -> None:
