@@ -5,7 +5,7 @@ override PY := $(VENV)/bin/python
 PYTHON ?= python3
 PYTEST_ARGS ?= -n 2
 
-.PHONY: venv sync schema cli-surface api-check test test-server test-smoke test-django6 faults verify matrix mutate browser lint docs dist-check demo bench gate bench-capacity bench-steady bench-dashboard bench-unused bench-migrate rehearse-upgrade dashboard clean
+.PHONY: venv sync schema cli-surface api-check test test-server test-smoke test-django6 faults verify matrix mutate browser lint docs dist-check demo bench gate bench-capacity bench-steady bench-dashboard bench-unused bench-cells bench-migrate rehearse-upgrade dashboard clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -167,6 +167,11 @@ bench-unused: venv
 	$(PY) bench/unused_features.py $(UNUSED_ARGS)
 
 # p95 of every dashboard page on a large table (BENCH_DASHBOARD_ARGS="--rows 1000000" for a smaller one).
+# What serving 1, 2 and 3 cells costs one worker process (bench/cells.py; CELLS_ARGS="--jobs 20000 --rounds 1").
+CELLS_ARGS ?=
+bench-cells: venv
+	$(PY) bench/cells.py $(CELLS_ARGS)
+
 bench-dashboard: venv
 	$(PY) bench/dashboard.py $(BENCH_DASHBOARD_ARGS)
 

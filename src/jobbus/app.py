@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, Unpack, overload
 
 import psycopg
@@ -21,15 +22,16 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from jobbus import schema as schema_module
 from jobbus.batching import InsertBatcher
+from jobbus.cells import Placement
 from jobbus.encryption import keyring_of
-from jobbus.errors import JobbusError
+from jobbus.errors import CellRequiredError, JobbusError
 from jobbus.events import EventHub, JobEvent
 from jobbus.models import ClaimedJob, JobSpec
 from jobbus.periodic import PeriodicOptions, PeriodicSpec
 from jobbus.producer._async import AsyncProducer
 from jobbus.producer._sync import SyncProducer
 from jobbus.producer.plan import Found
-from jobbus.registry import Handler, HandlerOptions, JobScope, Registry
+from jobbus.registry import CellRouter, Handler, HandlerOptions, JobScope, Registry
 from jobbus.requests import JobDefaults, JobRequest, check_options
 from jobbus.resilience import open_pool, open_pool_sync
 from jobbus.settings import Settings
@@ -62,7 +64,9 @@ class App(AsyncProducer):
     blocking calls for Django, Flask and scripts.
     """
 
-    def __init__(self, *, job_scope: JobScope | None = None, **settings: Any) -> None:
+    def __init__(
+        self, *, job_scope: JobScope | None = None, cell_router: CellRouter | None = None, **settings: Any
+    ) -> None:
         #: Handlers, periodic jobs, listeners and the job scope: what this App's workers run.
         self.registry = Registry(Settings.load(settings), job_scope)
         self.store = JobStore(self.settings.schema)
@@ -74,7 +78,45 @@ class App(AsyncProducer):
         self._batcher: InsertBatcher | None = None
         self._finished: FinishedJobs | None = None
         self._app = self  # the verbs read the settings and the registry of the App that runs them
+        self._cells: dict[str, App] = {}
         self.sync = SyncApp(self)
+        self._build_cells()
+        if cell_router is not None:
+            self.cell_router = cell_router
+
+    def _build_cells(self) -> None:
+        """With cells (SPEC 23): one ordinary App per cell, in cell order, over this App's registry."""
+        settings = self.settings
+        self.registry.placement = Placement.of(settings.cells, settings.queue_cells) if settings.cells else None
+        self.registry.cell_registries.clear()
+        self._cells = {}
+        for name, dsn in (settings.cells or {}).items():
+            # Every setting given as a keyword: the environment's JOBBUS_CELLS or JOBBUS_DSN plays no part.
+            cell = App(**dataclasses.replace(settings, dsn=dsn, cells=None, queue_cells=None).as_dict())
+            cell.registry = self.registry.for_cell(name, cell.settings)
+            self._cells[name] = cell
+
+    @property
+    def cell_router(self) -> CellRouter | None:
+        """With cells: `router(job_type, configuration)` names the cell of each job given no `cell=` (a
+        database per tenant), or returns None to leave it to `queue_cells` and the first cell. Not asked
+        for follow-ups, children and group callbacks: they stay in their parent's cell."""
+        return self.registry.cell_router
+
+    @cell_router.setter
+    def cell_router(self, router: CellRouter | None) -> None:
+        if router is not None and not callable(router):
+            raise ValueError(f"cell_router must be a callable (job_type, configuration) -> cell name, got {router!r}")
+        if router is not None and not self._cells:
+            raise ValueError("cell_router places jobs among cells: it needs cells (App(cells=...) or JOBBUS_CELLS)")
+        self.registry.cell_router = router
+
+    @property
+    def cells(self) -> Mapping[str, App]:
+        """With `cells=` (SPEC 23): one single-database App per cell, in cell order, sharing this App's
+        handlers, tasks, periodic declarations, listeners and job scope; empty for an App without cells.
+        Opening and closing this App opens and closes theirs (a cell that is down does not stop it)."""
+        return MappingProxyType(self._cells)
 
     def reconfigure(self, **changes: Any) -> Settings:
         """Change some settings of this App while it is closed; returns the settings it had before.
@@ -84,7 +126,7 @@ class App(AsyncProducer):
         Handlers, tasks, periodic jobs and listeners stay; the blocking pool is closed and reopens on
         the new settings. Values are validated as in `App(...)`.
         """
-        if self._pool is not None:
+        if self._pool is not None or self._pool_users:
             raise RuntimeError("reconfigure() needs a closed App: leave its `async with app:` first")
         unknown = sorted(set(changes) - set(Settings.__dataclass_fields__))
         if unknown:
@@ -98,6 +140,7 @@ class App(AsyncProducer):
         self.periodic_store = PeriodicStore(settings.schema, self.store.channel)
         self.queue_store = QueueStore(settings.schema)
         self.audit_store = AuditStore(settings.schema)
+        self._build_cells()
         return previous
 
     # -- registry ----------------------------------------------------------------------------------
@@ -185,6 +228,8 @@ class App(AsyncProducer):
     @job_scope.setter
     def job_scope(self, job_scope: JobScope | None) -> None:
         self.registry.job_scope = job_scope
+        for cell in self._cells.values():
+            cell.job_scope = job_scope
 
     def job_defaults(self, job_type: str) -> JobDefaults:
         return self.registry.job_defaults(job_type)
@@ -200,6 +245,8 @@ class App(AsyncProducer):
 
     @property
     def dsn(self) -> str:
+        if self._cells:
+            raise CellRequiredError(self._no_database_of_its_own())
         if not self.settings.dsn:
             raise ValueError("dsn: no database given; pass App(dsn=...) or set JOBBUS_DSN")
         return self.settings.dsn
@@ -208,8 +255,18 @@ class App(AsyncProducer):
         """Open the connection pool (idempotent, reference-counted with `close`).
 
         Waits at most `timeout` seconds (default `database_wait_seconds`) for the database, then raises
-        `DatabaseUnavailableError` naming why it could not connect; nothing stays open then.
+        `DatabaseUnavailableError` naming why it could not connect; nothing stays open then. With cells,
+        each cell's pool opens without waiting: a cell that is down is connected to when it is back.
         """
+        if self._cells:
+            self._pool_users += 1
+            if self._pool_users == 1:
+                for cell in self._cells.values():
+                    await cell._open(None, wait=False)
+            return
+        await self._open(timeout, wait=True)
+
+    async def _open(self, timeout: float | None, *, wait: bool) -> None:
         self._pool_users += 1
         if self._pool is None:
             pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
@@ -219,10 +276,13 @@ class App(AsyncProducer):
                 kwargs=self.settings.connection_kwargs,
                 configure=configure_async,
                 open=False,
-                name=f"jobbus-{self.settings.schema}",
+                name=f"jobbus-{self.settings.schema}" + (f"-{self.registry.cell}" if self.registry.cell else ""),
             )
             try:
-                await open_pool(pool, self.dsn, self.settings.database_wait_seconds if timeout is None else timeout)
+                if wait:
+                    await open_pool(pool, self.dsn, self.settings.database_wait_seconds if timeout is None else timeout)
+                else:
+                    await pool.open(wait=False)
             except BaseException:
                 self._pool_users -= 1
                 await pool.close()
@@ -233,6 +293,12 @@ class App(AsyncProducer):
             )
 
     async def close(self) -> None:
+        if self._cells:
+            if self._pool_users == 1:
+                for cell in self._cells.values():
+                    await cell.close()
+            self._pool_users = max(0, self._pool_users - 1)
+            return
         self._pool_users = max(0, self._pool_users - 1)
         if self._pool_users == 0 and self._pool is not None:
             pool, self._pool, self._batcher = self._pool, None, None
@@ -251,10 +317,21 @@ class App(AsyncProducer):
     @property
     def pool(self) -> AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
         if self._pool is None:
+            if self._cells:
+                raise CellRequiredError(self._no_database_of_its_own())
             raise RuntimeError("the App is not open: use `async with app:` (or app.sync for blocking code)")
         return self._pool
 
+    def _no_database_of_its_own(self) -> str:
+        return (
+            f"this App spreads over cells ({', '.join(self._cells)}) and has no database of its own: call "
+            "this on the App of one cell, app.cells[NAME] (see docs/cells.md for what acts on every cell)"
+        )
+
     # -- the async edges of the producer verbs (`jobbus.producer._async`) --------------------------
+
+    def _in_cell(self, cell: str) -> App:
+        return self._cells[cell]
 
     _WRONG_CONNECTION = "connection= must be a psycopg.AsyncConnection here (use app.sync with a sync one)"
 
@@ -291,7 +368,15 @@ class App(AsyncProducer):
         """Run a worker in this event loop until it stops; returns its exit code (0, 70 or 75).
 
         A shortcut for ``await jobbus.Worker(app, ...).run()``; keep the `Worker` to stop it from outside.
+        With cells, one worker serves every cell (`jobbus.worker.cells`).
         """
+        if self._cells:
+            from jobbus.worker.cells import run_cell_workers  # the cells' runtime, imported only with cells
+
+            if options is not None and kwargs:
+                raise TypeError("pass either WorkerOptions or keyword options, not both")
+            code: int = await run_cell_workers(self.cells, options if options is not None else WorkerOptions(**kwargs))
+            return code
         return await Worker(self, options, **kwargs).run()
 
     async def drain(
@@ -310,9 +395,17 @@ class App(AsyncProducer):
         delay runs again in the same drain; one retried later, or scheduled for later, is left.
         The counts are those of the attempts, by outcome: ``{"completed": 2, "retried": 1}``
         (also ``failed``, ``cancelled``, ``snoozed``, ``timed_out``, ``released``, ``lost``).
+        With cells, each cell is drained in turn, in cell order, and the counts are added up.
         """
         if not self.registry.handlers:
             return {}
+        if self._cells:
+            total: dict[str, int] = {}
+            for cell in self._cells.values():
+                drained = await cell.drain(queues=queues, types=types, max_jobs=max_jobs, concurrency=concurrency)
+                for outcome, count in drained.items():
+                    total[outcome] = total.get(outcome, 0) + count
+            return total
         counts = _OutcomeCounts()
         options = WorkerOptions(
             queues=queues, types=types, limit=max_jobs, concurrency=concurrency, stop_when_empty=True
@@ -355,6 +448,8 @@ class SyncApp(SyncProducer):
             return self._pool
 
     def close(self) -> None:
+        for cell in self._app._cells.values():
+            cell.sync.close()
         with self._lock:
             pool, self._pool = self._pool, None
             finished, self._finished = self._finished, None
@@ -364,7 +459,8 @@ class SyncApp(SyncProducer):
             pool.close()
 
     def __enter__(self) -> SyncApp:
-        self._pool_or_open()
+        if not self._app._cells:  # with cells, each cell's pool opens at its first call
+            self._pool_or_open()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -374,6 +470,9 @@ class SyncApp(SyncProducer):
 
     def _connection(self, timeout: float) -> AbstractContextManager[psycopg.Connection[Any]]:
         return self._pool_or_open().connection(timeout=timeout)
+
+    def _in_cell(self, cell: str) -> SyncApp:
+        return self._app._cells[cell].sync
 
     def _insert(self, specs: Sequence[JobSpec], connection: psycopg.Connection[Any] | None) -> Found:
         return self._run(self._app.store.insert_jobs(specs), connection)

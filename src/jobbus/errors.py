@@ -35,6 +35,10 @@ class InvalidJobError(JobbusError, ValueError):
     """A job (or setting of one) was refused before anything was written."""
 
 
+class CellRequiredError(JobbusError):
+    """A call about one database's state was made on an App with cells: it belongs on `app.cells[NAME]`."""
+
+
 class DatabaseUnavailableError(JobbusError):
     """The database could not be reached within `database_wait_seconds`.
 

@@ -15,6 +15,7 @@ across instances. No label carries a job id: the cardinality is queues × types 
 from __future__ import annotations
 
 import contextlib
+import copy
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -39,9 +40,13 @@ QUEUE_STATUSES = ("available", "scheduled", "running")
 class PrometheusMetrics:
     """A worker observer that keeps the SPEC 14 metrics in its own registry (no global state)."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, *, cells: bool = False) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
-        labels = ("queue", "type")
+        #: Serving cells, every series has a `cell` label first; `for_cell(name)` observes one cell's worker.
+        self.cells = cells
+        self._cell: tuple[str, ...] = ()
+        first = ("cell",) if cells else ()
+        labels = (*first, "queue", "type")
         self.claimed = Counter("jobbus_jobs_claimed", "Jobs this worker leased.", labels, registry=self.registry)
         self.finished = Counter(
             "jobbus_jobs_finished",
@@ -70,36 +75,45 @@ class PrometheusMetrics:
             registry=self.registry,
         )
         self.running = Gauge(
-            "jobbus_jobs_running", "Attempts in flight in this worker.", ("queue",), registry=self.registry
+            "jobbus_jobs_running", "Attempts in flight in this worker.", (*first, "queue"), registry=self.registry
         )
         self.queue_jobs = Gauge(
             "jobbus_queue_jobs",
             "Jobs of each queue, fleet-wide, from the leader's latest sample (status: available, scheduled, running).",
-            ("queue", "status"),
+            (*first, "queue", "status"),
             registry=self.registry,
         )
         self.queue_oldest = Gauge(
             "jobbus_queue_oldest_available_seconds",
             "Age of the oldest job available to claim, fleet-wide, from the leader's latest sample.",
-            ("queue",),
+            (*first, "queue"),
             registry=self.registry,
         )
         self._sampled_queues: set[str] = set()
 
+    def for_cell(self, cell: str) -> PrometheusMetrics:
+        """The observer of one cell's worker: the same series, with `cell` set to `cell`."""
+        if not self.cells:
+            raise ValueError("for_cell: these metrics have no cell label; make them with PrometheusMetrics(cells=True)")
+        view = copy.copy(self)
+        view._cell = (cell,)
+        view._sampled_queues = set()
+        return view
+
     # -- the worker observer ------------------------------------------------------------------------
 
     def job_claimed(self, job: ClaimedJob, waited_seconds: float) -> None:
-        self.claimed.labels(job.queue, job.type).inc()
-        self.wait.labels(job.queue, job.type).observe(waited_seconds)
-        self.running.labels(job.queue).inc()
+        self.claimed.labels(*self._cell, job.queue, job.type).inc()
+        self.wait.labels(*self._cell, job.queue, job.type).observe(waited_seconds)
+        self.running.labels(*self._cell, job.queue).inc()
 
     def job_finished(self, job: ClaimedJob, outcome: str, seconds: float) -> None:
-        self.running.labels(job.queue).dec()
-        self.duration.labels(job.queue, job.type).observe(seconds)
+        self.running.labels(*self._cell, job.queue).dec()
+        self.duration.labels(*self._cell, job.queue, job.type).observe(seconds)
         if outcome in FINISHED_OUTCOMES:
-            self.finished.labels(job.queue, job.type, outcome).inc()
+            self.finished.labels(*self._cell, job.queue, job.type, outcome).inc()
         else:
-            self.lost.labels(job.queue, job.type).inc()
+            self.lost.labels(*self._cell, job.queue, job.type).inc()
 
     def queues_sampled(self, samples: Sequence[QueueSample]) -> None:
         """Replace the queue gauges with the leader's latest sample; queues absent from it are dropped."""
@@ -107,13 +121,13 @@ class PrometheusMetrics:
         for queue in self._sampled_queues - current:
             self._forget(queue)
         for sample in samples:
-            self.queue_jobs.labels(sample.queue, "available").set(sample.available)
-            self.queue_jobs.labels(sample.queue, "scheduled").set(sample.scheduled)
-            self.queue_jobs.labels(sample.queue, "running").set(sample.running)
+            self.queue_jobs.labels(*self._cell, sample.queue, "available").set(sample.available)
+            self.queue_jobs.labels(*self._cell, sample.queue, "scheduled").set(sample.scheduled)
+            self.queue_jobs.labels(*self._cell, sample.queue, "running").set(sample.running)
             if sample.oldest_available_seconds is None:
-                self.queue_oldest.labels(sample.queue).set(0)
+                self.queue_oldest.labels(*self._cell, sample.queue).set(0)
             else:
-                self.queue_oldest.labels(sample.queue).set(sample.oldest_available_seconds)
+                self.queue_oldest.labels(*self._cell, sample.queue).set(sample.oldest_available_seconds)
         self._sampled_queues = current
 
     def leadership_changed(self, is_leader: bool) -> None:
@@ -124,8 +138,8 @@ class PrometheusMetrics:
 
     def _forget(self, queue: str) -> None:
         for status in QUEUE_STATUSES:
-            self._remove(self.queue_jobs, queue, status)
-        self._remove(self.queue_oldest, queue)
+            self._remove(self.queue_jobs, *self._cell, queue, status)
+        self._remove(self.queue_oldest, *self._cell, queue)
 
     @staticmethod
     def _remove(gauge: Gauge, *labels: str) -> None:

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, ParamSpec, TypedDict, TypeVar, Unpack
 
+from jobbus.cells import Placement, cell_tag, tagged
 from jobbus.durations import seconds_or_none
 from jobbus.encryption import Keyring, keyring_of
 from jobbus.errors import InvalidJobError
@@ -25,6 +27,9 @@ from jobbus.settings import Settings
 from jobbus.tasks import Task, TaskProducer, default_type
 
 F = TypeVar("F", bound=Callable[..., Any])
+#: `App(cell_router=...)`: the cell of a job from its type and configuration (SPEC 23: a database per
+#: tenant), or None to leave it to `queue_cells` and the first cell.
+CellRouter = Callable[[str, Mapping[str, Any]], "str | None"]
 P = ParamSpec("P")
 R = TypeVar("R")
 #: `App(job_scope=...)`: the running job → the async context manager whose value is its `job.scope`.
@@ -109,6 +114,40 @@ class Registry:
         #: Periodic jobs declared in code (`periodic`); workers keep the stored ones in step with these.
         self.periodics: dict[str, PeriodicSpec] = {}
         self.events = EventHub()
+        #: With cells (SPEC 23): where jobs go, and the registry of each cell (sharing what is declared).
+        self.placement: Placement | None = None
+        self.cell_registries: dict[str, Registry] = {}
+        #: The cell this registry builds jobs for (a cell App's), and that cell's id tag.
+        self.cell: str | None = None
+        self.cell_tag = 0
+        #: A cell's registry: the placement of the App it belongs to (where its periodic jobs live).
+        self.home: Placement | None = None
+        #: The App's routing function (an App with cells): consulted for a job given no `cell=`.
+        self.cell_router: CellRouter | None = None
+        if settings.cells:
+            self.placement = Placement.of(settings.cells, settings.queue_cells)
+
+    def for_cell(self, name: str, settings: Settings) -> Registry:
+        """The registry of one cell: the same handlers, periodic declarations, listeners and job scope
+        (the same dicts, so what is declared later is seen), its own settings, its jobs' ids tagged."""
+        registry = Registry(settings, self.job_scope)
+        registry.handlers = self.handlers
+        registry.periodics = self.periodics
+        registry.events = self.events
+        registry.cell = name
+        registry.cell_tag = cell_tag(name)
+        registry.home = self.placement
+        self.cell_registries[name] = registry
+        return registry
+
+    def periodics_here(self) -> dict[str, PeriodicSpec]:
+        """The periodic jobs declared in code that live in this registry's database: all of them without
+        cells; in a cell, those whose queue the App's `queue_cells` places there (SPEC 23: a periodic job
+        lives in its queue's cell and ticks there alone)."""
+        if self.cell is None or self.home is None:
+            return self.periodics
+        home = self.home
+        return {name: spec for name, spec in self.periodics.items() if home.cell_for(None, spec.queue) == self.cell}
 
     # -- declaring ---------------------------------------------------------------------------------
 
@@ -179,11 +218,20 @@ class Registry:
         return self.job_defaults(job_type).max_attempts or self.settings.default_max_attempts
 
     def build_job_spec(self, request: JobRequest, depth: int = 0) -> JobSpec:
-        """Validate a request and its chain of follow-ups (each gets its id now, so it is written once)."""
+        """Validate a request and its chain of follow-ups (each gets its id now, so it is written once).
+
+        With cells, the request is placed (`Placement.cell_for`) and built by its cell's registry; a cell's
+        registry tags the ids it makes with the cell and refuses a `cell=` naming another cell: follow-ups,
+        children and group members stay in their parent's cell."""
+        if self.placement is not None:
+            cell = self.cell_for(request.cell, request.queue, request.type, request.configuration)
+            return self.cell_registries[cell].build_job_spec(request, depth)
         settings = self.settings
         spec = build_spec(
             request, self.job_defaults(request.type), settings.default_max_attempts, settings.max_payload_bytes
         )
+        if request.cell is not None or self.cell is not None:
+            spec = dataclasses.replace(spec, id=self.cell_job_id(spec.id, request.cell))
         if settings.encryption_keys:
             spec = seal_spec(spec, self.keyring_or_fail(), settings.max_payload_bytes)
         if request.then is None:
@@ -193,6 +241,37 @@ class Registry:
         if depth >= MAX_CHAIN:
             raise InvalidJobError(f"a chain of then= may hold at most {MAX_CHAIN} follow-ups")
         return dataclasses.replace(spec, then=spec_json(self.build_job_spec(request.then, depth + 1)))
+
+    def cell_for(
+        self, cell: object, queue: object, job_type: object, configuration: Mapping[str, Any] | None = None
+    ) -> str:
+        """The cell a job goes to (an App with cells): its `cell`, else the routing function's answer, else
+        its queue's (the handler's queue when none is given), else the first. An answer of the router
+        that is no cell raises `InvalidJobError` naming it, before anything is written."""
+        assert self.placement is not None, "called with cells"
+        if cell is None and self.cell_router is not None and isinstance(job_type, str):
+            routed = self.cell_router(job_type, configuration if configuration is not None else {})
+            if routed is not None:
+                if not isinstance(routed, str) or routed not in self.placement.names:
+                    raise InvalidJobError(
+                        f"cell_router placed a job of type {job_type!r} in {routed!r}, which is not one of this "
+                        f"App's cells ({', '.join(self.placement.names)})"
+                    )
+                return routed
+        if queue is None and isinstance(job_type, str):
+            queue = self.job_defaults(job_type).queue
+        return self.placement.cell_for(cell, queue)
+
+    def cell_job_id(self, job_id: uuid.UUID, cell: object = None) -> uuid.UUID:
+        """`job_id` tagged with this registry's cell; `cell=` must name that cell (or be None)."""
+        if self.cell is None:
+            raise InvalidJobError(f"cell={cell!r}: this App has no cells (configure App(cells=...) to place jobs)")
+        if cell is not None and cell != self.cell:
+            raise InvalidJobError(
+                f"cell={cell!r}: this job goes to cell {self.cell!r} (a follow-up, child or group member stays in "
+                "its parent's cell, and a cell's App writes in its own database only)"
+            )
+        return tagged(job_id, self.cell_tag)
 
     def periodic_spec(self, name: str, job_type: str, **options: Unpack[PeriodicOptions]) -> PeriodicSpec:
         """A periodic job, validated; its queue and priority default to its handler's."""

@@ -73,6 +73,9 @@ class JobRequest:
     #: at most `MAX_TAGS` non-blank strings of at most `MAX_TAG_CHARACTERS` characters each; repeats are
     #: dropped (the first kept, in order), and an empty list is no tags.
     tags: Sequence[str] | None = None
+    #: The cell the job lives in, for an App with cells (SPEC 23): over `queue_cells`; None: its queue's
+    #: cell, else the first. A follow-up, a child or a group member stays in its parent's cell.
+    cell: str | None = None
 
 
 class JobOptions(TypedDict, total=False):
@@ -95,6 +98,7 @@ class JobOptions(TypedDict, total=False):
     unique_for: float | timedelta | None
     debounce: float | timedelta | None
     tags: Sequence[str] | None
+    cell: str | None
 
 
 def check_options(what: str, given: Mapping[str, object], known: frozenset[str]) -> None:

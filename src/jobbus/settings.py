@@ -20,6 +20,8 @@ from typing import Any
 logger = logging.getLogger("jobbus.settings")
 
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+#: A cell's name (SPEC 23): 1 to 63 of lower-case letters, digits, `_` and `-`.
+_CELL_NAME = re.compile(r"^[a-z0-9_-]{1,63}$")
 #: Schemas PostgreSQL keeps for itself (`pg_*` cannot be created) or that every role shares.
 _RESERVED_SCHEMAS = frozenset({"public", "information_schema"})
 
@@ -190,9 +192,19 @@ class Settings:
     #: How long entries of the audit trail are kept before the leader deletes them (at least a day,
     #: default 90 days); None keeps them forever.
     retention_audit_seconds: float | None = 7776000.0
+    #: Cells (SPEC 23): name → DSN, in order, the first the default, instead of `dsn`; None: one database.
+    #: `JOBBUS_CELLS` writes them as `name=dsn` pairs separated by `;`.
+    cells: dict[str, str] | None = None
+    #: Queue → the cell its jobs live in (needs `cells`); a queue not named lives in the first cell.
+    #: `JOBBUS_QUEUE_CELLS` writes them as `queue=cell` pairs separated by `;`.
+    queue_cells: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
         validate_schema_name(self.schema)
+        if self.cells is not None or self.queue_cells is not None:
+            cells, queue_cells = validate_cells(self.cells, self.queue_cells, self.dsn, self.listen_dsn)
+            object.__setattr__(self, "cells", cells)
+            object.__setattr__(self, "queue_cells", queue_cells)
         if not isinstance(self.encryption_keys, tuple):  # dataclasses.replace (App.reconfigure) does not coerce
             object.__setattr__(self, "encryption_keys", _keys("encryption_keys", self.encryption_keys))
         for name, bounds in BOUNDS.items():
@@ -272,7 +284,70 @@ class Settings:
                 values[name] = _coerce(name, str(field.type), overrides[name], variable)
             elif variable in env:
                 values[name] = _coerce(name, str(field.type), env[variable], variable, from_environment=True)
+        if values.get("dsn") and values.get("cells"):
+            # One database or cells: a keyword wins over the other's variable, as it does for any setting.
+            if overrides.get("cells") is not None and overrides.get("dsn") is None:
+                del values["dsn"]
+            elif overrides.get("dsn") is not None and overrides.get("cells") is None:
+                del values["cells"]
+                if overrides.get("queue_cells") is None:
+                    values.pop("queue_cells", None)
         return cls(**values)
+
+
+def validate_cells(
+    cells: object, queue_cells: object, dsn: str | None, listen_dsn: str | None
+) -> tuple[dict[str, str] | None, dict[str, str] | None]:
+    """`cells` and `queue_cells` checked and copied (a `name=dsn;...` string is read as the environment
+    writes it), or a `ValueError` that names the setting at fault."""
+    cell_map = _pairs("cells", "name=dsn", cells) if cells is not None else None
+    queue_map = _pairs("queue_cells", "queue=cell", queue_cells) if queue_cells is not None else None
+    if not cell_map:
+        if cells is not None:
+            raise ValueError("cells must name at least one cell (name → dsn); leave it out for one database")
+        if queue_map:
+            raise ValueError("queue_cells places queues in cells: it needs cells too")
+        return None, None
+    if dsn:
+        raise ValueError("dsn and cells are both given: give cells (several databases) or dsn (one), not both")
+    if listen_dsn:
+        raise ValueError("listen_dsn names one database and cells are several: leave listen_dsn out with cells")
+    for name, cell_dsn in cell_map.items():
+        if not _CELL_NAME.match(name):
+            raise ValueError(
+                f"cells: {name!r} is not a valid cell name (1 to 63 of lower-case letters, digits, '_' and '-')"
+            )
+        if not cell_dsn.strip():
+            raise ValueError(f"cells: cell {name!r} has an empty dsn")
+    for queue, cell in (queue_map or {}).items():
+        if not queue.strip() or len(queue.encode(errors="replace")) > 255:
+            raise ValueError(f"queue_cells: {queue!r} is not a queue name (1 to 255 bytes)")
+        if cell not in cell_map:
+            raise ValueError(
+                f"queue_cells: queue {queue!r} is placed in cell {cell!r}, which is not one of the cells "
+                f"({', '.join(cell_map)})"
+            )
+    return cell_map, queue_map
+
+
+def _pairs(name: str, form: str, value: object) -> dict[str, str]:
+    """A mapping of strings to strings, in order, from a mapping or from `a=x;b=y` text (repeats refused)."""
+    if isinstance(value, str):
+        pairs: dict[str, str] = {}
+        for part in value.split(";"):
+            if not part.strip():
+                continue
+            key, equals, text = part.partition("=")
+            key = key.strip()
+            if not equals or not key:
+                raise ValueError(f"{name}: {redact(part.strip())!r} is not a {form} pair (pairs are separated by ';')")
+            if key in pairs:
+                raise ValueError(f"{name}: {key!r} is given twice")
+            pairs[key] = text.strip()
+        return pairs
+    if isinstance(value, Mapping) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        return dict(value)
+    raise ValueError(f"{name} must be a mapping of strings ({form}) or '{form};...' text, got {type(value).__name__}")
 
 
 def _nullable(name: str) -> bool:
@@ -282,6 +357,8 @@ def _nullable(name: str) -> bool:
 def _shown(name: str, value: object) -> str:
     if name in ("dsn", "listen_dsn") and isinstance(value, str):
         return repr(redact(value))
+    if name == "cells" and isinstance(value, dict):
+        return repr({cell: redact(dsn) for cell, dsn in value.items()})
     if name == "encryption_keys" and isinstance(value, tuple):
         return f"<{len(value)} key{'' if len(value) == 1 else 's'}>"
     return repr(value)
@@ -326,6 +403,10 @@ def _coerce(name: str, type_name: str, value: Any, variable: str, *, from_enviro
     kind = kinds[0]
     if kind.startswith("tuple"):
         return _keys(name, value)
+    if kind.startswith("dict"):
+        if value is None or (from_environment and value.strip().lower() in _NONE_WORDS):
+            return None
+        return value  # checked by validate_cells
     if value is None or (from_environment and "None" in kinds and value.strip().lower() in _NONE_WORDS):
         if "None" in kinds:
             return None

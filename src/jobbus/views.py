@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from functools import cache
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 
@@ -277,6 +277,18 @@ async def pairs(app: App, view: str) -> list[tuple[str, str]]:
 async def jobs_of(app: App, page: Page) -> list[Job]:
     """The jobs of a page read whole (every column, the configuration and result included), in its order."""
     return await _run(app, app.store.find_jobs([job.id for job in page.jobs]))
+
+
+def order_of(view: str, filters: Filters = ANY) -> tuple[Callable[[Job], tuple[Any, ...]], bool]:
+    """The sort key of `view`'s order and whether it runs from the largest key (the order `page` reads
+    in), so that pages of several cells (SPEC 23) merge into the one order."""
+    if filters.group_id is not None:
+        return (lambda job: (job.id,)), True
+    if view in (*FINISHED, "finished"):
+        return (lambda job: (job.finished_at, job.id)), True
+    if view == "running":
+        return (lambda job: (job.started_at, job.id)), True
+    return (lambda job: (job.available_at, job.id)), False
 
 
 def cursor_after(view: str, job: Job) -> Cursor:

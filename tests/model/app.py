@@ -60,12 +60,15 @@ WORKER = os.environ.get("MODEL_WORKER_ID", "")
 
 
 class _Log:
-    """One connection per process for async handlers, one per thread for sync ones; reconnect and retry."""
+    """One connection per database per process for async handlers, one per database per thread for sync
+    ones; reconnect and retry. With cells (SPEC 23) a row goes to the database of the job it is about
+    (found once per job), a row about no job to every cell's."""
 
     def __init__(self) -> None:
-        self._async: psycopg.AsyncConnection[Any] | None = None
+        self._async: dict[str, psycopg.AsyncConnection[Any]] = {}
         self._lock: asyncio.Lock | None = None
         self._local = threading.local()
+        self._cell_of: dict[uuid.UUID, str] = {}
 
     def _row(self, kind: str, job: Any, detail: dict[str, Any]) -> dict[str, Any]:
         return {
@@ -79,40 +82,77 @@ class _Log:
             "detail": Jsonb(detail),
         }
 
-    async def write(self, kind: str, job: Any, **detail: Any) -> None:
+    @staticmethod
+    def _databases() -> list[str]:
+        cells = app.cells
+        return [cell.settings.dsn or "" for cell in cells.values()] if cells else [app.dsn]
+
+    async def write(self, kind: str, job: Any, about: uuid.UUID | None = None, **detail: Any) -> None:
         row = self._row(kind, job, detail)
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
-            for attempt in range(200):
-                try:
-                    if self._async is None or self._async.closed:
-                        self._async = await psycopg.AsyncConnection.connect(
-                            app.dsn, autocommit=True, application_name=LOG_APPLICATION, connect_timeout=5
-                        )
-                    await self._async.execute(INSERT, row)
-                    return
-                except psycopg.OperationalError:
-                    self._async = None
-                    await asyncio.sleep(min(0.05 * (attempt + 1), 1.0))
-        raise RuntimeError(f"model log: could not write {kind}")
+            job_id = job.id if job is not None else about
+            for dsn in await self._where(job_id):
+                await self._execute(dsn, INSERT, row)
+
+    async def _where(self, job_id: uuid.UUID | None) -> list[str]:
+        databases = self._databases()
+        if len(databases) == 1 or job_id is None:
+            return databases
+        if job_id not in self._cell_of:
+            for dsn in databases:
+                if await self._execute(dsn, "SELECT 1 FROM jobbus.job WHERE id = %(id)s", {"id": job_id}):
+                    self._cell_of[job_id] = dsn
+                    break
+            else:
+                return databases[:1]  # deleted already: nothing of it is read from any cell
+        return [self._cell_of[job_id]]
+
+    async def _execute(self, dsn: str, query: str, params: dict[str, Any]) -> bool:
+        """Run `query` on this process's connection to `dsn`; whether it returned a row."""
+        for attempt in range(200):
+            try:
+                conn = self._async.get(dsn)
+                if conn is None or conn.closed:
+                    conn = self._async[dsn] = await psycopg.AsyncConnection.connect(
+                        dsn, autocommit=True, application_name=LOG_APPLICATION, connect_timeout=5
+                    )
+                cursor = await conn.execute(query, params)
+                return cursor.description is not None and await cursor.fetchone() is not None
+            except psycopg.OperationalError:
+                self._async.pop(dsn, None)
+                await asyncio.sleep(min(0.05 * (attempt + 1), 1.0))
+        raise RuntimeError(f"model log: could not run {query[:40]!r}")
 
     def write_sync(self, kind: str, job: Any, **detail: Any) -> None:
         row = self._row(kind, job, detail)
+        databases = self._databases()
+        if len(databases) > 1 and job is not None:
+            if job.id not in self._cell_of:
+                for dsn in databases:
+                    if self._execute_sync(dsn, "SELECT 1 FROM jobbus.job WHERE id = %(id)s", {"id": job.id}):
+                        self._cell_of[job.id] = dsn
+                        break
+            databases = [self._cell_of.get(job.id, databases[0])]
+        for dsn in databases:
+            self._execute_sync(dsn, INSERT, row)
+
+    def _execute_sync(self, dsn: str, query: str, params: dict[str, Any]) -> bool:
+        conns: dict[str, psycopg.Connection[Any]] = self._local.__dict__.setdefault("conns", {})
         for attempt in range(200):
-            conn: psycopg.Connection[Any] | None = getattr(self._local, "conn", None)
             try:
+                conn = conns.get(dsn)
                 if conn is None or conn.closed:
-                    conn = psycopg.connect(
-                        app.dsn, autocommit=True, application_name=LOG_APPLICATION, connect_timeout=5
+                    conn = conns[dsn] = psycopg.connect(
+                        dsn, autocommit=True, application_name=LOG_APPLICATION, connect_timeout=5
                     )
-                    self._local.conn = conn
-                conn.execute(INSERT, row)
-                return
+                cursor = conn.execute(query, params)
+                return cursor.description is not None and cursor.fetchone() is not None
             except psycopg.OperationalError:
-                self._local.conn = None
+                conns.pop(dsn, None)
                 time.sleep(min(0.05 * (attempt + 1), 1.0))
-        raise RuntimeError(f"model log: could not write {kind}")
+        raise RuntimeError(f"model log: could not run {query[:40]!r}")
 
 
 log = _Log()
@@ -348,4 +388,4 @@ async def huge(job: jobbus.JobExecution) -> None:
 
 @app.on(jobbus.JobCompleted)
 async def completed(event: jobbus.JobCompleted) -> None:
-    await log.write("completed", None, completed=str(event.job_id), attempt=event.attempt)
+    await log.write("completed", None, about=event.job_id, completed=str(event.job_id), attempt=event.attempt)

@@ -14,6 +14,7 @@ Everything is timed by the database clock.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import random
@@ -588,10 +589,13 @@ def _job(rng: random.Random, q: QueueSpec, failing: float = 0.0) -> dict[str, An
 class _Fleet:
     """Worker processes, a supervisor that restarts the dead ones, and the log of what it did."""
 
-    def __init__(self, dsn: str, topology: Topology, log: psycopg.Connection[Any], rng: random.Random) -> None:
-        self.dsn = dsn
+    def __init__(
+        self, database: dict[str, str], topology: Topology, logs: list[psycopg.Connection[Any]], rng: random.Random
+    ) -> None:
+        #: The worker processes' database: {"JOBBUS_DSN": dsn}, or {"JOBBUS_CELLS": ...} over several cells.
+        self.database = database
         self.topology = topology
-        self.log = log
+        self.logs = logs
         self.rng = rng
         self.specs = {w.worker_id: w for w in topology.workers}
         self.procs: dict[str, subprocess.Popen[str]] = {}
@@ -605,17 +609,20 @@ class _Fleet:
             self.spawn(spec.worker_id, spec.worker_id)
 
     def note(self, kind: str, pid: int | None = None, **detail: Any) -> None:
-        self.log.execute(
-            "INSERT INTO public.model_log (id, kind, worker, pid, detail) VALUES (%s, %s, %s, %s, %s)",
-            (uuid.uuid4(), kind, detail.get("worker"), pid, Jsonb(detail)),
-        )
+        """Into the log of every cell: each cell's history has the whole fleet's processes."""
+        for log in self.logs:
+            log.execute(
+                "INSERT INTO public.model_log (id, kind, worker, pid, detail) VALUES (%s, %s, %s, %s, %s)",
+                (uuid.uuid4(), kind, detail.get("worker"), pid, Jsonb(detail)),
+            )
 
     def spawn(self, spec_id: str, worker_id: str) -> None:
         spec = self.specs[spec_id]
         args = ["--worker-id", worker_id, "--concurrency", str(spec.concurrency), "--shutdown-timeout", "10"]
         for q in spec.queues:
             args += ["--queue", q]
-        env = {**os.environ, "JOBBUS_DSN": self.dsn, "PYTHONUNBUFFERED": "1", "MODEL_WORKER_ID": worker_id}
+        env = {k: v for k, v in os.environ.items() if k not in ("JOBBUS_DSN", "JOBBUS_CELLS")}
+        env.update(self.database, PYTHONUNBUFFERED="1", MODEL_WORKER_ID=worker_id)
         env.update(WORKER_ENV)
         env.update(batch_env(self.topology.seed))
         out = (LOGS / f"seed{self.topology.seed}-{worker_id}.log").open("a")
@@ -710,70 +717,122 @@ class _Fleet:
 
 async def run(topology: Topology, dsn: str) -> History:
     """Play the topology's timeline against real workers on `dsn` (a migrated database of its own)."""
+    (history,) = await run_cells(topology, [dsn])
+    return history
+
+
+@dataclass
+class _Cell:
+    """One database of a run: its log and driver connections, its producer, and what its play expects."""
+
+    dsn: str
+    log: psycopg.Connection[Any]
+    state: _State
+    app: jobbus.App
+    expected: dict[str, str] = field(default_factory=dict)
+    late: list[tuple[str, str]] = field(default_factory=list)
+    quiet_from: float = 0.0
+
+
+async def run_cells(topology: Topology, dsns: list[str]) -> list[History]:
+    """Play the topology's timeline in each of `dsns` (migrated databases of their own) at once, against
+    one fleet of real workers: over several databases, cells (SPEC 23), each worker serving every cell
+    within its one concurrency and each fault hitting all its cells. One history per cell: every
+    guarantee holds within a cell."""
     rng = random.Random(topology.seed * 7919 + 1)
-    with (
-        psycopg.connect(dsn, autocommit=True, application_name=LOG_APPLICATION) as log,
-        psycopg.connect(dsn, autocommit=True, application_name=DRIVER_APPLICATION) as sql,
-    ):
-        log.execute(LOG_DDL)
-        log.execute(CHANGES_DDL)
-        state = _State(sql)
-        state.dsn = make_conninfo(dsn, application_name=DRIVER_APPLICATION)
-        log.execute("CREATE SEQUENCE public.model_keyed_seq")
-        # The producer's own connections are not the fault injector's target: the workers' are.
-        app = jobbus.App(dsn=make_conninfo(dsn, application_name=DRIVER_APPLICATION), database_wait_seconds=60)
-        async with app:
-            for q in topology.queues:
-                await _set_limits(app, log, q.name, q.concurrency, q.per_key, q.rate, q.rate_per_key)
-            for name, every, queue, overlap in topology.periodics:
-                await app.add_periodic(
-                    name,
-                    type="model.work",
-                    every=timedelta(seconds=every),
-                    configuration={"sleep": 0.1},
-                    queue=queue,
-                    overlap=overlap,
-                )
-            expected: dict[str, str] = {}
-            late: list[tuple[str, str]] = []
-            fleet = _Fleet(dsn, topology, log, rng)
+    with contextlib.ExitStack() as stack:
+        cells: list[_Cell] = []
+        for dsn in dsns:
+            log = stack.enter_context(psycopg.connect(dsn, autocommit=True, application_name=LOG_APPLICATION))
+            sql = stack.enter_context(psycopg.connect(dsn, autocommit=True, application_name=DRIVER_APPLICATION))
+            log.execute(LOG_DDL)
+            log.execute(CHANGES_DDL)
+            log.execute("CREATE SEQUENCE public.model_keyed_seq")
+            state = _State(sql)
+            state.dsn = make_conninfo(dsn, application_name=DRIVER_APPLICATION)
+            # The producer's own connections are not the fault injector's target: the workers' are.
+            app = jobbus.App(dsn=state.dsn, database_wait_seconds=60)
+            cells.append(_Cell(dsn, log, state, app))
+        for cell in cells:
+            await cell.app.open()
+        try:
+            for cell in cells:
+                await _declare(cell.app, cell.log, topology)
+            if len(dsns) == 1:
+                database = {"JOBBUS_DSN": dsns[0]}
+            else:
+                database = {"JOBBUS_CELLS": ";".join(f"c{i}={dsn}" for i, dsn in enumerate(dsns))}
+            fleet = _Fleet(database, topology, [cell.log for cell in cells], rng)
             try:
-                await _ready(fleet, topology, log)
-                await _play(app, fleet, topology, log, expected, late, state)
-                quiet_from = _db_now(log)
-                await _quiet(app, fleet, topology, log)
+                await _ready(fleet, topology, [cell.log for cell in cells])
+                await asyncio.gather(
+                    *(
+                        _play(cell.app, fleet, topology, cell.log, cell.expected, cell.late, cell.state)
+                        for cell in cells
+                    )
+                )
+                for cell in cells:
+                    cell.quiet_from = _db_now(cell.log)
+                await asyncio.gather(*(_quiet(cell.app, fleet, topology, cell.log) for cell in cells))
             finally:
                 await fleet.stop()
-            periodic_next = {
-                name: (_epoch(next_run), _epoch(last))
-                for name, next_run, last in log.execute(
-                    "SELECT name, next_run_at, last_tick FROM public.model_periodic_end"
-                ).fetchall()
-            }
-        history = _read(log, topology, expected, late, fleet.unexpected, quiet_from, periodic_next)
-        history.ops, history.secrets, history.exercised = state.ops, state.secrets, state.exercised
-        history.keyed_calls = state.keyed
-        history.moves = state.moves
-        history.refused_moves = state.refused_moves
-        history.audit = [
-            (action, target, details)
-            for action, target, details in log.execute(
-                "SELECT action, target, details FROM jobbus.audit_log ORDER BY at, id"
-            ).fetchall()
-        ]
-        return history
+        finally:
+            for cell in cells:
+                await cell.app.close()
+        return [_history(cell, topology, fleet) for cell in cells]
 
 
-async def _ready(fleet: _Fleet, topology: Topology, log: psycopg.Connection[Any]) -> None:
-    """Wait for every worker to be registered and a leader elected: the timeline starts then."""
+async def _declare(app: jobbus.App, log: psycopg.Connection[Any], topology: Topology) -> None:
+    """The topology's queue limits and periodic jobs, in one database."""
+    for q in topology.queues:
+        await _set_limits(app, log, q.name, q.concurrency, q.per_key, q.rate, q.rate_per_key)
+    for name, every, queue, overlap in topology.periodics:
+        await app.add_periodic(
+            name,
+            type="model.work",
+            every=timedelta(seconds=every),
+            configuration={"sleep": 0.1},
+            queue=queue,
+            overlap=overlap,
+        )
+
+
+def _history(cell: _Cell, topology: Topology, fleet: _Fleet) -> History:
+    log = cell.log
+    periodic_next = {
+        name: (_epoch(next_run), _epoch(last))
+        for name, next_run, last in log.execute(
+            "SELECT name, next_run_at, last_tick FROM public.model_periodic_end"
+        ).fetchall()
+    }
+    history = _read(log, topology, cell.expected, cell.late, fleet.unexpected, cell.quiet_from, periodic_next)
+    state = cell.state
+    history.ops, history.secrets, history.exercised = state.ops, state.secrets, state.exercised
+    history.keyed_calls = state.keyed
+    history.moves = state.moves
+    history.refused_moves = state.refused_moves
+    history.audit = [
+        (action, target, details)
+        for action, target, details in log.execute(
+            "SELECT action, target, details FROM jobbus.audit_log ORDER BY at, id"
+        ).fetchall()
+    ]
+    return history
+
+
+async def _ready(fleet: _Fleet, topology: Topology, logs: list[psycopg.Connection[Any]]) -> None:
+    """Wait for every worker to be registered and a leader elected in every database: the timeline starts then."""
     deadline = time.monotonic() + READY_TIMEOUT
     while time.monotonic() < deadline:
         fleet.supervise()
-        row = log.execute(
-            "SELECT (SELECT count(*) FROM jobbus.worker WHERE stopped_at IS NULL),"
-            " EXISTS (SELECT 1 FROM jobbus.leader WHERE expires_at > clock_timestamp())"
-        ).fetchone()
-        if row is not None and row[0] >= len(topology.workers) and row[1]:
+        ready = True
+        for log in logs:
+            row = log.execute(
+                "SELECT (SELECT count(*) FROM jobbus.worker WHERE stopped_at IS NULL),"
+                " EXISTS (SELECT 1 FROM jobbus.leader WHERE expires_at > clock_timestamp())"
+            ).fetchone()
+            ready = ready and row is not None and row[0] >= len(topology.workers) and row[1]
+        if ready:
             return
         await asyncio.sleep(0.2)
     raise AssertionError(f"the workers were not all up and led after {READY_TIMEOUT:g} s")
@@ -1498,6 +1557,13 @@ def check_seed(
     topology = generate(seed, duration, single_queue_workers=single_queue_workers)
     history = asyncio.run(run(topology, dsn))
     return topology, check(history)
+
+
+def check_cells(seed: int, dsns: list[str], duration: float = 25.0) -> tuple[Topology, list[Report]]:
+    """Generate one seed and run it in every database of `dsns` at once, as cells served by one fleet of
+    workers (`run_cells`); one report per cell."""
+    topology = generate(seed, duration)
+    return topology, [check(history) for history in asyncio.run(run_cells(topology, dsns))]
 
 
 def explain(topology: Topology, report: Report) -> str:

@@ -15,8 +15,18 @@ import psycopg
 import pytest
 
 from jobbus.encryption import generate_key
-from tests.model.history import Violation
-from tests.model.run import EXPIRY_VARIANTS, PART_THREE, SECRET_SHAPES, check_seed, explain, generate
+from tests.dbserver import fresh_database
+from tests.model.history import Report, Violation
+from tests.model.run import (
+    EXPIRY_VARIANTS,
+    PART_THREE,
+    SECRET_SHAPES,
+    Topology,
+    check_cells,
+    check_seed,
+    explain,
+    generate,
+)
 
 #: (seed, single_queue_workers): three full models and one whose workers serve one queue each, where
 #: the limits are checked strictly today (item 1 of issue 21 needs a worker serving several queues).
@@ -53,6 +63,23 @@ def test_model_check(seed: int, single_queue_workers: bool, dsn: str) -> None:
     assert report.exercised.get("consume", 0) + report.exercised.get("consume:unlimited", 0) == len(spends)
     if any(j.get("weight", 1) > 1 for a in topology.timeline if a.kind in ("jobs", "hog") for j in a.args["jobs"]):
         assert report.exercised.get("weight:scheduled", 0) + report.exercised.get("weight:refused", 0) > 0
+    _no_unknown_violation(topology, report)
+
+
+@pytest.mark.timeout(480)
+def test_model_check_over_two_cells(dsn: str, admin_dsn: str, template_db: str) -> None:
+    """The same timeline played in two cells at once (SPEC 23), by one fleet of workers that each serve both
+    within one concurrency, every fault hitting both: each cell's history keeps every guarantee."""
+    with fresh_database(admin_dsn, template_db) as second:
+        topology, reports = check_cells(4, [dsn, second], DURATION)
+    for cell, report in zip(("first", "second"), reports, strict=True):
+        print(f"the {cell} cell:\n{explain(topology, report)}")
+        played = {kind.removesuffix(":missed") for kind in report.exercised}
+        assert set(PART_THREE) <= played, f"the {cell} cell did not play: {sorted(set(PART_THREE) - played)}"
+        _no_unknown_violation(topology, report)
+
+
+def _no_unknown_violation(topology: Topology, report: Report) -> None:
     reasons = [known_hole(v) for v in report.violations]
     unknown = [v for v, reason in zip(report.violations, reasons, strict=True) if reason is None]
     assert not unknown, explain(topology, report)

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from typing import Any
 
 import click
 
 from jobbus import control
+from jobbus.app import App
 from jobbus.cli import exit_codes
+from jobbus.cli.cells import CellTarget, admin_cells, cell_option, reachable, report_unreachable
 from jobbus.cli.errors import UsageProblem, fail, run
 from jobbus.cli.options import dsn_option, json_option
-from jobbus.cli.output import admin_app, print_json
+from jobbus.cli.output import print_json
 
 _SHORT: dict[control.Action, str] = {
     "pause": "Stop claiming on a target; durable until resume.",
@@ -68,6 +71,7 @@ def _control_command(action: control.Action) -> click.Command:
         help="With --wait: give up after S seconds, exit 1 and name the workers that did not acknowledge.",
     )
     @json_option
+    @cell_option
     @dsn_option
     def command(
         worker_id: str | None,
@@ -76,6 +80,7 @@ def _control_command(action: control.Action) -> click.Command:
         wait: bool,
         timeout: float,
         as_json: bool,
+        cells: tuple[str, ...],
         dsn: str | None,
     ) -> None:
         try:
@@ -83,11 +88,20 @@ def _control_command(action: control.Action) -> click.Command:
         except ValueError:
             raise UsageProblem(f"{action} needs exactly one target: --worker-id ID, --queue Q or --all") from None
 
+        async def issue(app: App) -> tuple[control.CommandIssued, control.AckReport | None]:
+            issued = await control.issue(app, action, target)
+            return issued, await control.wait_for_acks(app, issued, timeout) if wait else None
+
         async def body() -> int:
-            async with admin_app(dsn) as app:
-                issued = await control.issue(app, action, target)
-                report = await control.wait_for_acks(app, issued, timeout) if wait else None
-            return _report(issued, report, timeout, as_json)
+            async with admin_cells(dsn, cells) as targets:
+                open_targets = reachable(targets)
+                results = await asyncio.gather(*(issue(app) for _, app in open_targets))
+            done = [(where, issued, report) for (where, _), (issued, report) in zip(open_targets, results, strict=True)]
+            if as_json:
+                entries = [where.tagged(_issued_dict(issued, report)) for where, issued, report in done]
+                print_json(entries[0] if targets[0].name is None else entries)
+            codes = [_report(where, issued, report, timeout, as_json) for where, issued, report in done]
+            return report_unreachable(targets) or max(codes, default=exit_codes.OK)
 
         sys.exit(run(body))
 
@@ -98,18 +112,22 @@ def _control_command(action: control.Action) -> click.Command:
         f"  jobbus {action} --queue emails\n"
         f"  jobbus {action} --all --wait --timeout 60\n"
         f"  jobbus {action} --worker-id worker-7f9c --wait\n\n"
+        "With cells (JOBBUS_CELLS) it acts in every cell, or in those given with --cell; --json prints one\n"
+        "object per cell, each with its `cell`.\n\n"
         "Exit codes: 0 issued (and acknowledged with --wait), 1 --wait timed out, 64 bad usage (no target or\n"
-        "several), 69 database unreachable, 78 schema missing."
+        "several), 69 database (or a cell's) unreachable, 78 schema missing."
     )
     command.short_help = _SHORT[action]
     return command
 
 
-def _report(issued: control.CommandIssued, report: control.AckReport | None, timeout: float, as_json: bool) -> int:
+def _report(
+    where: CellTarget, issued: control.CommandIssued, report: control.AckReport | None, timeout: float, as_json: bool
+) -> int:
     code = exit_codes.OK if report is None or report.complete else exit_codes.FAILURE
-    if as_json:
-        print_json(_issued_dict(issued, report))
-    else:
+    if not as_json:
+        if where.name is not None:
+            click.echo(f"cell {where.name}:")
         _echo_human(issued, report)
     if report is not None and not report.complete:
         parts = []
@@ -122,7 +140,8 @@ def _report(issued: control.CommandIssued, report: control.AckReport | None, tim
                 f"{', '.join(report.unreachable)} (not reached: silent, or restarted under the same id before "
                 "applying it; a silent worker applies it when it is back)"
             )
-        return fail(f"{issued.action} not acknowledged within {timeout:g} s by: {'; '.join(parts)}", code)
+        within = "" if where.name is None else f" in cell {where.name}"
+        return fail(f"{issued.action} not acknowledged{within} within {timeout:g} s by: {'; '.join(parts)}", code)
     return code
 
 

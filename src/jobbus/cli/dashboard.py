@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import ipaddress
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from jobbus.cli.errors import DatabaseUnavailable as CliDatabaseUnavailable
 from jobbus.cli.errors import PortInUse, UsageProblem, probe_database, run
 from jobbus.cli.loading import open_app
 
@@ -151,7 +153,10 @@ def dashboard_command(
 
     async def body() -> int:
         async with open_app(app_spec, dsn) as app:
-            await probe_database(app.dsn)
+            if app.cells:
+                await probe_cells(app)
+            else:
+                await probe_database(app.dsn)
             with StopSignals() as stopping:  # from before it says where it serves to the end: exit 0
                 sock = bind_port(host, port)
                 logging.getLogger("jobbus.dashboard").info(
@@ -243,7 +248,7 @@ async def serve_dashboard(
             timeout_graceful_shutdown=SHUTDOWN_SECONDS,
             proxy_headers=not proxy,
         )
-        live = asgi.state.dashboard.live
+        dashboard = asgi.state.dashboard
 
         class Server(uvicorn.Server):
             async def startup(self, sockets: list[socket.socket] | None = None) -> None:
@@ -254,10 +259,29 @@ async def serve_dashboard(
                 await super().startup(sockets)
 
             def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-                live.end_streams()  # open tabs reconnect to whatever serves next
+                dashboard.end_streams()  # open tabs reconnect to whatever serves next
                 super().handle_exit(sig, frame)
 
         await Server(config).serve(sockets=[sock])
+
+
+async def probe_cells(app: App) -> None:
+    """Over cells (`JOBBUS_CELLS`): each cell probed side by side; a cell that cannot be reached is named
+    in the log and shown as down by the dashboard, which serves the others. Exit 69 when none can be
+    reached, 78 for a malformed DSN, as with one database."""
+    logger = logging.getLogger("jobbus.dashboard")
+    names = list(app.cells)
+    found = await asyncio.gather(
+        *(probe_database(cell.settings.dsn or "") for cell in app.cells.values()), return_exceptions=True
+    )
+    for outcome in found:
+        if isinstance(outcome, BaseException) and not isinstance(outcome, CliDatabaseUnavailable):
+            raise outcome  # a malformed DSN (exit 78) is a configuration error, whichever cell has it
+    down = [(name, outcome) for name, outcome in zip(names, found, strict=True) if outcome is not None]
+    if len(down) == len(names):
+        raise CliDatabaseUnavailable("; ".join(f"cell {name}: {outcome}" for name, outcome in down))
+    for name, outcome in down:
+        logger.warning("cell %s: %s (its pages say so until it is back)", name, outcome)
 
 
 def bind_port(host: str, port: int) -> socket.socket:

@@ -22,6 +22,7 @@ from jobbus.cli.loading import AppLoadError
 from jobbus.cli.text import visible
 from jobbus.encryption import EncryptionUnavailableError
 from jobbus.errors import (
+    CellRequiredError,
     DatabaseUnavailableError,
     InvalidJobError,
     InvalidStateError,
@@ -94,6 +95,12 @@ def run(coroutine_factory: Callable[[], Coroutine[Any, Any, int]]) -> int:
         return fail(str(exc), exit_codes.FAILURE)
     except InvalidJobError as exc:
         return fail(str(exc), exit_codes.USAGE)
+    except CellRequiredError:
+        return fail(
+            "this command acts on one database and JOBBUS_CELLS names several: give the database of one cell "
+            "with --dsn (or JOBBUS_DSN without JOBBUS_CELLS)",
+            exit_codes.USAGE,
+        )
     except EncryptionUnavailableError as exc:
         return fail(str(exc), exit_codes.CONFIG)
     except ImportError:  # raised inside the --app module: the user's bug, so its traceback helps
@@ -119,13 +126,13 @@ async def probe_database(dsn: str, timeout: float = 10.0, attempts: int = 3) -> 
             if attempt < attempts:
                 await asyncio.sleep(0.2 * attempt)
                 continue
-            raise DatabaseUnavailable(f"cannot reach the database: {_first_line(exc)}") from None
+            raise DatabaseUnavailable(f"cannot reach the database: {first_line(exc)}") from None
         except psycopg.ProgrammingError as exc:  # libpq refused the connection string itself
-            raise BadDsn(f"the database DSN is not valid: {_first_line(exc)}") from None
+            raise BadDsn(f"the database DSN is not valid: {first_line(exc)}") from None
         await conn.close()
         return
 
 
-def _first_line(exc: Exception) -> str:
+def first_line(exc: Exception) -> str:
     text = str(exc).strip()
     return redact(text.splitlines()[0]) if text else type(exc).__name__

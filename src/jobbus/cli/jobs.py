@@ -15,6 +15,7 @@ from rich.text import Text
 from jobbus import views
 from jobbus.app import App
 from jobbus.cli import exit_codes
+from jobbus.cli.cells import CellTarget, admin_cells, cell_option, reachable, report_unreachable
 from jobbus.cli.errors import UsageProblem, fail, run
 from jobbus.cli.options import check_names, dsn_option, json_option, parse_duration
 from jobbus.cli.output import (
@@ -94,6 +95,7 @@ def jobs_group() -> None:
 @click.option("--after", metavar="CURSOR", help="Where the previous page ended (what it printed, or its last job id).")
 @click.option("--oldest", is_flag=True, help="Without one --status: the oldest jobs first (default: the newest).")
 @json_option
+@cell_option
 @dsn_option
 def list_command(
     statuses: tuple[str, ...],
@@ -107,6 +109,7 @@ def list_command(
     after: str | None,
     oldest: bool,
     as_json: bool,
+    cells: tuple[str, ...],
     dsn: str | None,
 ) -> None:
     """List jobs, filtered; page with --after. Every matching job is reached, page after page.
@@ -133,6 +136,10 @@ def list_command(
     --json prints a list of objects with every column of the job (ids as strings, ISO 8601 times),
     its view (`retrying`, `waiting`, ...), `next_run_at` (a queued job's next start) and
     `waiting_for` (what a parked job waits for).
+
+    With cells (JOBBUS_CELLS): the jobs of every cell, or of those given with --cell, in one order
+    (a page reads a page of each cell and keeps the first --limit); each has its `cell` (a column,
+    and a key of --json).
     """
     check_names("--queue", queues)
     check_names("--type", types)
@@ -140,75 +147,91 @@ def list_command(
     group = _job_id(group_id) if group_id else None
     in_view = len(statuses) == 1
 
+    filters = Filters(queues, types, name, search, group, tags=tag_list)
+
+    async def one_page(app: App, cursor: Cursor | None) -> tuple[list[Job], str | None]:
+        """A page of one database: its jobs and where the next one starts (None: nothing further)."""
+        if in_view:
+            page = await views.page(app, statuses[0], filters, cursor=cursor, limit=limit)
+            return await views.jobs_of(app, page), page.next.encode() if page.next is not None else None
+        jobs = await app.list_jobs(
+            status=list(statuses) or None,
+            queue=list(queues) or None,
+            type=list(types) or None,
+            group_id=group,
+            after=cursor.id if cursor else None,
+            limit=limit,
+            newest_first=not oldest,
+            name=name,
+            search=search,
+            tag=tag_list or None,
+        )
+        return jobs, str(jobs[-1].id) if len(jobs) == limit else None
+
     async def body() -> int:
-        async with admin_app(dsn) as app:
-            if in_view:
-                jobs, more = await _view_page(
-                    app, statuses[0], queues, types, name, search, group, after, limit, tag_list
-                )
-            else:
-                jobs = await app.list_jobs(
-                    status=list(statuses) or None,
-                    queue=list(queues) or None,
-                    type=list(types) or None,
-                    group_id=group,
-                    after=_job_id(after) if after else None,
-                    limit=limit,
-                    newest_first=not oldest,
-                    name=name,
-                    search=search,
-                    tag=tag_list or None,
-                )
-                more = str(jobs[-1].id) if len(jobs) == limit else None
-        jobs = [errors_masked(job) for job in jobs]
+        async with admin_cells(dsn, cells) as targets:
+            open_targets = reachable(targets)
+            cursor = await _cursor(open_targets, statuses[0] if in_view else None, after) if after else None
+            pages = [(where, *await one_page(app, cursor)) for where, app in open_targets]
+        shown_jobs, more = _merged(pages, statuses[0] if in_view else None, filters, oldest, limit)
+        tagged = [(where, errors_masked(job)) for where, job in shown_jobs]
         if as_json:
-            print_json([job_dict(job) for job in jobs])
-            return exit_codes.OK
+            print_json([where.tagged(job_dict(job)) for where, job in tagged])
+            return report_unreachable(targets)
         con = console()
-        if not jobs:
+        if not tagged:
             con.print(Text("no jobs match", style="dim"))
-            return exit_codes.OK
-        con.print(_jobs_table(jobs, con.width))
-        if more is not None:
-            con.print(Text(f"more: --after {more}", style="dim"))
-        return exit_codes.OK
+        else:
+            con.print(_jobs_table(tagged, con.width))
+            if more is not None:
+                con.print(Text(f"more: --after {more}", style="dim"))
+        return report_unreachable(targets)
 
     sys.exit(run(body))
 
 
-async def _view_page(
-    app: App,
-    view: str,
-    queues: tuple[str, ...],
-    types: tuple[str, ...],
-    name: str | None,
-    search: str | None,
-    group: uuid.UUID | None,
-    after: str | None,
-    limit: int,
-    tags: tuple[str, ...] = (),
-) -> tuple[list[Job], str | None]:
-    """One page of a view, read whole, and the cursor of the next one (None: nothing further)."""
-    filters = Filters(queues, types, name, search, group, tags=tags)
-    cursor = await _cursor(app, view, after) if after else None
-    page = await views.page(app, view, filters, cursor=cursor, limit=limit)
-    jobs = await views.jobs_of(app, page)
-    return jobs, page.next.encode() if page.next is not None else None
+def _merged(
+    pages: list[tuple[CellTarget, list[Job], str | None]], view: str | None, filters: Filters, oldest: bool, limit: int
+) -> tuple[list[tuple[CellTarget, Job]], str | None]:
+    """The page of several cells: their pages merged into the list's one order, the first `limit` kept,
+    and where the next page starts (the same cursor reads each cell's next page). One database's page is
+    what it read."""
+    if len(pages) == 1:
+        where, jobs, more = pages[0]
+        return [(where, job) for job in jobs], more
+    if view is not None:
+        key, descending = views.order_of(view, filters)
+    else:
+        key, descending = (lambda job: (job.id,)), not oldest
+    placed = sorted(
+        ((where, job) for where, jobs, _ in pages for job in jobs), key=lambda p: key(p[1]), reverse=descending
+    )
+    kept = placed[:limit]
+    if not kept or (len(placed) <= limit and all(more is None for _, _, more in pages)):
+        return kept, None
+    last = kept[-1][1]
+    return kept, views.cursor_after(view, last).encode() if view is not None else str(last.id)
 
 
-async def _cursor(app: App, view: str, after: str) -> Cursor:
-    """A cursor as a page printed it, or the id of the last job seen (read again for its place)."""
+async def _cursor(targets: list[tuple[CellTarget, App]], view: str | None, after: str) -> Cursor:
+    """Where the page starts: a cursor as a page printed it, or the id of the last job seen (read again,
+    in whichever cell holds it, for its place in `view`; without a view the id is the place)."""
     try:
         job_id = uuid.UUID(after)
     except ValueError:
+        if view is None:
+            raise UsageProblem(f"--after {after!r} is not a job id") from None
         cursor = Cursor.decode(after)
         if cursor is None:
             raise UsageProblem(f"--after {after!r} is neither a cursor a page printed nor a job id") from None
         return cursor
-    job = await app.find(job_id)
-    if job is None:
-        raise UsageProblem(f"--after {after}: no job has this id (any more); start again without --after")
-    return views.cursor_after(view, job)
+    if view is None:
+        return Cursor(job_id)
+    for _, app in targets:
+        job = await app.find(job_id)
+        if job is not None:
+            return views.cursor_after(view, job)
+    raise UsageProblem(f"--after {after}: no job has this id (any more); start again without --after")
 
 
 def _tags(option: str, given: tuple[str, ...]) -> tuple[str, ...]:
@@ -219,6 +242,7 @@ def _tags(option: str, given: tuple[str, ...]) -> tuple[str, ...]:
         raise UsageProblem(str(exc)) from None
 
 
+_CELL_COLUMN = Column("cell", rank=1)
 _JOB_COLUMNS = [
     Column("id", rank=0),
     Column("type", rank=2),
@@ -232,9 +256,11 @@ _JOB_COLUMNS = [
 ]
 
 
-def _jobs_table(jobs: list[Job], width: int) -> Table:
+def _jobs_table(jobs: list[tuple[CellTarget, Job]], width: int) -> Table:
+    cells = any(where.name is not None for where, _ in jobs)
     rows: list[list[str | Text]] = [
         [
+            *([shown(where.name or "")] if cells else []),
             str(job.id),
             shown(job.type),
             shown(job.queue),
@@ -245,9 +271,9 @@ def _jobs_table(jobs: list[Job], width: int) -> Table:
             shown(one_line(job.last_error, 60), style="red"),
             shown(", ".join(job.tags)),
         ]
-        for job in jobs
+        for where, job in jobs
     ]
-    return fitted_table(width, _JOB_COLUMNS, rows)
+    return fitted_table(width, [_CELL_COLUMN, *_JOB_COLUMNS] if cells else _JOB_COLUMNS, rows)
 
 
 def _when(job: Job) -> str:

@@ -20,6 +20,8 @@ from typing import Any, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import click
+import psycopg
+import psycopg_pool
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from rich import box
 from rich.console import Console, JustifyMethod, OverflowMethod
@@ -31,6 +33,7 @@ from jobbus.cli.errors import UsageProblem, probe_database
 from jobbus.cli.text import visible
 from jobbus.control import StatusReport, WorkerInfo
 from jobbus.encryption import placeholder
+from jobbus.errors import DatabaseUnavailableError, SchemaError
 from jobbus.models import Job, JobStatus
 from jobbus.redaction import redact_secrets
 
@@ -54,13 +57,18 @@ STATUS_STYLES = {
 
 
 @contextlib.asynccontextmanager
-async def admin_app(dsn: str | None, *, check_schema: bool = True) -> AsyncIterator[App]:
-    """An open App on the given database (--dsn, else JOBBUS_DSN; settings from JOBBUS_*), schema checked.
+async def admin_app(dsn: str | None, *, check_schema: bool = True, app: App | None = None) -> AsyncIterator[App]:
+    """An open App on the given database (--dsn, else JOBBUS_DSN; settings from JOBBUS_*), schema checked;
+    `app`, when given, is that App already made (its settings read once).
 
     No database given → `UsageProblem` (exit 64); unreachable server → `DatabaseUnavailable` (exit 69);
     schema missing or outdated → `SchemaError` (exit 78), before anything is written.
     """
-    app = App(dsn=dsn)
+    app = App(dsn=dsn) if app is None else app
+    if app.cells:
+        async with _cells_app(app, check_schema) as opened:
+            yield opened
+        return
     if not app.settings.dsn:
         raise UsageProblem("no database: pass --dsn or set JOBBUS_DSN")
     await probe_database(app.settings.dsn)
@@ -69,6 +77,26 @@ async def admin_app(dsn: str | None, *, check_schema: bool = True) -> AsyncItera
     async with app:
         if check_schema:
             await app.check_schema()
+        yield app
+
+
+@contextlib.asynccontextmanager
+async def _cells_app(app: App, check_schema: bool) -> AsyncIterator[App]:
+    """An App with cells (JOBBUS_CELLS), open, for the commands that find a job in its cell (`jobs show`,
+    `cancel`, ...) or place one (`schedule`). A cell that cannot be reached is left to the call that needs
+    it; a cell without its schema is `SchemaError` naming the cell (exit 78)."""
+    if not app.settings.transaction_pooling:
+        cells = app.settings.cells or {}
+        app.reconfigure(cells={name: without_statement_timeout(cell_dsn) for name, cell_dsn in cells.items()})
+    async with app:
+        if check_schema:
+            for name, cell in app.cells.items():
+                try:
+                    await cell.check_schema()
+                except SchemaError as exc:
+                    raise SchemaError(f"cell {name}: {exc}") from None
+                except (psycopg.OperationalError, psycopg_pool.PoolTimeout, DatabaseUnavailableError):
+                    continue
         yield app
 
 

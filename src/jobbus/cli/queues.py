@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
+import time
 from typing import Any
 
 import click
 from rich.table import Table
 from rich.text import Text
 
+from jobbus import control
+from jobbus.app import App
 from jobbus.cli import exit_codes
-from jobbus.cli.errors import UsageProblem, run
+from jobbus.cli.cells import CellTarget, admin_cells, reachable, report_unreachable
+from jobbus.cli.errors import UsageProblem, fail, run
 from jobbus.cli.options import check_names, dsn_option, json_option
 from jobbus.cli.output import admin_app, console, print_json, shown
 from jobbus.cli.suggest import SuggestingGroup
 from jobbus.errors import InvalidJobError
 from jobbus.limits import KEEP, Keep, QueueSettings, RateLimit
+from jobbus.views import Count
 
 
 @click.group("queue", cls=SuggestingGroup)
@@ -27,6 +33,7 @@ def queue_group() -> None:
       jobbus queue set emails --concurrency 20 --concurrency-per-key 1 --rate 100/1m
       jobbus queue set emails --rate none          # remove one limit, keep the others
       jobbus queue list
+      jobbus queue move reports --to eu            # cells: wait until no job is left elsewhere
     """
 
 
@@ -170,3 +177,100 @@ def limits_table(settings: list[QueueSettings], usage: dict[str, tuple[int, int 
             str(s.rate_limit_per_key) if s.rate_limit_per_key is not None else "-",
         )
     return table
+
+
+@queue_group.command("move")
+@click.argument("queue")
+@click.option("--to", "to_cell", required=True, metavar="CELL", help="The cell the queue's jobs live in from now on.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    default=None,
+    metavar="S",
+    help="Give up after S seconds (exit 1), naming what is left; default: wait until it is done.",
+)
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.1, max=3600),
+    default=2.0,
+    show_default=True,
+    metavar="S",
+    help="Seconds between two looks at the other cells.",
+)
+@dsn_option
+def move_command(queue: str, to_cell: str, timeout: float | None, interval: float, dsn: str | None) -> None:
+    """Wait until QUEUE has no job left in any cell but CELL, showing what is left: the last step of
+    moving a queue to another cell without losing a job.
+
+    \b
+    The move (docs/cells.md): first place the queue in its new cell in every producer and worker
+    (queue_cells / JOBBUS_QUEUE_CELLS: QUEUE=CELL), so that new jobs go there, with workers serving
+    both cells; the jobs already in the old cell run there. This command then watches the other
+    cells until none holds a queued (scheduled included) or running job of the queue, printing what
+    is left at each look, and exits 0. Nothing is copied between databases.
+
+    \b
+    Examples:
+      JOBBUS_QUEUE_CELLS="reports=eu" jobbus queue move reports --to eu
+      jobbus queue move reports --to eu --timeout 3600
+
+    Exit codes: 0 the queue has no job left outside CELL, 1 --timeout passed first, 64 bad usage
+    (no cells, an unknown cell, or queue_cells placing QUEUE in another cell), 69 a cell unreachable.
+    """
+    check_names("queue", (queue,))
+
+    async def body() -> int:
+        async with admin_cells(dsn, ()) as targets:
+            placement = _check_move(targets, queue, to_cell)
+            unreachable = report_unreachable(targets)
+            if unreachable:
+                return unreachable
+            others = [(where, app) for where, app in reachable(targets) if where.name != to_cell]
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while True:
+                left = [(where.name, await _left_in(app, queue)) for where, app in others]
+                left = [(name, counts) for name, counts in left if any(count.value for count in counts)]
+                if not left:
+                    click.echo(f"queue {queue}: no job left outside cell {to_cell}{placement}")
+                    return exit_codes.OK
+                click.echo(f"queue {queue}: " + "; ".join(_described(name, counts) for name, counts in left))
+                if deadline is not None and time.monotonic() >= deadline:
+                    return fail(f"queue {queue} still has jobs outside cell {to_cell} after {timeout:g} s", 1)
+                await asyncio.sleep(
+                    interval if deadline is None else min(interval, max(0.0, deadline - time.monotonic()))
+                )
+
+    sys.exit(run(body))
+
+
+def _check_move(targets: list[CellTarget], queue: str, to_cell: str) -> str:
+    """Refuse a move without cells, to an unknown cell, or that the configured queue_cells contradicts (new
+    jobs would still go elsewhere). Returns a note for the final line when queue_cells is not configured."""
+    names = [target.name for target in targets]
+    if names == [None]:
+        raise UsageProblem("queue move: no cells are configured (JOBBUS_CELLS)")
+    if to_cell not in names:
+        raise UsageProblem(f"--to {to_cell!r}: no such cell (the cells are {', '.join(str(n) for n in names)})")
+    settings = App().settings
+    placed = (settings.queue_cells or {}).get(queue, names[0])
+    if placed != to_cell:
+        raise UsageProblem(
+            f"queue {queue} is placed in cell {placed} by this environment's queue_cells: set "
+            f"JOBBUS_QUEUE_CELLS to include {queue}={to_cell} (in producers and workers too) so that new jobs go "
+            f"to {to_cell}, then run this again"
+        )
+    return "" if settings.queue_cells else " (no JOBBUS_QUEUE_CELLS here: check that producers place it there)"
+
+
+async def _left_in(app: App, queue: str) -> tuple[Count, Count, Count]:
+    """(available, scheduled, running) jobs of `queue` in one cell, as `jobbus status` counts them (exact
+    below its cap, an estimate that says so above it: never zero while a job is left)."""
+    for status in (await control.queue_status(app)).queues:
+        if status.queue == queue:
+            return status.available, status.scheduled, status.running
+    return Count(0), Count(0), Count(0)
+
+
+def _described(cell: str | None, counts: tuple[Count, Count, Count]) -> str:
+    available, scheduled, running = counts
+    return f"cell {cell}: {available} available, {scheduled} scheduled for later, {running} running"

@@ -11,7 +11,8 @@ import psycopg
 
 from jobbus import schema as schema_module
 from jobbus.cli import exit_codes
-from jobbus.cli.errors import fail, probe_database, run
+from jobbus.cli.cells import cell_option
+from jobbus.cli.errors import BadDsn, DatabaseUnavailable, fail, probe_database, run
 from jobbus.cli.loading import settings_from_env
 from jobbus.settings import Settings, validate_schema_name
 
@@ -63,6 +64,7 @@ def schema_command(schema_name: str | None) -> None:
     help="Print each pending migration's table locks (mode, rewrite), change nothing; with --sql, its SQL.",
 )
 @click.option("--sql", "as_sql", is_flag=True, help="With --dry-run: print the SQL, a script that applies as is.")
+@cell_option
 @click.option(
     "--lock-timeout",
     type=click.FloatRange(min=0.01, max=60),
@@ -80,7 +82,13 @@ def schema_command(schema_name: str | None) -> None:
     help="Seconds to keep trying for one migration's locks before exiting 73.",
 )
 def migrate_command(
-    dsn: str | None, schema_name: str | None, dry_run: bool, as_sql: bool, lock_timeout: float, lock_wait: float
+    dsn: str | None,
+    schema_name: str | None,
+    dry_run: bool,
+    as_sql: bool,
+    cells: tuple[str, ...],
+    lock_timeout: float,
+    lock_wait: float,
 ) -> None:
     """Apply pending schema migrations (idempotent; safe to run from several hosts at once, and while
     workers and producers run).
@@ -97,7 +105,10 @@ def migrate_command(
       jobbus migrate --dry-run                  # the locks each pending migration takes
       jobbus migrate --dry-run --sql > pending.sql && psql -1 -f pending.sql
 
-    Exit codes: 0 migrated (or nothing to do), 64 bad usage, 69 database unreachable, 73 a migration's
+    With cells (JOBBUS_CELLS) it migrates every cell in turn, or those given with --cell; a cell that
+    cannot be reached is named and the others are migrated.
+
+    Exit codes: 0 migrated (or nothing to do), 64 bad usage, 69 database (or a cell's) unreachable, 73 a migration's
     locks were held by another session for all of --lock-wait (nothing of that migration was applied;
     run again), 78 the schema is newer than this jobbus or a setting is invalid.
     """
@@ -107,17 +118,43 @@ def migrate_command(
         raise click.UsageError(f"--lock-timeout ({lock_timeout:g}) must not exceed --lock-wait ({lock_wait:g})")
     settings = _env_settings(dsn)
     name = _schema_name(schema_name, lambda: settings.schema)
-    if not settings.dsn:
-        raise click.UsageError("no database: pass --dsn or set JOBBUS_DSN")
-    target_dsn = settings.dsn
+    databases = _databases(settings, cells)
 
-    async def body() -> int:
+    async def migrate(target_dsn: str) -> int:
         await probe_database(target_dsn)
         if dry_run:
             return await asyncio.to_thread(_dry_run, target_dsn, name, as_sql)
         return await asyncio.to_thread(_migrate, target_dsn, name, lock_timeout, lock_wait)
 
+    async def body() -> int:
+        if list(databases) == [None]:
+            return await migrate(databases[None])
+        codes = []
+        for cell, target_dsn in databases.items():
+            click.echo(f"{'-- ' if as_sql else ''}cell {cell}:")
+            try:
+                codes.append(await migrate(target_dsn))
+            except (DatabaseUnavailable, BadDsn) as exc:
+                code = exit_codes.UNAVAILABLE if isinstance(exc, DatabaseUnavailable) else exit_codes.CONFIG
+                codes.append(fail(f"cell {cell}: {exc}", code))
+        return exit_codes.UNAVAILABLE if exit_codes.UNAVAILABLE in codes else max(codes, default=exit_codes.OK)
+
     sys.exit(run(body))
+
+
+def _databases(settings: Settings, cells: tuple[str, ...]) -> dict[str | None, str]:
+    """The databases a command migrates: {None: dsn} for one database, else {cell: dsn} of the cells
+    named by --cell (every cell when none is)."""
+    if not settings.cells:
+        if cells:
+            raise click.UsageError("--cell: no cells are configured (JOBBUS_CELLS, or --dsn names one database)")
+        if not settings.dsn:
+            raise click.UsageError("no database: pass --dsn or set JOBBUS_DSN (or JOBBUS_CELLS)")
+        return {None: settings.dsn}
+    unknown = [cell for cell in cells if cell not in settings.cells]
+    if unknown:
+        raise click.UsageError(f"--cell {unknown[0]!r}: no such cell (the cells are {', '.join(settings.cells)})")
+    return {cell: dsn for cell, dsn in settings.cells.items() if not cells or cell in cells}
 
 
 def _dry_run(dsn: str, name: str, as_sql: bool) -> int:

@@ -6,8 +6,12 @@ import asyncio
 import contextlib
 import signal
 import sys
+from dataclasses import replace
+from typing import Any
 
 import click
+import psycopg
+import psycopg_pool
 from rich.console import Group
 from rich.live import Live
 from rich.table import Table
@@ -15,11 +19,13 @@ from rich.text import Text
 
 from jobbus import control
 from jobbus.cli import exit_codes
-from jobbus.cli.errors import run
+from jobbus.cli.cells import CellTarget, admin_cells, cell_option, report_unreachable
+from jobbus.cli.errors import first_line, run
 from jobbus.cli.options import FiniteFloatRange, dsn_option, json_option
-from jobbus.cli.output import Column, admin_app, console, fitted_table, human_seconds, print_json, shown, status_dict
+from jobbus.cli.output import Column, console, fitted_table, human_seconds, print_json, shown, status_dict
 from jobbus.cli.periodic import periodic_table
 from jobbus.cli.queues import limits_table
+from jobbus.errors import DatabaseUnavailableError
 from jobbus.views import Count
 
 
@@ -34,8 +40,9 @@ from jobbus.views import Count
     metavar="S",
     help="Seconds between refreshes with --watch.",
 )
+@cell_option
 @dsn_option
-def status_command(as_json: bool, watch: bool, interval: float, dsn: str | None) -> None:
+def status_command(as_json: bool, watch: bool, interval: float, cells: tuple[str, ...], dsn: str | None) -> None:
     """Show every queue: jobs by status, the oldest waiting job, throughput, failures, and the workers.
 
     \b
@@ -51,42 +58,97 @@ def status_command(as_json: bool, watch: bool, interval: float, dsn: str | None)
       jobbus status --watch --interval 1
       jobbus status --json | jq '.queues[] | select(.available > 1000)'
 
-    Exit codes: 0 ok, 64 bad usage, 69 database unreachable, 78 schema missing.
+    With cells (JOBBUS_CELLS): a part per cell (every cell, or those given with --cell), and a cell
+    that cannot be reached is named; --json prints {"cells": [...]}, each cell's status as above with its
+    `cell` in it and in each of its queue and unhandled entries, and "unreachable" naming those it
+    could not read.
+
+    Exit codes: 0 ok, 64 bad usage, 69 database (or a cell's) unreachable, 78 schema missing.
     """
     if as_json and watch:
         raise click.UsageError("--json and --watch do not go together; poll `jobbus status --json` instead")
 
     async def body() -> int:
         if watch:
-            return await _watch(dsn, interval)
-        async with admin_app(dsn) as app:
-            report = await control.queue_status(app)
+            return await _watch(dsn, cells, interval)
+        async with admin_cells(dsn, cells) as targets:
+            reports = await _reports(targets)
         if as_json:
-            print_json(status_dict(report))
+            print_json(_status_json(reports))
         else:
             con = console()
-            con.print(render_status(report, con.width))
-        return exit_codes.OK
+            con.print(_render_reports(reports, con.width))
+        return report_unreachable(targets) or max((t.exit_code for t, _ in reports), default=exit_codes.OK)
 
     sys.exit(run(body))
 
 
-async def _watch(dsn: str | None, interval: float) -> int:
+#: What each target said: its report, or (a cell only) the target with why it could not be read.
+Reports = list[tuple[CellTarget, control.StatusReport | None]]
+
+
+async def _reports(targets: list[CellTarget]) -> Reports:
+    """Each target's status. A single database's failure is the command's; a cell's is that cell's (the
+    target is returned with the problem and exit 69), so the others are still shown."""
+    reports: Reports = []
+    for target in targets:
+        if target.app is None:
+            reports.append((target, None))
+        elif target.name is None:
+            reports.append((target, await control.queue_status(target.app)))
+        else:
+            try:
+                reports.append((target, await control.queue_status(target.app)))
+            except (psycopg.OperationalError, psycopg_pool.PoolTimeout, DatabaseUnavailableError) as exc:
+                problem = f"cannot read its status: {first_line(exc)}"
+                reports.append((replace(target, app=None, problem=problem, exit_code=exit_codes.UNAVAILABLE), None))
+    return reports
+
+
+def _status_json(reports: Reports) -> dict[str, Any]:
+    if reports and reports[0][0].name is None:
+        report = reports[0][1]
+        assert report is not None
+        return status_dict(report)
+    cells: list[dict[str, Any]] = []
+    for target, report in reports:
+        if report is None:
+            continue
+        data = status_dict(report)
+        data["queues"] = [target.tagged(q) for q in data["queues"]]
+        data["unhandled"] = [target.tagged(u) for u in data["unhandled"]]
+        cells.append(target.tagged(data))
+    unreachable = [{"cell": t.name, "error": t.problem} for t, report in reports if report is None]
+    return {"cells": cells, "unreachable": unreachable}
+
+
+def _render_reports(reports: Reports, width: int) -> Group:
+    parts: list[Group | Text] = []
+    for target, report in reports:
+        if target.name is None:
+            assert report is not None
+            return render_status(report, width)
+        if report is None:
+            parts.append(Text(f"cell {target.name}: {target.problem}", style="bold red"))
+        else:
+            parts.append(Group(Text(f"cell {target.name}", style="bold underline"), render_status(report, width)))
+    return Group(*parts)
+
+
+async def _watch(dsn: str | None, cells: tuple[str, ...], interval: float) -> int:
     """Redraw every `interval` seconds; Ctrl-C (or SIGTERM) ends it with exit 0."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        async with admin_app(dsn) as app:
+        async with admin_cells(dsn, cells) as targets:
             con = console()
-            with Live(
-                render_status(await control.queue_status(app), con.width), console=con, auto_refresh=False
-            ) as live:
+            with Live(_render_reports(await _reports(targets), con.width), console=con, auto_refresh=False) as live:
                 while not stop.is_set():
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(stop.wait(), interval)
-                    live.update(render_status(await control.queue_status(app), con.width), refresh=True)
+                    live.update(_render_reports(await _reports(targets), con.width), refresh=True)
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)

@@ -17,13 +17,14 @@ from jobbus.redaction import redact_error
 from jobbus.requests import INT32_MAX
 from jobbus.settings import BOUNDS, DAY
 from jobbus.worker import Worker, WorkerOptions
+from jobbus.worker.cells import CellWorkers, select_cells
 from jobbus.worker.memory import parse_size
 from jobbus.worker.observer import WorkerObserver
 from jobbus.worker.outcomes import MAX_TRACEBACK_BYTES, traceback_text
 from jobbus.worker.runtime import hold_stop_signals
 
 if TYPE_CHECKING:
-    from jobbus.metrics import MetricsServer
+    from jobbus.metrics import MetricsServer, PrometheusMetrics
 
 #: Worker ids name rows of the worker registry and of jobs (`worker_id`): short, like a pod name.
 MAX_WORKER_ID_BYTES = 255
@@ -65,6 +66,13 @@ MAX_CONCURRENCY = 10_000
 @click.option(
     "--health-host", default="127.0.0.1", show_default=True, metavar="HOST", help="Address of /livez and /readyz."
 )
+@click.option(
+    "--cell",
+    "cells",
+    multiple=True,
+    metavar="NAME",
+    help="Serve this cell of an App with cells (repeatable); default every cell.",
+)
 def worker_command(
     app_spec: str,
     queues: tuple[str, ...],
@@ -83,6 +91,7 @@ def worker_command(
     metrics_host: str,
     health_port: int | None,
     health_host: str,
+    cells: tuple[str, ...],
 ) -> None:
     """Run a worker: claim jobs, run their handlers, write outcomes; stop on SIGTERM/SIGINT.
 
@@ -93,8 +102,10 @@ def worker_command(
       jobbus worker --app myproject.jobs:app --memory-limit 512M --worker-id "$HOSTNAME"
       jobbus worker --app myproject.jobs:app --metrics-port 9464
       jobbus worker --app myproject.jobs:app --health-port 8080 --health-host 0.0.0.0
+      jobbus worker --app myproject.jobs:app --cell eu --cell us --concurrency 40
 
-    The database is --dsn when given, else the App's own `dsn`, else JOBBUS_DSN.
+    The database is --dsn when given, else the App's own `dsn`, else JOBBUS_DSN. An App with
+    cells is served in every cell (or those given with --cell) within one --concurrency.
 
     Exit codes: 0 stopped, 75 restart requested (control command or memory limit),
     64 bad usage, 69 database unreachable (or --health-port taken), 70 internal error, 78 configuration error.
@@ -107,8 +118,10 @@ def worker_command(
     check_names("--worker-id", [worker_id] if worker_id is not None else [], MAX_WORKER_ID_BYTES)
     check_names("--queue", queues)
     check_names("--type", types)
+    check_names("--cell", cells)
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(cell_tag)s%(message)s"))
+    handler.addFilter(_cell_tag)
     logging.basicConfig(level=getattr(logging, log_level), handlers=[handler])
     options = dict(
         queues=list(queues) or None,
@@ -126,27 +139,57 @@ def worker_command(
         health_host=health_host,
     )
 
-    observers: list[WorkerObserver] = []
+    metrics: PrometheusMetrics | None = None
     server: MetricsServer | None = None
-    if metrics_port is not None:
+
+    def serve_metrics(with_cells: bool) -> PrometheusMetrics | None:
+        """Prometheus metrics on --metrics-port, their series labelled by cell for an App with cells."""
+        nonlocal server
+        if metrics_port is None:
+            return None
         try:
             from jobbus.metrics import PrometheusMetrics
         except ImportError as exc:
             raise UsageProblem(f"--metrics-port: {exc}") from None
-        metrics = PrometheusMetrics()
+        served = PrometheusMetrics(cells=with_cells)
         try:
-            server = metrics.serve(metrics_port, metrics_host)
+            server = served.serve(metrics_port, metrics_host)
         except OSError as exc:
             raise UsageProblem(f"--metrics-port: cannot listen on {metrics_host}:{metrics_port} ({exc})") from None
         logging.getLogger("jobbus.worker").info("Prometheus metrics on http://%s:%d/metrics", metrics_host, server.port)
-        observers.append(metrics)
+        return served
 
     async def body() -> int:
+        nonlocal metrics
         async with open_app(app_spec, dsn) as app:
-            await probe_database(app.dsn)
-            worker = Worker(app, WorkerOptions(**options), observers=observers)  # type: ignore[arg-type]
-            code = await worker.run()
-        if worker.abandoned:
+            if app.cells:
+                if dsn:
+                    raise UsageProblem(
+                        f"--dsn: the App has cells ({', '.join(app.cells)}), each with its own database; "
+                        "give them in App(cells=...) or JOBBUS_CELLS"
+                    )
+                try:
+                    cell_options = WorkerOptions(cells=list(cells) or None, **options)  # type: ignore[arg-type]
+                    selected = select_cells(app.cells, cell_options.cells)
+                except ValueError as exc:
+                    raise UsageProblem(f"--cell: {exc}") from None
+                metrics = serve_metrics(with_cells=True)
+                cell_observers = {cell: [metrics.for_cell(cell)] for cell in selected} if metrics else {}
+                workers = CellWorkers(app.cells, cell_options, observers=cell_observers)
+                code = await workers.run()
+                abandoned = workers.abandoned
+            else:
+                if cells:
+                    raise UsageProblem(
+                        f"--cell {cells[0]}: the App has no cells (it serves one database; see App(cells=...))"
+                    )
+                await probe_database(app.dsn)
+                metrics = serve_metrics(with_cells=False)
+                observers: list[WorkerObserver] = [metrics] if metrics else []
+                worker = Worker(app, WorkerOptions(**options), observers=observers)  # type: ignore[arg-type]
+                code = await worker.run()
+                abandoned = worker.abandoned
+        if abandoned:
             _exit_now(code)  # handlers that ignore cancellation would keep the event loop from closing
         return code
 
@@ -181,6 +224,13 @@ class RedactingFormatter(logging.Formatter):
 
     def formatStack(self, stack_info: str) -> str:
         return redact_error(super().formatStack(stack_info), MAX_TRACEBACK_BYTES, keep="tail")
+
+
+def _cell_tag(record: logging.LogRecord) -> bool:
+    """A worker serving cells: each line of a cell's worker says which (`[cell NAME] `)."""
+    cell = getattr(record, "cell", None)
+    record.cell_tag = f"[cell {cell}] " if cell is not None else ""
+    return True
 
 
 def _exit_now(code: int) -> None:

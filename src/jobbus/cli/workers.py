@@ -9,12 +9,11 @@ from rich.table import Table
 from rich.text import Text
 
 from jobbus import control
-from jobbus.cli import exit_codes
+from jobbus.cli.cells import admin_cells, cell_option, reachable, report_unreachable
 from jobbus.cli.errors import run
 from jobbus.cli.options import dsn_option, json_option
 from jobbus.cli.output import (
     Column,
-    admin_app,
     console,
     fitted_table,
     human_seconds,
@@ -28,8 +27,9 @@ from jobbus.cli.output import (
 @click.command("workers")
 @json_option
 @click.option("--live", "live_only", is_flag=True, help="Only workers that are alive (not stopped, not gone).")
+@cell_option
 @dsn_option
-def workers_command(as_json: bool, live_only: bool, dsn: str | None) -> None:
+def workers_command(as_json: bool, live_only: bool, cells: tuple[str, ...], dsn: str | None) -> None:
     """List registered workers: id, host, pid, state, queues, jobs in flight, done, failed, last seen.
 
     \b
@@ -43,20 +43,23 @@ def workers_command(as_json: bool, live_only: bool, dsn: str | None) -> None:
       jobbus workers
       jobbus workers --live --json | jq -r '.[].id'
 
-    Exit codes: 0 ok, 64 bad usage, 69 database unreachable, 78 schema missing.
+    With cells (JOBBUS_CELLS): the workers of every cell, or of those given with --cell, each
+    entry of --json with its `cell`.
+
+    Exit codes: 0 ok, 64 bad usage, 69 database (or a cell's) unreachable, 78 schema missing.
     """
 
     async def body() -> int:
-        async with admin_app(dsn) as app:
-            workers = await control.list_workers(app)
-        if live_only:
-            workers = [w for w in workers if w.live]
+        async with admin_cells(dsn, cells) as targets:
+            found = [(where, await control.list_workers(app)) for where, app in reachable(targets)]
+        shown_workers = [(where, [w for w in workers if w.live or not live_only]) for where, workers in found]
         if as_json:
-            print_json([worker_dict(w) for w in workers])
+            print_json([where.tagged(worker_dict(w)) for where, workers in shown_workers for w in workers])
         else:
             con = console()
-            con.print(render_workers(workers, con.width))
-        return exit_codes.OK
+            for where, workers in shown_workers:
+                con.print(render_workers(workers, con.width, where.name))
+        return report_unreachable(targets)
 
     sys.exit(run(body))
 
@@ -74,9 +77,10 @@ _WORKER_COLUMNS = [
 ]
 
 
-def render_workers(workers: list[control.WorkerInfo], width: int) -> Table | Text:
+def render_workers(workers: list[control.WorkerInfo], width: int, cell: str | None = None) -> Table | Text:
     if not workers:
-        return Text("no workers registered (start one with `jobbus worker --app module:app`)", style="dim")
+        where = "" if cell is None else f" in cell {cell}"
+        return Text(f"no workers registered{where} (start one with `jobbus worker --app module:app`)", style="dim")
     rows: list[list[str | Text]] = [
         [
             shown(w.id),
@@ -91,4 +95,4 @@ def render_workers(workers: list[control.WorkerInfo], width: int) -> Table | Tex
         ]
         for w in workers
     ]
-    return fitted_table(width, _WORKER_COLUMNS, rows, title="workers")
+    return fitted_table(width, _WORKER_COLUMNS, rows, title="workers" if cell is None else f"workers of cell {cell}")

@@ -54,6 +54,9 @@ def create_app(
     (default: `redact_secrets`, which masks values under keys that look like secrets). The App's
     pool is opened on the first request.
 
+    An App over cells (`App.cells`, SPEC 23) gets one dashboard for all of them: the overview of every
+    cell at the root, each cell's pages and actions below `/cells/NAME/`, one login for every cell.
+
     Behind a proxy that authenticates users: `trusted_user_header` names the header carrying the
     user's name, believed only from a peer address within `trusted_proxies` (networks, CIDR), and
     `role_map` (a mapping, or the path of a TOML file with a ``[roles]`` table, `load_role_map`)
@@ -103,6 +106,10 @@ def create_app(
         raise TypeError("allowed_hosts is a list of host names, not one string")
     hosts = None if allowed_hosts is None else [allowed_host(entry) for entry in allowed_hosts]
     guard = Guard(tokens, read_only=read_only, proxy=proxy, host_auth=host_auth)
+    if app.cells:  # every cell's pages below /cells/NAME, the overview of every cell at the root
+        from jobbus.dashboard.cells import create_cells_starlette
+
+        return create_cells_starlette(app, guard=guard, redact=redact, allowed_hosts=hosts)
     return create_starlette(app, guard=guard, redact=redact, allowed_hosts=hosts)
 
 

@@ -12,14 +12,15 @@ from jobbus.dashboard.security import (
     CSRF_REFUSED,
     SECURITY_HEADERS,
     SESSION_COOKIE,
+    root_of,
     safe_next,
     set_csrf_cookie,
 )
-from jobbus.dashboard.state import Dashboard
+from jobbus.dashboard.state import Site
 
 
-async def login(dash: Dashboard, request: Request) -> Response:
-    base = request.scope.get("root_path", "")
+async def login(dash: Site, request: Request) -> Response:
+    base = root_of(request)
     target = safe_next(request.query_params.get("next")) or "/"
     if request.method == "POST":
         form = await request.form()
@@ -53,8 +54,8 @@ async def login(dash: Dashboard, request: Request) -> Response:
     return response
 
 
-async def logout(dash: Dashboard, request: Request) -> Response:
-    base = request.scope.get("root_path", "")
+async def logout(dash: Site, request: Request) -> Response:
+    base = root_of(request)
     form = await request.form()
     submitted = form.get(CSRF_FIELD)
     if not dash.guard.csrf_ok(request, submitted if isinstance(submitted, str) else None):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import Any
 
 from jobbus.worker.listener import Listener
@@ -110,23 +110,36 @@ class LiveUpdates:
                         queue.put_nowait(self._version)
             await asyncio.sleep(self._interval / 2)  # at most two pushes per interval, however busy
 
-    async def events(self, disconnected: Callable[[], Awaitable[bool]]) -> AsyncGenerator[str, None]:
+    def events(self, disconnected: Callable[[], Awaitable[bool]]) -> AsyncGenerator[str, None]:
         """The event stream of one tab: `data: <version>` on each change, comments to keep it open."""
-        self._start()
-        queue: asyncio.Queue[int] = asyncio.Queue(maxsize=1)
-        self._subscribers.add(queue)
-        try:
-            yield "retry: 2000\n\n"
-            while not self._ending:
-                try:
-                    version = await asyncio.wait_for(queue.get(), KEEPALIVE_SECONDS)
-                except TimeoutError:
-                    if await disconnected():
-                        return
-                    yield ": keepalive\n\n"
-                    continue
-                if version == END:
+        return merged_events([self], disconnected)
+
+
+async def merged_events(
+    sources: Sequence[LiveUpdates], disconnected: Callable[[], Awaitable[bool]]
+) -> AsyncGenerator[str, None]:
+    """The event stream of one tab over `sources` (one per cell of a page over every cell): `data:
+    <version>` on a change in any of them, comments to keep it open; each source listens once however
+    many tabs subscribe."""
+    queue: asyncio.Queue[int] = asyncio.Queue(maxsize=1)
+    for source in sources:
+        source._start()
+        source._subscribers.add(queue)
+    version = 0
+    try:
+        yield "retry: 2000\n\n"
+        while not any(source._ending for source in sources):
+            try:
+                got = await asyncio.wait_for(queue.get(), KEEPALIVE_SECONDS)
+            except TimeoutError:
+                if await disconnected():
                     return
-                yield f"event: change\ndata: {version}\n\n"
-        finally:
-            self._subscribers.discard(queue)
+                yield ": keepalive\n\n"
+                continue
+            if got == END:
+                return
+            version = got if len(sources) == 1 else version + 1
+            yield f"event: change\ndata: {version}\n\n"
+    finally:
+        for source in sources:
+            source._subscribers.discard(queue)

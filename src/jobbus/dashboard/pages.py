@@ -17,6 +17,7 @@ from jobbus import control, views
 from jobbus.dashboard import formatting
 from jobbus.dashboard.actions import WORKER_ACTIONS
 from jobbus.dashboard.charts import RANGES
+from jobbus.dashboard.security import root_of
 from jobbus.dashboard.state import Dashboard
 from jobbus.dashboard.workflow import step_views, waiting_reason
 from jobbus.errors import InvalidJobError
@@ -106,6 +107,8 @@ async def jobs(dash: Dashboard, request: Request) -> Response:
     searched_id = formatting.parse_uuid(text)
     if searched_id is not None and await dash.run(dash.store.job(searched_id)) is not None:
         return RedirectResponse(f"{request.scope.get('root_path', '')}/jobs/{searched_id}", status_code=303)
+    if searched_id is not None and (holder := await dash.elsewhere(searched_id)) is not None:
+        return RedirectResponse(_in_cell(request, holder, f"/jobs/{searched_id}"), status_code=303)
     # The list first, on its own: a search's read of the search index has its 0.1 s alone. Then the
     # rest side by side, each on a connection of its own. A search's counts test the text on the jobs of
     # each tab: the page asks for them once it is shown (`job_counts`), so that it waits for its list only.
@@ -152,6 +155,11 @@ async def jobs(dash: Dashboard, request: Request) -> Response:
         + (f"?{request.url.query}" if request.url.query else ""),
         redact=dash.redact,
     )
+
+
+def _in_cell(request: Request, dash: Dashboard, path: str) -> str:
+    """The address of `path` among the pages of `dash`'s cell."""
+    return f"{root_of(request)}{dash.prefix}{path}"
 
 
 def _jobs_filters(params: QueryParams) -> tuple[str, dict[str, str], views.Filters]:
@@ -234,6 +242,9 @@ async def job_detail(dash: Dashboard, request: Request) -> Response:
     steps = await dash.run(dash.store.job_steps(job_id))
     children = await dash.run(dash.store.job_children(job_id, after=after))
     if found is None:
+        if (holder := await dash.elsewhere(job_id)) is not None:  # over cells: the cell that holds it
+            query = f"?{request.url.query}" if request.url.query else ""
+            return RedirectResponse(_in_cell(request, holder, f"/jobs/{job_id}{query}"), status_code=303)
         raise HTTPException(404, f"no job has the id {job_id}: it may have been deleted, or pruned by retention")
     job = found.job
     execution = dash.payload(job.id, job.type, "execution", job.execution_data)

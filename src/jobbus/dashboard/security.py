@@ -37,6 +37,9 @@ from jobbus.redaction import MASK as MASK
 from jobbus.redaction import redact_secrets as redact_secrets
 
 SESSION_COOKIE = "jobbus_session"
+#: Where a dashboard over cells keeps its own root path in each request's scope: a cell's pages are
+#: mounted below it (`/cells/NAME`), and its cookies, login and static files stay at the root.
+ROOT_KEY = "jobbus.dashboard.root"
 CSRF_COOKIE = "jobbus_csrf"
 CSRF_FIELD = "csrf"
 CSRF_REFUSED = "missing or wrong CSRF token: reload the page and try again"
@@ -167,12 +170,19 @@ def _session_of(token: str, role: Role) -> str:
     return hmac.new(token.encode(), f"jobbus dashboard session {role.value}".encode(), hashlib.sha256).hexdigest()
 
 
+def root_of(request: HTTPConnection) -> str:
+    """The dashboard's root path (its mount point): where its cookies, login and static files are. It is
+    the request's `root_path`, but on a cell's page of a dashboard over cells (`ROOT_KEY`)."""
+    root: str = request.scope.get(ROOT_KEY, request.scope.get("root_path", ""))
+    return root
+
+
 def set_csrf_cookie(request: Request, response: Response) -> None:
     """Set the CSRF cookie when `Guard.csrf_token` made a new token for this request."""
     new = request.state.__dict__.get("new_csrf")
     if new:
-        base = request.scope.get("root_path", "")
-        response.set_cookie(CSRF_COOKIE, new, httponly=True, samesite="strict", path=base or "/")
+        root = root_of(request)
+        response.set_cookie(CSRF_COOKIE, new, httponly=True, samesite="strict", path=root or "/")
 
 
 def safe_next(value: Any) -> str | None:
@@ -238,6 +248,19 @@ def allowed_host(entry: str) -> str:
     if name is None or ":" in text:
         raise ValueError(f"allowed host {entry!r} is not a host name or address (give it without a port)")
     return name
+
+
+class RootPath:
+    """ASGI middleware of a dashboard over cells: keeps the dashboard's root path in the scope
+    (`ROOT_KEY`) before a cell's mount adds `/cells/NAME` to the request's `root_path`."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            scope[ROOT_KEY] = scope.get("root_path", "")
+        await self.app(scope, receive, send)
 
 
 class HostGuard:

@@ -35,10 +35,11 @@ from jobbus.dashboard.security import (
     Guard,
     HostGuard,
     Redactor,
+    root_of,
     safe_next,
     set_csrf_cookie,
 )
-from jobbus.dashboard.state import FLASH_COOKIE, Dashboard, package_dir
+from jobbus.dashboard.state import CELL_DOWN, FLASH_COOKIE, Dashboard, Site, down_reason, package_dir
 from jobbus.errors import DatabaseUnavailableError, InvalidJobError, InvalidStateError, SchemaError
 from jobbus.producer.plan import SCHEMA_OUTDATED
 
@@ -66,6 +67,7 @@ def create_starlette(
     redact: Redactor | None = None,
     allowed_hosts: Sequence[str] | None = None,
 ) -> Starlette:
+    """The dashboard of `app`, an App with one database (over cells: `cells.create_cells_starlette`)."""
     dash = Dashboard(app, guard=guard, redact=redact)
 
     @contextlib.asynccontextmanager
@@ -75,6 +77,20 @@ def create_starlette(
         finally:
             await dash.close()
 
+    routes = [*database_routes(dash), *public_routes(dash.site, functools.partial(health, dash))]
+    starlette = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={HTTPException: functools.partial(http_error, dash.site)},
+        middleware=[Middleware(HostGuard, allowed_hosts=allowed_hosts, guarded=not guard.open)],
+    )
+    starlette.state.dashboard = dash
+    return starlette
+
+
+def database_routes(dash: Dashboard) -> list[Route]:
+    """The pages and actions of one database (of the App, or of one cell), each with the role it needs."""
+
     def read(handler: Page, **options: Any) -> Endpoint:
         return requires(Role.VIEWER, page(dash, handler, needs=Role.VIEWER, **options))
 
@@ -83,7 +99,7 @@ def create_starlette(
 
     operator, admin = Role.OPERATOR, Role.ADMIN
     # The role of each route: see the table in docs/dashboard.md#roles.
-    routes = [
+    return [
         Route("/", read(pages.overview)),
         Route("/jobs", read(pages.jobs)),
         Route("/jobs/bulk", act(operator, actions.bulk_jobs), methods=["POST"]),
@@ -107,19 +123,17 @@ def create_starlette(
         Route("/audit", read(pages.audit)),
         Route("/groups/{group_id}", read(pages.group_detail)),
         Route("/events", read(events, unavailable=schema_missing_event)),
-        Route("/login", requires(PUBLIC, functools.partial(auth.login, dash)), methods=["GET", "POST"]),
-        Route("/logout", requires(PUBLIC, functools.partial(auth.logout, dash)), methods=["POST"]),
-        Route("/health", requires(PUBLIC, functools.partial(health, dash))),
+    ]
+
+
+def public_routes(site: Site, check_health: Endpoint) -> list[Route | Mount]:
+    """What anyone may reach: the login form, logging out, the health check and the static files."""
+    return [
+        Route("/login", requires(PUBLIC, functools.partial(auth.login, site)), methods=["GET", "POST"]),
+        Route("/logout", requires(PUBLIC, functools.partial(auth.logout, site)), methods=["POST"]),
+        Route("/health", requires(PUBLIC, check_health)),
         Mount("/static", app=requires(PUBLIC, StaticFiles(directory=package_dir("static"))), name="static"),
     ]
-    starlette = Starlette(
-        routes=routes,
-        lifespan=lifespan,
-        exception_handlers={HTTPException: functools.partial(http_error, dash)},
-        middleware=[Middleware(HostGuard, allowed_hosts=allowed_hosts, guarded=not guard.open)],
-    )
-    starlette.state.dashboard = dash
-    return starlette
 
 
 # -- guards -----------------------------------------------------------------------------------------
@@ -132,22 +146,26 @@ def page(dash: Dashboard, handler: Page, *, needs: Role, unavailable: Unavailabl
     answer_unavailable = unavailable or schema_missing
 
     async def endpoint(request: Request) -> Response:
-        actor = dash.guard.actor(request)
-        if actor is None:
-            wants_page = request.method == "GET" and "text/html" in request.headers.get("accept", "")
-            if wants_page and dash.guard.token_required:  # without a token, the login form lets nobody in
-                base = request.scope.get("root_path", "")
-                target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-                return RedirectResponse(f"{base}/login?{urlencode({'next': target})}", status_code=303)
-            return PlainTextResponse("authentication required", status_code=401)
-        if isinstance(actor, str):
-            return PlainTextResponse(actor, status_code=403)
-        if not actor.role.allows(needs):
-            if dash.guard.read_only:
-                return PlainTextResponse("this dashboard is read-only", status_code=403)
-            return PlainTextResponse(
-                f"this needs the {needs.value} role; {actor.name} has the {actor.role.value} role", status_code=403
-            )
+        refused = refusal(dash.guard, request, needs)
+        if refused is not None:
+            return refused
+        if dash.cell is None:
+            response = await answer(request)
+        else:
+            try:
+                response = await answer(request)
+            except CELL_DOWN as exc:  # a cell that is down: its pages say so, the others serve
+                problem = down_reason(exc)
+                logger.warning(
+                    "%s %s: cell %s cannot be reached: %s", request.method, request.url.path, dash.cell, problem
+                )
+                response = (unavailable or cell_down)(dash, request, problem)
+        set_csrf_cookie(request, response)
+        response.headers.setdefault("cache-control", "no-store")
+        response.headers.update(SECURITY_HEADERS)
+        return response
+
+    async def answer(request: Request) -> Response:
         await dash.ensure_open()
         problem = await dash.schema_problem()
         if problem is None:
@@ -160,12 +178,31 @@ def page(dash: Dashboard, handler: Page, *, needs: Role, unavailable: Unavailabl
         if problem is not None:
             logger.warning("%s %s: %s", request.method, request.url.path, problem)
             response = answer_unavailable(dash, request, problem)
-        set_csrf_cookie(request, response)
-        response.headers.setdefault("cache-control", "no-store")
-        response.headers.update(SECURITY_HEADERS)
         return response
 
     return endpoint
+
+
+def refusal(guard: Guard, request: Request, needs: Role) -> Response | None:
+    """None when the request's actor has the role `needs`; else the answer: the login form (or 401)
+    without credentials, 403 naming the role when the actor's is not enough."""
+    actor = guard.actor(request)
+    if actor is None:
+        wants_page = request.method == "GET" and "text/html" in request.headers.get("accept", "")
+        if wants_page and guard.token_required:  # without a token, the login form lets nobody in
+            root = root_of(request)
+            target = request.url.path[len(root) :] + (f"?{request.url.query}" if request.url.query else "")
+            return RedirectResponse(f"{root}/login?{urlencode({'next': target})}", status_code=303)
+        return PlainTextResponse("authentication required", status_code=401)
+    if isinstance(actor, str):
+        return PlainTextResponse(actor, status_code=403)
+    if not actor.role.allows(needs):
+        if guard.read_only:
+            return PlainTextResponse("this dashboard is read-only", status_code=403)
+        return PlainTextResponse(
+            f"this needs the {needs.value} role; {actor.name} has the {actor.role.value} role", status_code=403
+        )
+    return None
 
 
 def action(dash: Dashboard, handler: Action, *, needs: Role) -> Endpoint:
@@ -193,13 +230,13 @@ def action(dash: Dashboard, handler: Action, *, needs: Role) -> Endpoint:
         response = RedirectResponse(base + back, status_code=303)
         # A cookie holds Latin-1 only: anything else (a masked secret's •) is %-escaped, as is % itself.
         flash = quote(message[:300], safe=_FLASH_SAFE)
-        response.set_cookie(FLASH_COOKIE, flash, httponly=True, samesite="strict", path=base or "/")
+        response.set_cookie(FLASH_COOKIE, flash, httponly=True, samesite="strict", path=root_of(request) or "/")
         return response
 
     return page(dash, endpoint, needs=needs)
 
 
-async def http_error(dash: Dashboard, request: Request, exc: Exception) -> Response:
+async def http_error(dash: Site, request: Request, exc: Exception) -> Response:
     """An error (unknown page or job, malformed id, bad filter) as a page of the dashboard, with its
     navigation, for whoever may see the dashboard; anyone else gets only the status line."""
     assert isinstance(exc, HTTPException)
@@ -259,6 +296,25 @@ def schema_missing(dash: Dashboard, request: Request, problem: str) -> Response:
         status_code=503,
         message=problem,
         hint="The dashboard reads the jobbus schema of its database. Migrate it, then reload this page.",
+    )
+    response.status_code = 503
+    return response
+
+
+def cell_down(dash: Dashboard, request: Request, problem: str) -> Response:
+    """The page of a cell that cannot be reached: its name and the error, the other cells a click away
+    (JSON to a client that asks for JSON rather than HTML)."""
+    accept = request.headers.get("accept", "")
+    if "application/json" in accept and "text/html" not in accept:
+        return JSONResponse({"error": problem, "cell": dash.cell}, status_code=503)
+    response = dash.render(
+        request,
+        "error.html",
+        title=f"Cell {dash.cell} cannot be reached",
+        status_code=503,
+        message=problem,
+        hint="Its jobs wait in its database; the other cells serve as usual. This page reads it again when reloaded.",
+        down=True,
     )
     response.status_code = 503
     return response

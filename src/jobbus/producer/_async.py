@@ -23,7 +23,7 @@ from jobbus import tracing
 from jobbus.audit import AuditEntry
 from jobbus.durations import resolve_available_at, seconds_or_none
 from jobbus.encryption import open_job
-from jobbus.errors import InvalidJobError, InvalidStateError, SchemaError
+from jobbus.errors import DatabaseUnavailableError, InvalidJobError, InvalidStateError, SchemaError
 from jobbus.events import JobCancelled
 from jobbus.execution import check_event_key
 from jobbus.limits import KEEP, Keep, QueueSettings, RateLimit
@@ -72,6 +72,50 @@ class AsyncProducer(ABC):
 
     @abstractmethod
     async def _migrate(self) -> list[schema_module.Migration]: ...
+
+    @abstractmethod
+    def _in_cell(self, cell: str) -> AsyncProducer:
+        """The same flavour's verbs of one cell's App (an App with cells hands its calls to them)."""
+
+    # -- cells: an App with cells places each call in one cell, or finds the cell of a job id ---------
+
+    def _cell(self, cell: str, connection: psycopg.AsyncConnection[Any] | None) -> AsyncProducer:
+        """The verbs of `cell`, after checking that `connection=` (if given) is to that cell's database."""
+        placement = self._app.registry.placement
+        if connection is not None and placement is not None:
+            placement.check_connection(cell, getattr(getattr(connection, "info", None), "dbname", None))
+        return self._in_cell(cell)
+
+    async def _holding(self, job_id: uuid.UUID) -> tuple[AsyncProducer, Job] | None:
+        """The cell's verbs and the job, asking first the cells whose tag the id carries, then the others.
+
+        A cell that cannot be reached is passed over; when no cell that answered has the job, its
+        `DatabaseUnavailableError` is raised (the job may be there), naming the cell."""
+        placement = self._app.registry.placement
+        assert placement is not None, "called with cells"
+        unreachable: tuple[str, DatabaseUnavailableError] | None = None
+        for cell in placement.search_order(job_id):
+            producer = self._in_cell(cell)
+            try:
+                job = await producer.find(job_id)
+            except DatabaseUnavailableError as exc:
+                unreachable = unreachable or (cell, exc)
+                continue
+            if job is not None:
+                return producer, job
+        if unreachable is not None:
+            silent, error = unreachable
+            raise DatabaseUnavailableError(
+                f"job {job_id} is in no cell that answered, and cell {silent!r} did not: {error}"
+            ) from error
+        return None
+
+    async def _located(self, job_id: uuid.UUID) -> AsyncProducer:
+        """The verbs of the cell that holds `job_id`; `InvalidStateError` when no cell does."""
+        holding = await self._holding(plan.as_uuid(job_id))
+        if holding is None:
+            raise InvalidStateError(f"job {job_id} does not exist")
+        return holding[0]
 
     async def _run(
         self,
@@ -134,9 +178,13 @@ class AsyncProducer(ABC):
         The options are those of `JobOptions`. `then`: a follow-up job, scheduled exactly once in the
         transaction that records this job `completed` (never on failure or cancellation). `expires`:
         seconds or a timedelta from now, or an aware datetime; a job not started by then never runs
-        and ends `cancelled` ("expired").
+        and ends `cancelled` ("expired"). `cell`: the cell it goes to, for an App with cells.
         """
-        spec = self._app.registry.build_job_spec(JobRequest(type, configuration, **options))
+        registry = self._app.registry
+        if registry.placement is not None:
+            cell = registry.cell_for(options.get("cell"), options.get("queue"), type, configuration)
+            return await self._cell(cell, connection).schedule(type, configuration, connection=connection, **options)
+        spec = registry.build_job_spec(JobRequest(type, configuration, **options))
         (job_id,) = await self.insert_specs([spec], connection=connection)
         return job_id
 
@@ -152,8 +200,14 @@ class AsyncProducer(ABC):
 
         Either a list of ``JobRequest(...)``, ``{"type": ..., "configuration": ..., ...}`` or
         ``("type", configuration)`` items, or ``schedule_many("type", [config, ...], queue=..., ...)``;
-        keyword options (those of `JobOptions`) apply to every job.
+        keyword options (those of `JobOptions`) apply to every job. With cells, every job of one call
+        goes to one cell (one call is one transaction): jobs that would go to several raise `ValueError`.
         """
+        if self._app.registry.placement is not None:
+            jobs, configurations, cell = plan.cell_of_many(self._app.registry, jobs, configurations, common)
+            return await self._cell(cell, connection).schedule_many(
+                jobs, configurations, connection=connection, **common
+            )
         specs, order = plan.job_specs(self._app, jobs, configurations, common)
         ids = await self.insert_specs(specs, connection=connection)
         return plan.in_input_order(ids, order)
@@ -168,6 +222,9 @@ class AsyncProducer(ABC):
         """
         if not specs:
             return []
+        if self._app.registry.placement is not None:
+            cell = plan.cell_of_specs(self._app.registry, specs)
+            return await self._cell(cell, connection).insert_specs(specs, connection=connection)
         await self._check_follow_up_groups(follow_up_groups(specs), connection)
         with tracing.producing(specs) as specs:
             found = await self._insert(specs, connection)
@@ -195,9 +252,15 @@ class AsyncProducer(ABC):
         """Schedule jobs as one group in one round trip; returns (group id, ids in input order).
 
         `then` is scheduled exactly once, in the transaction that makes the last member terminal,
-        whatever the members' outcomes (a group has at most one callback).
+        whatever the members' outcomes (a group has at most one callback). With cells, a group and its
+        callback live in one cell: members that would go to several raise `ValueError`.
         """
         app = self._app
+        if app.registry.placement is not None:
+            members, cell = plan.cell_of_group(app.registry, requests)
+            return await self._cell(cell, connection).schedule_group(
+                members, group_id=group_id, then=then, connection=connection
+            )
         group, specs, order, callback = plan.group_specs(app, requests, group_id, then)
         await self._check_follow_up_groups(follow_up_groups(specs, callback[1]), connection)
         found = await self._run(app.store.insert_jobs(specs, callback=callback), connection)
@@ -222,6 +285,9 @@ class AsyncProducer(ABC):
     async def find(self, job_id: uuid.UUID) -> Job | None:
         """The job (with its result, error and steps), or None when no job has this id. Payloads sealed with
         a key this App holds are opened; others stay sealed (`jobbus.encryption`)."""
+        if self._app.registry.placement is not None:
+            holding = await self._holding(plan.as_uuid(job_id))
+            return None if holding is None else holding[1]
         job = await self._run(self._app.store.find_job(plan.as_uuid(job_id)))
         if job is not None and self._app.settings.encryption_keys:
             return open_job(job, self._app.registry.keyring)
@@ -234,6 +300,9 @@ class AsyncProducer(ABC):
         connection per App however many callers wait; an unknown id raises `InvalidStateError`, and so
         does a job deleted before it was read terminal (retention, prune), saying so.
         """
+        if self._app.registry.placement is not None:
+            producer = await self._located(job_id)
+            return await producer.wait(job_id, timeout)
         job_id = plan.as_uuid(job_id)
         settings = self._app.settings
         seconds = seconds_or_none("timeout", timeout)
@@ -266,7 +335,13 @@ class AsyncProducer(ABC):
 
     async def emit_event(self, key: str, payload: Any = None) -> bool:
         """Emit an event for `job.wait_for_event(key)`: the first emit of a key wins and is kept (later
-        ones change nothing); jobs waiting for it are due at once. Returns whether this was the first."""
+        ones change nothing); jobs waiting for it are due at once. Returns whether this was the first.
+        With cells, it is emitted in every cell (a waiting job may be in any), in cell order; True when
+        it was the first in at least one."""
+        placement = self._app.registry.placement
+        if placement is not None:
+            firsts = [await self._in_cell(cell).emit_event(key, payload) for cell in placement.names]
+            return any(firsts)
         check_event_key(key)
         text = json_text("the event's payload", payload, self._app.settings.max_payload_bytes)
         return await self._run(self._app.store.emit_event(key, text))
@@ -291,7 +366,27 @@ class AsyncProducer(ABC):
         `status` takes statuses and the views of queued jobs (`scheduled`, `retrying`, `waiting`);
         `name` keeps the jobs of that name, `search` those holding the text (case-insensitively) in
         their type, name, unique_key, last error or configuration; `tag` (one or several) those that
-        have every tag named."""
+        have every tag named. With cells, every cell's jobs, merged in the same order."""
+        placement = self._app.registry.placement
+        if placement is not None:
+            found: list[Job] = []
+            for cell in placement.names:
+                found.extend(
+                    await self._in_cell(cell).list_jobs(
+                        status=status,
+                        queue=queue,
+                        type=type,
+                        group_id=group_id,
+                        after=after,
+                        limit=limit,
+                        newest_first=newest_first,
+                        name=name,
+                        search=search,
+                        tag=tag,
+                    )
+                )
+            found.sort(key=plan.job_order, reverse=newest_first)
+            return found[:limit]
         filters = plan.list_filters(status, queue, type, group_id, after, limit, newest_first, name, search, tag)
         jobs = await self._run(self._app.store.list_jobs(**filters))
         if self._app.settings.encryption_keys:
@@ -300,11 +395,23 @@ class AsyncProducer(ABC):
         return jobs
 
     async def group_progress(self, group_id: uuid.UUID) -> GroupProgress:
-        """How many members of a group are in each status (with their `total` and `completion_percentage`)."""
+        """How many members of a group are in each status (with their `total` and `completion_percentage`).
+        With cells, those of the first cell (its tag's first) that has members of the group."""
+        placement = self._app.registry.placement
+        if placement is not None:
+            progress = GroupProgress(0, 0, 0, 0, 0)
+            for cell in placement.search_order(plan.as_uuid(group_id)):
+                progress = await self._in_cell(cell).group_progress(group_id)
+                if progress.total:
+                    return progress
+            return progress
         return await self._run(self._app.store.group_progress(plan.as_uuid(group_id)))
 
     async def cancel(self, job_id: uuid.UUID) -> JobStatus:
         """Cancel a queued job at once, ask a running one to stop; returns the status after the call."""
+        if self._app.registry.placement is not None:
+            producer = await self._located(job_id)
+            return await producer.cancel(job_id)
         job_id = plan.as_uuid(job_id)
         audited = self._app.audit_store.audited(
             self._app.store.cancel_job(job_id), "cancel", plan.job_target(job_id), plan.cancel_effect
@@ -318,6 +425,9 @@ class AsyncProducer(ABC):
 
     async def retry(self, job_id: uuid.UUID, available_at: datetime | timedelta | None = None) -> None:
         """Requeue a failed job with its attempts reset; anything else raises `InvalidStateError`."""
+        if self._app.registry.placement is not None:
+            producer = await self._located(job_id)
+            return await producer.retry(job_id, available_at)
         at, delay = resolve_available_at(available_at)
         job_id = plan.as_uuid(job_id)
         statement = self._app.audit_store.audited(
@@ -338,6 +448,9 @@ class AsyncProducer(ABC):
         as done (the group's callback fires once the other members are terminal), a parent waiting for
         its children no longer waits for it, and its own `then=` follow-up is not scheduled.
         """
+        if self._app.registry.placement is not None:
+            producer = await self._located(job_id)
+            return await producer.delete(job_id)
         job_id = plan.as_uuid(job_id)
         statement = self._app.audit_store.audited(
             self._app.store.delete_job(job_id), "delete", plan.job_target(job_id), plan.delete_effect
@@ -349,6 +462,9 @@ class AsyncProducer(ABC):
         """Make a queued job available at once (a delayed, retrying or parked one); anything else raises
         `InvalidStateError`. A job parked in a durable wait that is not over parks again when it runs; a
         debounced job waiting for the run of its key to end starts as soon as it ends."""
+        if self._app.registry.placement is not None:
+            producer = await self._located(job_id)
+            return await producer.run_now(job_id)
         job_id = plan.as_uuid(job_id)
         statement = self._app.audit_store.audited(
             self._app.store.run_job_now(job_id), "run_now", plan.job_target(job_id), plan.done_effect
@@ -370,6 +486,9 @@ class AsyncProducer(ABC):
         kept. A job that is not queued (a worker claimed it, it finished) raises `InvalidStateError`
         and is left as it is, and so does an unknown id. A move to another queue or an earlier start
         wakes the workers that can take the job."""
+        if self._app.registry.placement is not None:
+            producer = await self._located(job_id)
+            return await producer.update(job_id, priority=priority, queue=queue, available_at=available_at, tags=tags)
         changes = plan.update_changes("update", priority, queue, available_at, tags, "tags")
         job_id = plan.as_uuid(job_id)
         statement = self._app.audit_store.audited(
@@ -441,7 +560,11 @@ class AsyncProducer(ABC):
     async def prune(
         self, older_than: timedelta, statuses: Sequence[str | JobStatus] = ("completed", "cancelled")
     ) -> int:
-        """Delete finished jobs older than `older_than` (in batches); returns how many."""
+        """Delete finished jobs older than `older_than` (in batches); returns how many. With cells, in
+        every cell, in cell order."""
+        placement = self._app.registry.placement
+        if placement is not None:
+            return sum([await self._in_cell(cell).prune(older_than, statuses) for cell in placement.names])
         params = plan.prune_params(older_than, statuses)
         total = 0
         while True:
@@ -584,11 +707,23 @@ class AsyncProducer(ABC):
     # -- schema ------------------------------------------------------------------------------------
 
     async def migrate(self) -> list[schema_module.Migration]:
-        """Apply pending migrations (advisory-locked, idempotent); returns those applied."""
+        """Apply pending migrations (advisory-locked, idempotent); returns those applied. With cells, in
+        every cell, in cell order (the same migration appears once per cell that applied it)."""
+        placement = self._app.registry.placement
+        if placement is not None:
+            applied: list[schema_module.Migration] = []
+            for cell in placement.names:
+                applied.extend(await self._in_cell(cell).migrate())
+            return applied
         return await self._migrate()
 
     async def check_schema(self) -> int:
-        """Raise `SchemaError` unless the schema is current; returns its version."""
+        """Raise `SchemaError` unless the schema is current; returns its version. With cells, every cell's
+        schema is checked."""
+        placement = self._app.registry.placement
+        if placement is not None:
+            versions = [await self._in_cell(cell).check_schema() for cell in placement.names]
+            return versions[0]
         try:
             server, version = await self._execute(self._app.store.schema_version(), None, True)
         except psycopg.errors.UndefinedTable:

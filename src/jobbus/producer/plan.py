@@ -15,11 +15,12 @@ from typing import Any, Protocol
 import psycopg
 
 from jobbus.audit import Acting, AuditEntry, acting
+from jobbus.cells import tagged
 from jobbus.durations import resolve_available_at
 from jobbus.errors import DatabaseUnavailableError, InvalidJobError, InvalidStateError, JobbusError
 from jobbus.events import JobScheduled
 from jobbus.limits import KEEP, Keep, RateLimit, check_count, check_rate
-from jobbus.models import JOB_VIEWS, JobSpec, JobStatus, SharedSpecs, options_of
+from jobbus.models import JOB_VIEWS, Job, JobSpec, JobStatus, SharedSpecs, options_of
 from jobbus.periodic import PeriodicSpec
 from jobbus.registry import Registry
 from jobbus.requests import (
@@ -132,6 +133,8 @@ def job_specs(
         # One type, shared options: validate the options once, then only each configuration.
         template = registry.build_job_spec(_request({**common, "type": jobs}))
         shared = specs_sharing(template, configurations, registry.settings.max_payload_bytes)
+        if registry.cell is not None:  # a cell's App: its ids carry the cell's tag
+            shared = SharedSpecs(template, [tagged(i, registry.cell_tag) for i in shared.ids], shared.configurations)
         if registry.settings.encryption_keys:
             shared = seal_configurations(shared, registry.keyring_or_fail(), registry.settings.max_payload_bytes)
         return shared, range(len(shared))
@@ -158,6 +161,8 @@ def group_specs(
 ) -> tuple[uuid.UUID, Sequence[JobSpec], Sequence[int], tuple[uuid.UUID, str | None]]:
     """(group id, specs, order, (group id, its callback's spec as JSON)) for `schedule_group`."""
     group = new_job_id() if group_id is None else as_uuid(group_id)
+    if group_id is None and app.registry.cell is not None:  # found first in its cell by `group_progress`
+        group = tagged(group, app.registry.cell_tag)
     specs, order = job_specs(app, requests, None, {"group_id": group})
     if not specs:
         raise InvalidJobError("schedule_group needs at least one job")
@@ -178,6 +183,49 @@ def group_specs(
         if group in follow_up_groups(specs, callback):
             refuse_follow_up_groups([group])
     return group, specs, order, (group, callback)
+
+
+# -- cells: where a call's jobs go (an App with cells hands the call to that cell's App) -------------
+
+
+def cell_of_many(
+    registry: Registry,
+    jobs: Iterable[JobItem] | str,
+    configurations: Iterable[Mapping[str, Any] | None] | None,
+    common: Mapping[str, Any],
+) -> tuple[Iterable[JobItem] | str, Iterable[Mapping[str, Any] | None] | None, str]:
+    """The jobs and configurations of `schedule_many` (iterables read once, kept as lists) and the one
+    cell they all go to; `InvalidJobError` when they would go to several (nothing is written)."""
+    placement = registry.placement
+    assert placement is not None, "called with cells"
+    if isinstance(jobs, str):
+        if registry.cell_router is None or common.get("cell") is not None or configurations is None:
+            return jobs, configurations, registry.cell_for(common.get("cell"), common.get("queue"), jobs)
+        listed = list(configurations)
+        cells = [registry.cell_for(None, common.get("queue"), jobs, c) for c in listed]
+        return jobs, listed, placement.one_cell("schedule_many", cells)
+    items = list(jobs)
+    requests = _requests(items, configurations, common)
+    cells = [registry.cell_for(r.cell, r.queue, r.type, r.configuration) for r in requests]
+    return items, configurations, placement.one_cell("schedule_many", cells)
+
+
+def cell_of_group(registry: Registry, requests: Iterable[JobItem]) -> tuple[list[JobItem], str]:
+    """`schedule_group`'s members (kept as a list) and their one cell: a group lives in one cell."""
+    placement = registry.placement
+    assert placement is not None, "called with cells"
+    items = list(requests)
+    cells = [registry.cell_for(r.cell, r.queue, r.type, r.configuration) for r in _requests(items, None, {})]
+    return items, placement.one_cell("schedule_group", cells)
+
+
+def cell_of_specs(registry: Registry, specs: Sequence[JobSpec]) -> str:
+    """The one cell of specs built already (`insert_specs`): the cell whose tag each id carries (the
+    App's `build_job_spec` placed it; see `Placement.cell_of_spec` for a tag two cells share)."""
+    placement = registry.placement
+    assert placement is not None, "called with cells"
+    cells = [placement.cell_of_spec(spec.id, spec.queue) for spec in options_of(specs)]
+    return placement.one_cell("insert_specs", cells)
 
 
 def _requests(
@@ -262,6 +310,11 @@ def scheduled_events(specs: Sequence[JobSpec], found: Mapping[tuple[str, str], u
 
 
 # -- admin -----------------------------------------------------------------------------------------
+
+
+def job_order(job: Job) -> uuid.UUID:
+    """What `list_jobs` orders by (creation order: UUIDv7 ids), to merge the pages of several cells."""
+    return job.id
 
 
 def as_uuid(value: uuid.UUID | str) -> uuid.UUID:

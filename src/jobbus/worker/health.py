@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -35,6 +35,8 @@ class HealthReport:
     loop_silent_seconds: float  # since the event loop last ticked
     database_silent_seconds: float | None  # since the registry row was last refreshed; None before
     registered: bool
+    #: A process serving cells: the state of each cell's worker (or `unreachable`, `starting`, `stopped`).
+    cells: Mapping[str, str] | None = None
 
 
 class HealthServer:
@@ -43,7 +45,8 @@ class HealthServer:
     `/livez`: 200 while the event loop ticked less than `heartbeat_seconds` ago and the worker is not
     stopping. `/readyz`: 200 while the worker is registered, not stopping, and refreshed its registry
     row (a database round trip) within two heartbeat intervals. Both answer a JSON object with
-    `status`, `worker_id`, `in_flight` and what the verdict was made of.
+    `status`, `worker_id`, `in_flight` and what the verdict was made of. A process serving cells is
+    ready while the worker of at least one cell is, and its answer has the state of each cell (`cells`).
     """
 
     def __init__(self, report: Callable[[], HealthReport], *, host: str, port: int, heartbeat_seconds: float) -> None:
@@ -83,6 +86,8 @@ class HealthServer:
                 None if report.database_silent_seconds is None else round(report.database_silent_seconds, 3)
             ),
         }
+        if report.cells is not None:
+            body["cells"] = dict(report.cells)
         if path == "/livez":
             problem = self._liveness_problem(report)
         else:

@@ -24,6 +24,8 @@ class WorkerOptions:
     #: Serve `GET /livez` and `GET /readyz` on this port (off when None); see `worker/health.py`.
     health_port: int | None = None
     health_host: str = "127.0.0.1"
+    #: The cells a process serves with `run_cell_workers` (worker/cells.py); None: every cell of the App.
+    cells: Sequence[str] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.concurrency, bool) or not isinstance(self.concurrency, int) or self.concurrency < 1:
@@ -48,7 +50,7 @@ class WorkerOptions:
             )
         if not isinstance(self.health_host, str) or not self.health_host:
             raise ValueError(f"health_host must be a host name or address, got {self.health_host!r}")
-        for name, values in (("queues", self.queues), ("types", self.types)):
+        for name, values in (("queues", self.queues), ("types", self.types), ("cells", self.cells)):
             if values is not None and (isinstance(values, str) or not all(isinstance(v, str) and v for v in values)):
                 raise ValueError(f"{name} must be a list of non-empty strings, got {values!r}")
 

@@ -19,7 +19,8 @@ async def sync_periodics(
     job types this worker handles (other workers' types are theirs to keep)."""
     store = app.periodic_store
     now = await run(store.database_now())
-    for spec in app.registry.periodics.values():
+    declared = app.registry.periodics_here()
+    for spec in declared.values():
         next_run_at = spec.schedule.next_after(now)
         if not await run(store.upsert(spec, source="code", next_run_at=next_run_at)):
             logger.warning(
@@ -28,7 +29,7 @@ async def sync_periodics(
                 spec.name,
                 spec.name,
             )
-    retired = await run(store.retire_code_periodics(types, list(app.registry.periodics)))
+    retired = await run(store.retire_code_periodics(types, list(declared)))
     for name in retired:
         logger.info("periodic job %s is no longer declared in code: removed", name)
     for periodic in await run(store.list_periodic()):

@@ -119,6 +119,12 @@ class Pools:
                 if self._stopping() or time.monotonic() >= deadline:
                     raise
 
+    async def run_waiting(self, statement: Statement[T], seconds: float) -> T:
+        """`statement`, waiting `seconds` at most for a connection (then PoolTimeout, nothing sent)."""
+        assert self._pool is not None
+        async with self._pool.connection(timeout=seconds) as conn:
+            return await self._execute(conn, statement)
+
     async def run_for_handler(self, attempt_ref: weakref.ref[Attempt], statement: Statement[T]) -> T:
         """A call a handler makes for the attempt, on the handlers' pool. A dropped connection does not fail
         it: see `_retry_for_handler`."""

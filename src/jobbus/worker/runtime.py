@@ -101,6 +101,8 @@ class Worker:
         self.app = app
         self.registry = app.registry
         self.options = options if options is not None else WorkerOptions(**kwargs)
+        if self.options.cells is not None:
+            raise ValueError("cells: a Worker serves one database; a process serves cells with run_cell_workers")
         self.settings = app.settings
         self.store = app.store
         self.worker_id = self.options.worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -122,7 +124,7 @@ class Worker:
         self.maintenance = MaintenanceStore(self.settings.schema)
         self.policy = OutcomePolicy(self.settings, self.worker_id, self.registry.events)
         self.completer = Completer(self.store, self.pools.run, write_lock=self._write_lock, on_fatal=self._fatal)
-        self.claimer = Claimer(
+        self.claimer = self._new_claimer(
             store=self.store,
             maintenance=self.maintenance,
             queue_settings=app.queue_store,
@@ -185,7 +187,7 @@ class Worker:
             on_registration_lost=self._registration_lost,
         )
         self.watchdog = LoopWatchdog(in_flight.values, self.worker_id, on_freeze=self.monitor.after_freeze)
-        self.producer = Producer(
+        self.producer = self._new_producer(
             app,
             self.options,
             in_flight=in_flight,
@@ -247,6 +249,14 @@ class Worker:
             if listen_dsn
             else None
         )
+
+    def _new_claimer(self, **parts: Any) -> Claimer:
+        """The claimer; a worker serving one cell of several shares a budget through its own (worker/cells.py)."""
+        return Claimer(**parts)
+
+    def _new_producer(self, app: AppView, options: WorkerOptions, **parts: Any) -> Producer:
+        """The claim loop; a worker serving one cell of several shares a budget through its own."""
+        return Producer(app, options, **parts)
 
     # -- the public handle --------------------------------------------------------------------------
 
@@ -403,7 +413,7 @@ class Worker:
         self.completer.start()
         self.monitor.start()
         self.leadership.start()
-        installed = self._install_signals()
+        installed = install_stop_signals(self.options.install_signal_handlers, self._on_signal)
         self._ready.set()
         try:
             await self.producer.run()
@@ -416,7 +426,7 @@ class Worker:
             await self.monitor.close(self._housekeeping_left())
             if self._listener is not None:
                 await self._listener.close(self._housekeeping_left())
-            self._remove_signals(installed)
+            remove_signals(installed)
             await self.completer.close(self._housekeeping_left())
             self.abandoned = len(self.producer.in_flight)
             # Jobs still running in threads keep their leases until this process exits: the row is not
@@ -479,26 +489,6 @@ class Worker:
 
     # -- signals ------------------------------------------------------------------------------------
 
-    def _install_signals(self) -> list[signal.Signals]:
-        if not self.options.install_signal_handlers or threading.current_thread() is not threading.main_thread():
-            return []
-        loop = asyncio.get_running_loop()
-        installed = []
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._on_signal, sig)
-            installed.append(sig)
-        loop.add_signal_handler(signal.SIGUSR1, _dump_tasks)
-        installed.append(signal.SIGUSR1)
-        for sig in _held_signals:  # received while the process was starting: acted on now
-            loop.call_soon(self._on_signal, sig)
-        _held_signals.clear()
-        return installed
-
-    def _remove_signals(self, installed: list[signal.Signals]) -> None:
-        loop = asyncio.get_running_loop()
-        for sig in installed:
-            loop.remove_signal_handler(sig)
-
     def _on_signal(self, sig: signal.Signals) -> None:
         """The first signal stops the worker gracefully; the second skips every remaining wait."""
         self._signals_received += 1
@@ -536,6 +526,31 @@ class Worker:
                 acked_generation=self.control.acked_generation,
             )
         )
+
+
+def install_stop_signals(enabled: bool, on_signal: Callable[[signal.Signals], None]) -> list[signal.Signals]:
+    """SIGTERM and SIGINT call `on_signal`, SIGUSR1 prints where the tasks wait; a stop signal held while the
+    process started (`hold_stop_signals`) is acted on now. Nothing unless `enabled` and in the main thread
+    (a host process that embeds a worker keeps its own handlers). Returns what to `remove_signals`."""
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        return []
+    loop = asyncio.get_running_loop()
+    installed = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+        installed.append(sig)
+    loop.add_signal_handler(signal.SIGUSR1, _dump_tasks)
+    installed.append(signal.SIGUSR1)
+    for sig in _held_signals:
+        loop.call_soon(on_signal, sig)
+    _held_signals.clear()
+    return installed
+
+
+def remove_signals(installed: list[signal.Signals]) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in installed:
+        loop.remove_signal_handler(sig)
 
 
 def _dump_tasks() -> None:
