@@ -293,6 +293,7 @@ def closed_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@pytest.mark.server("the proxy reaches the server over TCP; the embedded server listens on a Unix socket only")
 async def test_a_cell_unreachable_at_start_does_not_stop_the_others_and_starts_once_it_is_back(
     databases: Callable[[int], list[str]], caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -64,9 +64,18 @@ def project_environment() -> Iterator[None]:
     saved = dict(os.environ)
     for name, value in get_app().settings.as_dict().items():
         if value is not None:
-            os.environ[f"JOBBUS_{name.upper()}"] = ",".join(value) if isinstance(value, tuple) else str(value)
+            os.environ[f"JOBBUS_{name.upper()}"] = _as_variable(value)
     try:
         yield
     finally:
         os.environ.clear()
         os.environ.update(saved)
+
+
+def _as_variable(value: object) -> str:
+    """A setting as its JOBBUS_* variable writes it: keys comma-separated, cells `name=dsn` pairs by `;`."""
+    if isinstance(value, tuple):
+        return ",".join(value)
+    if isinstance(value, dict):
+        return ";".join(f"{key}={item}" for key, item in value.items())
+    return str(value)
