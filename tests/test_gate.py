@@ -31,6 +31,8 @@ def test_objects_left_to_the_cyclic_collector_fail_past_the_ceiling_whatever_the
     assert gate.cycles({"cycle_objects_per_job": 0.03}) == []
     [failure] = gate.cycles({"cycle_objects_per_job": 12.7})
     assert failure.startswith("gate: cycle_objects_per_job is 12.7: the drain left 12.7 objects per job")
+    [failure] = gate.cycles({"cycle_objects_per_job": 0.03, "batched_cycle_objects_per_job": 9.0})
+    assert failure.startswith("gate: batched_cycle_objects_per_job is 9.0: the drain left 9.0 objects per job")
 
 
 @pytest.mark.timeout(300)
@@ -41,5 +43,7 @@ def test_a_measured_drain_counts_calls_per_job(admin_dsn: str) -> None:
     assert figures["cpu_us_per_job"] > 0
     # Reference counting frees every attempt: next to nothing is left to the cyclic collector.
     assert 0 <= figures["cycle_objects_per_job"] <= gate.CYCLE_OBJECTS_CEILING
+    # A batch handler's attempts too (a batch and its attempts refer to each other until its slot is freed).
+    assert 0 <= figures["batched_cycle_objects_per_job"] <= gate.CYCLE_OBJECTS_CEILING
     # A job scheduled alone pays for a whole statement; one of a batch shares it.
     assert figures["enqueue_single_calls_per_job"] > 5 * figures["enqueue_bulk_calls_per_job"] > 0

@@ -143,7 +143,17 @@ class BatchCall:
     def _maybe_release(self) -> None:
         if not self.open and self._holding <= 0 and self._holds_slot:
             self._holds_slot = False
+            self._forget_members()
             self._release_slot(self)
+
+    def _forget_members(self) -> None:
+        """Every handler part is over: nothing reads the members again. The batch and its attempts refer
+        to each other, so keeping them would leave a batch's attempts to the cyclic garbage collector
+        instead of reference counting: a no-op batch handler's drain (100,000 jobs, batch 100,
+        concurrency 50) spent a third of its worker's CPU in that collector."""
+        self.members = []
+        self._arrived = {}
+        self._withdrawn = set()
 
     # -- the call -----------------------------------------------------------------------------------
 
