@@ -159,6 +159,21 @@ def test_claim_returns_everything_a_handler_needs(sync_app: jobbus.App, conn: An
     assert job.lease_token.version == 7
 
 
+def test_an_empty_configuration_and_checkpoint_are_claimed_as_dicts_of_their_own(
+    sync_app: jobbus.App, conn: Any
+) -> None:
+    # The claim sends an empty JSON object as NULL (nothing to load); the job still gets `{}`, one per job.
+    empty = sync_app.sync.schedule_many("t", [{}, {}])
+    filled = sync_app.sync.schedule("t", {"a": {}})
+    conn.execute("UPDATE jobbus.job SET execution_data = '{\"offset\": 3}' WHERE id = %s", [filled])
+    jobs = {job.id: job for job in claim(sync_app, conn, 3)}
+    first, second = (jobs[job_id] for job_id in empty)
+    assert (first.configuration_data, first.execution_data, first.oversized_bytes) == ({}, {}, None)
+    assert first.configuration_data is not second.configuration_data
+    assert first.execution_data is not second.execution_data
+    assert (jobs[filled].configuration_data, jobs[filled].execution_data) == ({"a": {}}, {"offset": 3})
+
+
 def test_each_attempt_gets_a_fresh_uuidv7_lease_token(sync_app: jobbus.App, conn: Any) -> None:
     sync_app.sync.schedule("t")
     (first,) = claim(sync_app, conn)

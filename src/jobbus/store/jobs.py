@@ -260,8 +260,8 @@ class JobStore:
 
         def decode(rows: list[Row], _: int) -> Claim:
             if rows and rows[-1][0] is None:  # the claim's last row: it stopped at its expiry budget
-                return Claim([_take_trace_context(ClaimedJob(*row)) for row in rows[:-1]], expired_ahead=True)
-            return Claim([_take_trace_context(ClaimedJob(*row)) for row in rows])
+                return Claim([_claimed(row) for row in rows[:-1]], expired_ahead=True)
+            return Claim([_claimed(row) for row in rows])
 
         return Statement(self._q["claim_jobs"], params, decode)
 
@@ -802,6 +802,19 @@ _STATUSES = {status.value: status for status in JobStatus}
 def _statuses_written(rows: list[Row], _: int) -> dict[uuid.UUID, JobStatus]:
     """Each job whose outcome applied, with the status written (a notification row has no id)."""
     return {row[0]: _STATUSES[row[1]] for row in rows if row[0] is not None}
+
+
+def _claimed(row: Row) -> ClaimedJob:
+    """A claimed job from its row, where an empty configuration or checkpoint came back NULL (a
+    configuration not loaded because it is too large is NULL too, with its size)."""
+    job = ClaimedJob(*row)
+    if job.execution_data is None:
+        job.execution_data = {}
+    else:
+        job = _take_trace_context(job)
+    if job.configuration_data is None and job.oversized_bytes is None:
+        job.configuration_data = {}
+    return job
 
 
 def _take_trace_context(job: ClaimedJob) -> ClaimedJob:
