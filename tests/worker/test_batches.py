@@ -9,6 +9,7 @@ import contextlib
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
@@ -20,6 +21,8 @@ from hypothesis import strategies as st
 import jobbus
 from jobbus import JobStatus
 from jobbus.errors import InvalidJobError
+from jobbus.store import Claim, JobStore, Statement
+from jobbus.worker import claimer
 from tests.conftest import FAST
 from tests.processes import eventually
 
@@ -464,6 +467,62 @@ async def test_queue_limits_stay_exact_with_batch_claims_across_workers(dsn: str
         assert most["capped"] == 3 and most["keyed"] <= 3
         assert doubled_keys == []
         assert await statuses(app, ids) == [JobStatus.COMPLETED] * 27
+
+
+def record_claim_limits(monkeypatch: pytest.MonkeyPatch, fail_once: int | None = None) -> list[int]:
+    """Each claim statement's `limit`, in the order made; with `fail_once`, the first statement for that
+    many jobs fails (division by zero) instead of claiming."""
+    limits: list[int] = []
+    original = JobStore.claim_jobs
+
+    def claim_jobs(self: JobStore, **options: Any) -> Any:
+        limits.append(options["limit"])
+        if fail_once is not None and options["limit"] == fail_once and limits.count(fail_once) == 1:
+            return Statement("SELECT 1 / 0", {}, lambda rows, count: Claim([]))
+        return original(self, **options)
+
+    monkeypatch.setattr(JobStore, "claim_jobs", claim_jobs)
+    return limits
+
+
+async def test_a_large_batch_claim_goes_out_in_parts_and_each_job_runs_once(
+    app: jobbus.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two statements in flight for one claim of 4 batches of 5 (parts from 2 batches here): they skip each
+    other's rows, and every job runs once, in a batch of its type."""
+    monkeypatch.setattr(claimer, "CLAIM_PART_JOBS", 10)
+    limits = record_claim_limits(monkeypatch)
+    runs: Counter[int] = Counter()
+
+    @app.job("parted", batch_size=5)
+    async def parted(batch: jobbus.JobBatch[jobbus.JobExecution]) -> None:
+        runs.update(job.configuration["n"] for job in batch)
+
+    ids = await app.schedule_many("parted", [{"n": n} for n in range(203)])
+    assert await drain(app, concurrency=4) == 0
+    assert runs == Counter(range(203))
+    assert limits[:2] == [10, 10]  # the first claim: 20 jobs, in two parts
+    assert await statuses(app, ids) == [JobStatus.COMPLETED] * 203
+
+
+async def test_a_failed_part_of_a_claim_leaves_the_other_parts_jobs_to_run(
+    app: jobbus.App, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(claimer, "CLAIM_PART_JOBS", 10)
+    limits = record_claim_limits(monkeypatch, fail_once=10)
+    runs: Counter[int] = Counter()
+
+    @app.job("parted", batch_size=5)
+    async def parted(batch: jobbus.JobBatch[jobbus.JobExecution]) -> None:
+        runs.update(job.configuration["n"] for job in batch)
+
+    ids = await app.schedule_many("parted", [{"n": n} for n in range(60)])
+    assert await drain(app, concurrency=4) == 0
+    assert limits[:2] == [10, 10]
+    assert "one part of a claim failed (division by zero); the other parts' jobs run" in caplog.text
+    assert runs == Counter(range(60))  # the failed part's jobs were claimed again, once
+    jobs = [await app.find(job_id) for job_id in ids]
+    assert [(job.status, job.attempts) for job in jobs if job is not None] == [(JobStatus.COMPLETED, 1)] * 60
 
 
 async def test_max_jobs_bounds_the_jobs_of_batches_too(app: jobbus.App) -> None:
