@@ -485,19 +485,25 @@ def record_claim_limits(monkeypatch: pytest.MonkeyPatch, fail_once: int | None =
     return limits
 
 
-async def test_a_large_batch_claim_goes_out_in_parts_and_each_job_runs_once(
-    app: jobbus.App, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Two statements in flight for one claim of 4 batches of 5 (parts from 2 batches here): they skip each
-    other's rows, and every job runs once, in a batch of its type."""
+def parted_batches(app: jobbus.App, monkeypatch: pytest.MonkeyPatch) -> Counter[int]:
+    """A batch handler of 5 for "parted", its claims of 20 jobs or more in parts; counts each job's runs."""
     monkeypatch.setattr(claimer, "CLAIM_PART_JOBS", 10)
-    limits = record_claim_limits(monkeypatch)
     runs: Counter[int] = Counter()
 
     @app.job("parted", batch_size=5)
     async def parted(batch: jobbus.JobBatch[jobbus.JobExecution]) -> None:
         runs.update(job.configuration["n"] for job in batch)
 
+    return runs
+
+
+async def test_a_large_batch_claim_goes_out_in_parts_and_each_job_runs_once(
+    app: jobbus.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two statements in flight for one claim of 4 batches of 5 (parts from 2 batches here): they skip each
+    other's rows, and every job runs once, in a batch of its type."""
+    limits = record_claim_limits(monkeypatch)
+    runs = parted_batches(app, monkeypatch)
     ids = await app.schedule_many("parted", [{"n": n} for n in range(203)])
     assert await drain(app, concurrency=4) == 0
     assert runs == Counter(range(203))
@@ -508,14 +514,8 @@ async def test_a_large_batch_claim_goes_out_in_parts_and_each_job_runs_once(
 async def test_a_failed_part_of_a_claim_leaves_the_other_parts_jobs_to_run(
     app: jobbus.App, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(claimer, "CLAIM_PART_JOBS", 10)
     limits = record_claim_limits(monkeypatch, fail_once=10)
-    runs: Counter[int] = Counter()
-
-    @app.job("parted", batch_size=5)
-    async def parted(batch: jobbus.JobBatch[jobbus.JobExecution]) -> None:
-        runs.update(job.configuration["n"] for job in batch)
-
+    runs = parted_batches(app, monkeypatch)
     ids = await app.schedule_many("parted", [{"n": n} for n in range(60)])
     assert await drain(app, concurrency=4) == 0
     assert limits[:2] == [10, 10]
