@@ -17,7 +17,9 @@ import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
+from unittest import mock
 
 import django
 import psycopg
@@ -37,7 +39,10 @@ from django.utils import timezone  # noqa: E402
 from jobbus.contrib.django import JobbusBackend, get_app  # noqa: E402
 from jobbus.contrib.django import tasks_api as api  # noqa: E402
 from jobbus.contrib.django.handler import DJANGO_TASK_TYPE  # noqa: E402
+from jobbus.contrib.django.management.commands import jobbus as jobbus_command  # noqa: E402
+from jobbus.encryption import generate_key  # noqa: E402
 from jobbus.redaction import MASK  # noqa: E402
+from jobbus.settings import Settings  # noqa: E402
 from tests.contrib import django_task_functions as fns  # noqa: E402
 
 if api.FRAMEWORK == "django.tasks":
@@ -437,6 +442,26 @@ def test_manage_py_jobbus_runs_the_cli_and_a_worker_in_real_processes(empty_dsn:
 
     bad = _manage(empty_dsn, "jobbus", "jobs", "show", "not-an-id")
     assert bad.returncode != 0 and "error" in bad.stderr.lower()
+
+
+def test_the_projects_settings_reach_the_cli_as_the_variables_it_reads_back() -> None:
+    """`manage.py jobbus` hands the project's App settings to the CLI as JOBBUS_* variables: every setting
+    given reads back the same, cells and queue_cells (mappings) and encryption_keys (a list) included."""
+    given = Settings.load(
+        {
+            "cells": {"eu": "postgresql://db-eu/shop", "us": "postgresql://db-us/shop?sslmode=require"},
+            "queue_cells": {"reports": "us", "mail": "eu"},
+            "encryption_keys": (generate_key(), generate_key()),
+            "lease_seconds": 45.5,
+            "transaction_pooling": True,
+        },
+        environ={},
+    )
+    project = SimpleNamespace(settings=given)
+    with mock.patch.object(jobbus_command, "get_app", return_value=project), jobbus_command.project_environment():
+        variables = {name: value for name, value in os.environ.items() if name.startswith("JOBBUS_")}
+    assert variables["JOBBUS_CELLS"] == "eu=postgresql://db-eu/shop;us=postgresql://db-us/shop?sslmode=require"
+    assert Settings.load({}, environ=variables).as_dict() == given.as_dict()
 
 
 def test_the_projects_own_tests_run_under_djangos_test_runner(empty_dsn: str) -> None:

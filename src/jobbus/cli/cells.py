@@ -17,7 +17,7 @@ import click
 from jobbus.app import App
 from jobbus.cli import exit_codes
 from jobbus.cli.errors import BadDsn, DatabaseUnavailable, UsageProblem, probe_database
-from jobbus.cli.output import admin_app, without_statement_timeout
+from jobbus.cli.output import admin_app, for_operators
 from jobbus.errors import DatabaseUnavailableError, SchemaError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -55,12 +55,13 @@ class CellTarget:
 
 @contextlib.asynccontextmanager
 async def admin_cells(
-    dsn: str | None, names: Sequence[str], *, check_schema: bool = True
+    dsn: str | None, names: Sequence[str], *, check_schema: bool = True, app: App | None = None
 ) -> AsyncIterator[list[CellTarget]]:
     """The open targets of a command: the one database (--dsn or JOBBUS_DSN, as `admin_app`), or each cell
     of JOBBUS_CELLS named by `names` (all when empty), in cell order. A cell that is down or has no schema
-    is a target without an App, so that the command serves the others and reports it (`unreachable`)."""
-    app = App(dsn=dsn)
+    is a target without an App, so that the command serves the others and reports it (`unreachable`).
+    `app`, when given, is that App already made (its settings read once)."""
+    app = App(dsn=dsn) if app is None else app
     if not app.cells:
         if names:
             raise UsageProblem("--cell: no cells are configured (JOBBUS_CELLS, or --dsn names one database)")
@@ -70,9 +71,7 @@ async def admin_cells(
     unknown = [name for name in names if name not in app.cells]
     if unknown:
         raise UsageProblem(f"--cell {unknown[0]!r}: no such cell (the cells are {', '.join(app.cells)})")
-    cells = app.settings.cells or {}
-    if not app.settings.transaction_pooling:  # as admin_app: an operator's count is never cut short
-        app.reconfigure(cells={name: without_statement_timeout(cell_dsn) for name, cell_dsn in cells.items()})
+    for_operators(app)  # as admin_app: an operator's count is never cut short
     targets: list[CellTarget] = []
     async with app:
         for name in names or list(app.cells):

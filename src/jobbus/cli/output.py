@@ -72,8 +72,7 @@ async def admin_app(dsn: str | None, *, check_schema: bool = True, app: App | No
     if not app.settings.dsn:
         raise UsageProblem("no database: pass --dsn or set JOBBUS_DSN")
     await probe_database(app.settings.dsn)
-    if not app.settings.transaction_pooling:  # a pooler in transaction mode refuses startup options
-        app.reconfigure(dsn=without_statement_timeout(app.settings.dsn))
+    for_operators(app)
     async with app:
         if check_schema:
             await app.check_schema()
@@ -85,9 +84,7 @@ async def _cells_app(app: App, check_schema: bool) -> AsyncIterator[App]:
     """An App with cells (JOBBUS_CELLS), open, for the commands that find a job in its cell (`jobs show`,
     `cancel`, ...) or place one (`schedule`). A cell that cannot be reached is left to the call that needs
     it; a cell without its schema is `SchemaError` naming the cell (exit 78)."""
-    if not app.settings.transaction_pooling:
-        cells = app.settings.cells or {}
-        app.reconfigure(cells={name: without_statement_timeout(cell_dsn) for name, cell_dsn in cells.items()})
+    for_operators(app)
     async with app:
         if check_schema:
             for name, cell in app.cells.items():
@@ -98,6 +95,17 @@ async def _cells_app(app: App, check_schema: bool) -> AsyncIterator[App]:
                 except (psycopg.OperationalError, psycopg_pool.PoolTimeout, DatabaseUnavailableError):
                     continue
         yield app
+
+
+def for_operators(app: App) -> None:
+    """Every database of `app` (its one DSN, or each cell's) gets sessions without a statement timeout
+    (`without_statement_timeout`); not through a pooler in transaction mode, which refuses startup options."""
+    if app.settings.transaction_pooling:
+        return
+    if app.settings.cells:
+        app.reconfigure(cells={name: without_statement_timeout(dsn) for name, dsn in app.settings.cells.items()})
+    elif app.settings.dsn:
+        app.reconfigure(dsn=without_statement_timeout(app.settings.dsn))
 
 
 def without_statement_timeout(dsn: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import click
@@ -220,8 +221,9 @@ def move_command(queue: str, to_cell: str, timeout: float | None, interval: floa
     check_names("queue", (queue,))
 
     async def body() -> int:
-        async with admin_cells(dsn, ()) as targets:
-            placement = _check_move(targets, queue, to_cell)
+        app = App(dsn=dsn)
+        async with admin_cells(dsn, (), app=app) as targets:
+            placement = _check_move(targets, queue, to_cell, app.settings.queue_cells or {})
             unreachable = report_unreachable(targets)
             if unreachable:
                 return unreachable
@@ -243,7 +245,7 @@ def move_command(queue: str, to_cell: str, timeout: float | None, interval: floa
     sys.exit(run(body))
 
 
-def _check_move(targets: list[CellTarget], queue: str, to_cell: str) -> str:
+def _check_move(targets: list[CellTarget], queue: str, to_cell: str, queue_cells: Mapping[str, str]) -> str:
     """Refuse a move without cells, to an unknown cell, or that the configured queue_cells contradicts (new
     jobs would still go elsewhere). Returns a note for the final line when queue_cells is not configured."""
     names = [target.name for target in targets]
@@ -251,15 +253,14 @@ def _check_move(targets: list[CellTarget], queue: str, to_cell: str) -> str:
         raise UsageProblem("queue move: no cells are configured (JOBBUS_CELLS)")
     if to_cell not in names:
         raise UsageProblem(f"--to {to_cell!r}: no such cell (the cells are {', '.join(str(n) for n in names)})")
-    settings = App().settings
-    placed = (settings.queue_cells or {}).get(queue, names[0])
+    placed = queue_cells.get(queue, names[0])
     if placed != to_cell:
         raise UsageProblem(
             f"queue {queue} is placed in cell {placed} by this environment's queue_cells: set "
             f"JOBBUS_QUEUE_CELLS to include {queue}={to_cell} (in producers and workers too) so that new jobs go "
             f"to {to_cell}, then run this again"
         )
-    return "" if settings.queue_cells else " (no JOBBUS_QUEUE_CELLS here: check that producers place it there)"
+    return "" if queue_cells else " (no JOBBUS_QUEUE_CELLS here: check that producers place it there)"
 
 
 async def _left_in(app: App, queue: str) -> tuple[Count, Count, Count]:
