@@ -179,6 +179,34 @@ def test_the_search_order_asks_the_tagged_cells_first() -> None:
 # -- placement and the by-id verbs, on real databases -------------------------------------------------
 
 
+async def test_list_jobs_pages_through_24000_jobs_of_three_cells_each_once_in_order(databases: list[str]) -> None:
+    """Three cells whose jobs interleave in creation order (ids made as the cells' producers would make
+    them, at the same moments), 24,000 in all, paged 1,000 at a time both ways: a merge that dropped or
+    repeated a job at a page's edge, or ordered one cell's page before another's, shows here."""
+    rng = random.Random(11)
+    names = ("a", "b", "c")
+    placed: dict[uuid.UUID, str] = {}
+    for _ in range(24_000):
+        name = rng.choice(names)
+        placed[tagged(new_job_id(), cell_tag(name))] = name
+    for name, dsn in zip(names, databases, strict=True):
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO jobbus.job (id, type, max_attempts) SELECT i, 'listed', 3 FROM unnest(%s::uuid[]) AS i",
+                [[job_id for job_id, cell in placed.items() if cell == name]],
+            )
+    async with opened(dict(zip(names, databases, strict=True))) as app:
+        for newest_first in (False, True):
+            seen: list[uuid.UUID] = []
+            after: uuid.UUID | None = None
+            while page := await app.list_jobs(after=after, limit=1_000, newest_first=newest_first):
+                assert len(page) == 1_000 or len(seen) + len(page) == len(placed)
+                seen += [job.id for job in page]
+                after = page[-1].id
+            assert seen == sorted(placed, reverse=newest_first)
+    assert len(placed) == 24_000 and {tag_of(job_id) for job_id in placed} == {cell_tag(n) for n in names}
+
+
 async def test_jobs_go_to_their_cell_and_are_found_from_the_app(databases: list[str]) -> None:
     a, b, c = databases
     async with opened({"a": a, "b": b, "c": c}, queue_cells={"reports": "b", "mail": "c"}) as app:
