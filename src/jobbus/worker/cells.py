@@ -142,7 +142,8 @@ class CellWorkers:
     async def run(self) -> int:
         """Serve until every cell's worker has stopped; returns the exit code."""
         first = {cell: self._new_worker(cell) for cell in self.cells}  # bad options fail here, before any start
-        health = self._health_server()
+        heartbeat = min(app.settings.heartbeat_seconds for app in self.apps.values())
+        health = HealthServer.asked_for(self._health_report, self.options, heartbeat)
         self._stop = asyncio.Event()
         if self._stopping:
             self._stop.set()
@@ -300,17 +301,6 @@ class CellWorkers:
         self._last_tick = time.monotonic()
         if not self._finished:
             self._tick_handle = asyncio.get_running_loop().call_later(TICK_SECONDS, self._tick)
-
-    def _health_server(self) -> HealthServer | None:
-        port = self.options.health_port
-        if port is None:
-            return None
-        return HealthServer(
-            self._health_report,
-            host=self.options.health_host,
-            port=port,
-            heartbeat_seconds=min(app.settings.heartbeat_seconds for app in self.apps.values()),
-        )
 
     def _health_report(self) -> HealthReport:
         """The process's health, read from the health thread: live while the event loop ticks, ready while

@@ -17,6 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from jobbus.errors import JobbusError
+from jobbus.worker.options import WorkerOptions
 
 logger = logging.getLogger("jobbus.worker")
 
@@ -48,6 +49,15 @@ class HealthServer:
     `status`, `worker_id`, `in_flight` and what the verdict was made of. A process serving cells is
     ready while the worker of at least one cell is, and its answer has the state of each cell (`cells`).
     """
+
+    @classmethod
+    def asked_for(
+        cls, report: Callable[[], HealthReport], options: WorkerOptions, heartbeat_seconds: float
+    ) -> HealthServer | None:
+        """The endpoints the worker's options ask for (`health_port`), or None when they ask for none."""
+        if options.health_port is None:
+            return None
+        return cls(report, host=options.health_host, port=options.health_port, heartbeat_seconds=heartbeat_seconds)
 
     def __init__(self, report: Callable[[], HealthReport], *, host: str, port: int, heartbeat_seconds: float) -> None:
         self._report = report

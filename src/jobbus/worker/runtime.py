@@ -317,7 +317,8 @@ class Worker:
 
     async def run(self) -> int:
         """Run until stopped; returns the exit code (0, 70 or 75)."""
-        health = self._health_server()  # before anything opens: a port in use is a start-up error
+        # Before anything opens: a port in use is a start-up error.
+        health = HealthServer.asked_for(self._health_report, self.options, self.settings.heartbeat_seconds)
         self.watchdog.start()
         if health is not None:
             health.start()
@@ -338,17 +339,6 @@ class Worker:
             self.watchdog.stop()
             if health is not None:
                 health.close()
-
-    def _health_server(self) -> HealthServer | None:
-        port = self.options.health_port
-        if port is None:
-            return None
-        return HealthServer(
-            self._health_report,
-            host=self.options.health_host,
-            port=port,
-            heartbeat_seconds=self.settings.heartbeat_seconds,
-        )
 
     def _health_report(self) -> HealthReport:
         """What the health endpoints answer from: read from any thread, never waiting for the loop."""
