@@ -168,6 +168,13 @@ def _completed(dsn: str) -> int:
     return int(row[0])
 
 
+def _check_drained(dsn: str, code: int, jobs: int, what: str) -> None:
+    """A drain that did not exit 0 with every job completed measured nothing: the gate stops, saying so."""
+    done = _completed(dsn)
+    if code != 0 or done != jobs:
+        raise SystemExit(f"gate: the {what} drain ended with code {code}, {done} of {jobs} jobs completed")
+
+
 def _cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
@@ -201,9 +208,7 @@ def measure(
         # The count: a drain under cProfile, every Python-level call of the process.
         profile = cProfile.Profile()
         code = _run(lambda: _drain(dsn, concurrency, payload=payload), profile)
-        done = _completed(dsn)
-        if code != 0 or done != jobs:
-            raise SystemExit(f"gate: the profiled drain ended with code {code}, {done} of {jobs} jobs completed")
+        _check_drained(dsn, code, jobs, "profiled")
         stats = pstats.Stats(profile)
         figures["calls_per_job"] = _calls_per_job(profile, jobs)
         if show:
@@ -217,9 +222,7 @@ def measure(
             before = _cpu()
             code = _run(lambda: _drain(dsn, concurrency, payload=payload), None)
             cpu = _cpu() - before
-        done = _completed(dsn)
-        if code != 0 or done != jobs:
-            raise SystemExit(f"gate: the timed drain ended with code {code}, {done} of {jobs} jobs completed")
+        _check_drained(dsn, code, jobs, "timed")
         figures["cpu_us_per_job"] = round(cpu * 1e6 / jobs, 1)
         figures["cycle_objects_per_job"] = round(collected[0] / jobs, 2)
         figures["batched_cycle_objects_per_job"] = _batched_cycle_objects(base, name, jobs, concurrency, payload)
@@ -234,9 +237,7 @@ def _batched_cycle_objects(base: str, name: str, jobs: int, concurrency: int, pa
     asyncio.run(_fill(dsn, jobs, payload=payload))
     with _collected() as collected:
         code = _run(lambda: _drain(dsn, max(1, concurrency // 10), BATCH_SIZE, payload), None)
-    done = _completed(dsn)
-    if code != 0 or done != jobs:
-        raise SystemExit(f"gate: the batched drain ended with code {code}, {done} of {jobs} jobs completed")
+    _check_drained(dsn, code, jobs, "batched")
     return round(collected[0] / jobs, 2)
 
 
@@ -250,9 +251,7 @@ def measure_batched(
         asyncio.run(_fill(dsn, jobs))
         profile = cProfile.Profile()
         code = _run(lambda: _drain(dsn, concurrency, batch_size), profile)
-        done = _completed(dsn)
-        if code != 0 or done != jobs:
-            raise SystemExit(f"gate: the batched drain ended with code {code}, {done} of {jobs} jobs completed")
+        _check_drained(dsn, code, jobs, "batched")
         if show:
             _show(pstats.Stats(profile), jobs, show)
         if dump:
