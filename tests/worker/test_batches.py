@@ -430,9 +430,15 @@ def test_bad_batch_options_are_refused_with_what_to_give_and_nothing_is_register
     assert "bad" not in app.registry.handlers and "bad.task" not in app.registry.handlers
 
 
-async def test_queue_limits_stay_exact_with_batch_claims_across_workers(dsn: str) -> None:
+@pytest.mark.parametrize("in_parts", [False, True], ids=["one statement", "claims in parts"])
+async def test_queue_limits_stay_exact_with_batch_claims_across_workers(
+    dsn: str, in_parts: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A queue limit of 3 jobs, and of 1 per key, holds across two workers whose batch handler asks for 5:
-    the batches are only smaller."""
+    the batches are only smaller. In parts, each claim of 10 jobs is two statements at once, racing
+    each other and the other worker's for the limit."""
+    if in_parts:
+        monkeypatch.setattr(claimer, "CLAIM_PART_JOBS", 5)
     app = jobbus.App(dsn=dsn, **QUICK)
     async with app:
         await app.set_queue("capped", concurrency=3)
